@@ -1,0 +1,36 @@
+"""ndplan: symbolic planning engine for N-dimensional parallel training.
+
+Notebook API (see README):
+
+    >>> import ndplan
+    >>> model = ndplan.load_model("llama3-8b")
+    >>> hw = ndplan.load_hardware("h100-sxm")
+    >>> strat = ndplan.Strategy(dp=8, tp=1, pp=1, mbs=1, gbs=64, seq=8192)
+    >>> est = ndplan.estimate(model, hw, strat)
+    >>> est.peak_bytes
+"""
+
+from ndplan.errors import NdplanError
+from ndplan.catalog import load_model, load_hardware, list_models, list_hardware, ModelSpec, Hardware
+from ndplan.strategy import Strategy
+from ndplan.estimate import estimate, stage_breakdown, Estimate
+from ndplan.terms import Term, Breakdown
+from ndplan.kernels import compile_breakdown
+
+__all__ = [
+    "NdplanError",
+    "load_model",
+    "load_hardware",
+    "list_models",
+    "list_hardware",
+    "ModelSpec",
+    "Hardware",
+    "Strategy",
+    "estimate",
+    "stage_breakdown",
+    "Estimate",
+    "Term",
+    "Breakdown",
+    "compile_breakdown",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,260 @@
+"""ModelSpec: a decoder-only transformer described with Hugging Face config.json names.
+
+The architecture (dense, GQA/MQA, MoE with shared experts and first-k dense layers,
+MLA, MTP) is detected from the fields, never from the model's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import sympy as sp
+
+from ndplan.catalog.files import catalog_names, read_mapping, resolve
+from ndplan.errors import NdplanError
+from ndplan.symbols import ModelSymbols
+
+#: model_type values whose MLP is the 2-matrix (non-gated) GeLU MLP with LayerNorm,
+#: biases everywhere and learned absolute positions (GPT-2/GPT-3/Megatron GPT).
+GPT_TYPES = frozenset({"gpt", "gpt2", "megatron_gpt"})
+#: model_type values with q/k/v biases that their config.json does not spell out.
+QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+#: model_type values with per-head RMSNorm on q and k (Qwen3 "QK-norm").
+QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+#: model_type values whose MoE router carries a learned per-expert bias counted as a
+#: parameter. DeepSeek-V3's ``e_score_correction_bias`` is a buffer in transformers
+#: (671,026,404,352 = our count without it; 58 MoE layers x 256 would add 14,848), so
+#: no catalog type is listed; the field stays for configs that need it.
+ROUTER_BIAS_TYPES: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    """Catalog name or file path it was loaded from."""
+    source: str
+    """Where the numbers come from."""
+    model_type: str
+    """Hugging Face model_type (llama, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3) or gpt."""
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    """Dense MLP intermediate size (also of the first-k dense layers of MoE models)."""
+    vocab_size: int
+    max_position_embeddings: int = 0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    """Biases on q/k/v projections (and on o_proj for GPT-style models)."""
+    gated_mlp: bool = True
+    """SwiGLU-style gate+up+down (3 matrices) vs GeLU fc1+fc2 (2 matrices)."""
+    layernorm: bool = False
+    """LayerNorm with bias (GPT) instead of RMSNorm (weight only)."""
+    qk_norm: bool = False
+    learned_positions: bool = False
+    mlp_bias: bool = False
+    """Biases on MLP linears (GPT-style)."""
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    # --- MoE ---
+    num_experts: int = 0
+    """Routed experts (num_local_experts / n_routed_experts / num_experts)."""
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    """Total intermediate size of the shared expert(s) (n_shared_experts * moe_intermediate_size)."""
+    router_bias: bool = False
+    layer_kinds: tuple[str, ...] = field(default_factory=tuple)
+    """Per decoder layer, ``dense`` or ``moe``."""
+    # --- MLA ---
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # --- MTP ---
+    mtp_layers: int = 0
+    """num_nextn_predict_layers: MTP modules after the last decoder layer (last stage)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def architecture(self) -> str:
+        parts = []
+        if self.is_mla:
+            parts.append("MLA")
+        elif self.num_key_value_heads == 1:
+            parts.append("MQA")
+        elif self.num_key_value_heads < self.num_attention_heads:
+            parts.append("GQA")
+        else:
+            parts.append("MHA")
+        if self.is_moe:
+            dense = self.layer_kinds.count("dense")
+            parts.append(f"MoE {self.num_experts}x top-{self.experts_per_token}"
+                         + (" + shared" if self.shared_intermediate_size else "")
+                         + (f", {dense} dense layers" if dense else ""))
+        else:
+            parts.append("dense")
+        if self.mtp_layers:
+            parts.append(f"MTP {self.mtp_layers}")
+        return ", ".join(parts)
+
+    def symbols(self) -> ModelSymbols:
+        """This model's sizes as SymPy Integers."""
+        I = sp.Integer
+        return ModelSymbols(
+            h=I(self.hidden_size), L=I(self.num_hidden_layers), a=I(self.num_attention_heads),
+            kv=I(self.num_key_value_heads), d=I(self.head_dim), f=I(self.intermediate_size),
+            V=I(self.vocab_size), P=I(self.max_position_embeddings), E=I(self.num_experts),
+            k=I(self.experts_per_token), fe=I(self.moe_intermediate_size),
+            fs=I(self.shared_intermediate_size), ql=I(self.q_lora_rank), kl=I(self.kv_lora_rank),
+            dn=I(self.qk_nope_head_dim), dr=I(self.qk_rope_head_dim), dv=I(self.v_head_dim))
+
+    def __post_init__(self):
+        for f_ in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "head_dim", "intermediate_size", "vocab_size"):
+            v = getattr(self, f_)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise NdplanError(f_, v, "must be a positive integer")
+        for f_ in ("max_position_embeddings", "num_experts", "experts_per_token", "moe_intermediate_size",
+                   "shared_intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                   "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
+            v = getattr(self, f_)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise NdplanError(f_, v, "must be a non-negative integer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise NdplanError("num_key_value_heads", self.num_key_value_heads,
+                              f"must divide num_attention_heads={self.num_attention_heads}")
+        if self.is_moe:
+            if not 0 < self.experts_per_token <= self.num_experts:
+                raise NdplanError("num_experts_per_tok", self.experts_per_token,
+                                  f"must be in 1..{self.num_experts} (the routed expert count)")
+            if self.moe_intermediate_size <= 0:
+                raise NdplanError("moe_intermediate_size", self.moe_intermediate_size, "MoE models need a positive expert size")
+        if len(self.layer_kinds) != self.num_hidden_layers:
+            raise NdplanError("layer_kinds", len(self.layer_kinds),
+                              f"need one kind per layer ({self.num_hidden_layers})")
+        if self.learned_positions and self.max_position_embeddings <= 0:
+            raise NdplanError("max_position_embeddings", self.max_position_embeddings,
+                              "learned positions need a positive max_position_embeddings")
+
+
+def _first(cfg: dict, *names, default=None):
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    return default
+
+
+def _int_field(cfg: dict, where: str, *names, default=None) -> int:
+    v = _first(cfg, *names, default=default)
+    if v is None:
+        raise NdplanError(names[0], None, f"missing in {where}; add `{names[0]}: <int>`")
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise NdplanError(names[0], v, f"must be an integer (in {where})")
+    return v
+
+
+def _layer_kinds(cfg: dict, model_type: str, L: int, n_experts: int, where: str) -> tuple[str, ...]:
+    """Which decoder layers are MoE. HF conventions:
+    DeepSeek: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0;
+    Qwen-MoE: iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0;
+    Mixtral: every layer."""
+    if n_experts == 0:
+        return ("dense",) * L
+    first_k = _int_field(cfg, where, "first_k_dense_replace", default=0)
+    freq = _int_field(cfg, where, "moe_layer_freq", default=1)
+    step = _int_field(cfg, where, "decoder_sparse_step", default=1)
+    only_mlp = set(cfg.get("mlp_only_layers") or [])
+    if freq <= 0 or step <= 0:
+        raise NdplanError("moe_layer_freq" if freq <= 0 else "decoder_sparse_step", min(freq, step), "must be >= 1")
+    kinds = []
+    for i in range(L):
+        moe = i >= first_k and i % freq == 0 and (i + 1) % step == 0 and i not in only_mlp
+        kinds.append("moe" if moe else "dense")
+    return tuple(kinds)
+
+
+def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
+    """Build a ModelSpec from a mapping with HF config.json field names."""
+    model_type = str(_first(cfg, "model_type", default="")).lower()
+    if not model_type:
+        arch = (cfg.get("architectures") or [""])[0].lower()
+        model_type = "gpt" if arch.startswith("gpt") else ("llama" if arch else "")
+    if not model_type:
+        raise NdplanError("model_type", None, f"missing in {where}; add e.g. `model_type: llama`")
+    gpt = model_type in GPT_TYPES
+    h = _int_field(cfg, where, "hidden_size", "n_embd")
+    L = _int_field(cfg, where, "num_hidden_layers", "n_layer")
+    a = _int_field(cfg, where, "num_attention_heads", "n_head")
+    kv = _int_field(cfg, where, "num_key_value_heads", default=a)
+    hd = _first(cfg, "head_dim")
+    if hd is None:
+        if h % a:
+            raise NdplanError("head_dim", None, f"hidden_size {h} is not divisible by heads {a}; give head_dim")
+        hd = h // a
+    f = _int_field(cfg, where, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * h if gpt else None)
+    n_exp = _int_field(cfg, where, "num_local_experts", "n_routed_experts", "num_experts", default=0)
+    moe_f = _int_field(cfg, where, "moe_intermediate_size", default=f if n_exp else 0)
+    shared = 0
+    if n_exp:
+        n_shared = _int_field(cfg, where, "n_shared_experts", default=0)
+        shared = n_shared * moe_f + _int_field(cfg, where, "shared_expert_intermediate_size", default=0)
+    kv_lora = _int_field(cfg, where, "kv_lora_rank", default=0)
+    dropout_default = 0.1 if gpt else 0.0  # Megatron GPT / GPT-2 default dropout
+    spec = ModelSpec(
+        name=name,
+        source=str(cfg.get("source", where)),
+        model_type=model_type,
+        hidden_size=h, num_hidden_layers=L, num_attention_heads=a, num_key_value_heads=kv,
+        head_dim=int(hd), intermediate_size=f,
+        vocab_size=_int_field(cfg, where, "vocab_size"),
+        max_position_embeddings=_int_field(cfg, where, "max_position_embeddings", "n_positions", default=0),
+        tie_word_embeddings=bool(_first(cfg, "tie_word_embeddings", default=gpt)),
+        attention_bias=bool(_first(cfg, "attention_bias", default=gpt or model_type in QKV_BIAS_TYPES)),
+        gated_mlp=not gpt,
+        layernorm=gpt,
+        qk_norm=model_type in QK_NORM_TYPES,
+        learned_positions=gpt,
+        mlp_bias=bool(_first(cfg, "mlp_bias", default=gpt)),
+        attention_dropout=float(_first(cfg, "attention_dropout", "attn_pdrop", default=dropout_default)),
+        hidden_dropout=float(_first(cfg, "hidden_dropout", "resid_pdrop", default=dropout_default)),
+        num_experts=n_exp,
+        experts_per_token=_int_field(cfg, where, "num_experts_per_tok", default=0) if n_exp else 0,
+        moe_intermediate_size=moe_f if n_exp else 0,
+        shared_intermediate_size=shared,
+        router_bias=model_type in ROUTER_BIAS_TYPES,
+        layer_kinds=_layer_kinds(cfg, model_type, L, n_exp, where),
+        q_lora_rank=_int_field(cfg, where, "q_lora_rank", default=0) if kv_lora else 0,
+        kv_lora_rank=kv_lora,
+        qk_nope_head_dim=_int_field(cfg, where, "qk_nope_head_dim", default=0) if kv_lora else 0,
+        qk_rope_head_dim=_int_field(cfg, where, "qk_rope_head_dim", default=0) if kv_lora else 0,
+        v_head_dim=_int_field(cfg, where, "v_head_dim", default=0) if kv_lora else 0,
+        mtp_layers=_int_field(cfg, where, "num_nextn_predict_layers", default=0),
+    )
+    return spec
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A catalog name (``llama3-70b``), a YAML path, or an HF model directory / config.json."""
+    path = resolve("models", name_or_path, "model")
+    cfg = read_mapping(path, "model")
+    name = path.stem if path.parent.name == "models" else (
+        path.parent.name if path.name == "config.json" else str(path))
+    return model_from_config(cfg, name, str(path))
+
+
+def list_models() -> list[ModelSpec]:
+    return [load_model(n) for n in catalog_names("models")]

@@ -1,0 +1,238 @@
+"""ndplan command line: thin commands over the library API.
+
+Every library error (NdplanError) becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
+from ndplan.errors import NdplanError
+from ndplan.estimate import estimate as run_estimate
+from ndplan.strategy import ENGINES, RECOMPUTE_MODES, SCHEDULES, Strategy
+from ndplan.units import GIB, fmt_bytes, fmt_count
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(2)
+
+
+def library_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except NdplanError as e:
+            _fail(str(e))
+    return wrapper
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.replace(" ", "").split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give comma-separated integers, e.g. 15,16,16,17") from None
+
+
+def strategy_options(fn):
+    """Shared options: model, hardware, cluster, batch and every strategy dimension."""
+    opts = [
+        click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json."),
+        click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML."),
+        click.option("--gpus", "-n", type=int, default=None, help="Device count; must equal dp*tp*pp*cp (default: that product)."),
+        click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length, tokens."),
+        click.option("--gbs", type=int, default=None, help="Global batch, sequences (default: dp*mbs*pp)."),
+        click.option("--dp", type=int, default=None, help="Data-parallel degree (default: gpus/(tp*pp*cp))."),
+        click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree."),
+        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages."),
+        click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree."),
+        click.option("--ep", type=int, default=1, show_default=True, help="Expert-parallel degree (carved from dp*cp*tp)."),
+        click.option("--etp", type=int, default=1, show_default=True, help="Expert tensor-parallel degree."),
+        click.option("--vpp", type=int, default=1, show_default=True, help="Virtual chunks per stage."),
+        click.option("--mbs", type=int, default=1, show_default=True, help="Micro-batch size."),
+        click.option("--zero", type=click.IntRange(0, 3), default=1, show_default=True,
+                     help="0 none, 1 optimizer (distributed optimizer), 2 +grads, 3 +weights (FSDP)."),
+        click.option("--sp/--no-sp", default=True, show_default=True, help="Sequence parallelism on the TP group."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="none", show_default=True),
+        click.option("--recompute-layers", type=int, default=None,
+                     help="Fully recompute only the first N layers of each stage chunk."),
+        click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
+                     help="Pipeline schedule (default: 1f1b, interleaved when vpp>1)."),
+        click.option("--engine", type=click.Choice(ENGINES), default="megatron", show_default=True),
+        click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention (no s^2 scores)."),
+        click.option("--layers-per-stage", callback=_int_list, default=None,
+                     help="Uneven split: layers per (virtual) stage, comma-separated."),
+        click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
+        click.option("--weight-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
+        click.option("--offload-optimizer", is_flag=True, help="Optimizer states and master weights on host."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def build(kw: dict):
+    """(model, hardware, strategy, gpus) from the shared options."""
+    model = load_model(kw["model"])
+    hw = load_hardware(kw["hardware"])
+    tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
+    gpus = kw["gpus"]
+    for f in ("tp", "pp", "cp", "seq", "mbs", "vpp", "ep", "etp"):
+        if kw[f] is not None and kw[f] <= 0:
+            raise NdplanError(f, kw[f], "must be a positive integer")
+    if gpus is not None and gpus <= 0:
+        raise NdplanError("gpus", gpus, "must be a positive integer")
+    dp = kw["dp"]
+    if dp is None:
+        if gpus is None:
+            dp = 1
+        elif gpus % (tp * pp * cp):
+            raise NdplanError("gpus", gpus, f"not divisible by tp*pp*cp={tp * pp * cp}; change a degree or --gpus")
+        else:
+            dp = gpus // (tp * pp * cp)
+    gbs = kw["gbs"] if kw["gbs"] is not None else dp * kw["mbs"] * pp
+    schedule = kw["schedule"] or ("interleaved" if kw["vpp"] > 1 else "1f1b")
+    strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=kw["ep"], etp=kw["etp"], vpp=kw["vpp"], mbs=kw["mbs"],
+                     gbs=gbs, seq=kw["seq"], zero=kw["zero"], sp=kw["sp"], recompute=kw["recompute"],
+                     recompute_layers=kw["recompute_layers"], schedule=schedule, engine=kw["engine"],
+                     flash_attention=kw["flash"], layers_per_stage=kw["layers_per_stage"],
+                     grad_dtype=kw["grad_dtype"], weight_dtype=kw["weight_dtype"],
+                     offload_optimizer=kw["offload_optimizer"])
+    strat.check(model, gpus)
+    return model, hw, strat, gpus
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ndplan")
+def main():
+    """ndplan: plan N-dimensional parallel training (DP/ZeRO, TP+SP, PP+VPP, CP, EP).
+
+    \b
+    Examples:
+      ndplan models
+      ndplan estimate -m llama3-70b -H h100-sxm --gpus 64 --tp 8 --pp 2 --gbs 64 --seq 8192
+      ndplan explain  -m llama3-8b --dp 8 --term mem.activations --symbolic
+    """
+
+
+@main.command()
+@strategy_options
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON (schema in DESIGN.md).")
+@library_errors
+def estimate(as_json, **kw):
+    """Per-stage peak memory of one strategy, with every term.
+
+    \b
+    Example:
+      ndplan estimate -m llama3-70b -H h100-sxm --gpus 64 --tp 8 --pp 4 --gbs 128 \\
+          --seq 8192 --recompute selective --json
+    """
+    model, hw, strat, gpus = build(kw)
+    est = run_estimate(model, hw, strat, gpus)
+    if as_json:
+        click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
+        return
+    s = strat
+    click.echo(f"{model.name} ({model.architecture}; {fmt_count(est.params_total)} params"
+               + (f", {fmt_count(est.params_active)} active" if est.params_active else "") + f") on {hw.name} "
+               f"x {s.world}: dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp} "
+               f"mbs={s.mbs} gbs={s.gbs} m={s.m} seq={s.seq} zero={s.zero} sp={'on' if s.sp else 'off'} "
+               f"recompute={s.recompute}{'' if s.recompute_layers is None else f'[first {s.recompute_layers}]'} "
+               f"schedule={s.schedule} engine={s.engine}")
+    keys = list(est.per_stage[0]["terms"])
+    short = [k.split(".", 1)[1] for k in keys]
+    head = ["stage", "peak GiB", "static", "dynamic"] + short
+    rows = [[str(r["stage"]), f"{r['peak_bytes'] / GIB:.2f}", f"{r['static_bytes'] / GIB:.2f}",
+             f"{r['dynamic_bytes'] / GIB:.2f}"] + [f"{r['terms'][k] / GIB:.2f}" for k in keys]
+            for r in est.per_stage]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    click.echo("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        click.echo("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    verdict = "fits" if est.fits else "DOES NOT FIT"
+    click.echo(f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage} of {hw.hbm_gib:g} GiB HBM: {verdict}"
+               + (f"; host {fmt_bytes(est.host_bytes)} per device" if est.host_bytes else ""))
+
+
+@main.command()
+@strategy_options
+@click.option("--term", default=None, help="Only this term key (e.g. mem.activations).")
+@click.option("--stage", type=int, default=None, help="Pipeline stage to evaluate at (default: the peak stage).")
+@click.option("--symbolic", is_flag=True, help="Keep model sizes as symbols (h, L, a, kv, d, f, V, ...).")
+@click.option("--latex", is_flag=True, help="Print formulas as LaTeX.")
+@click.option("--json", "as_json", is_flag=True)
+@library_errors
+def explain(term, stage, symbolic, latex, as_json, **kw):
+    """Closed form of every term, its value at the strategy, unit and source.
+
+    \b
+    Examples:
+      ndplan explain -m llama3-8b --dp 8 --seq 8192
+      ndplan explain -m llama3-70b --tp 8 --pp 4 --gbs 64 --term mem.activations --symbolic --latex
+    """
+    from ndplan.explain import explain as run_explain
+    model, hw, strat, gpus = build(kw)
+    if stage is None:
+        stage = run_estimate(model, hw, strat, gpus).peak_stage
+    elif not 0 <= stage < strat.pp:
+        raise NdplanError("stage", stage, f"must be in 0..{strat.pp - 1}")
+    items = run_explain(model, strat, stage=stage, symbolic=symbolic, term=term)
+    if as_json:
+        click.echo(json.dumps([vars(i) for i in items], indent=2))
+        return
+    for it in items:
+        val = fmt_bytes(it.value) if it.unit == "bytes" else (
+            fmt_count(it.value) + f" ({int(it.value):,})" if it.unit == "count" else f"{it.value:g} {it.unit}")
+        click.echo(f"{it.key} = {val}   [{it.unit}; {it.note}]" if it.note else f"{it.key} = {val}   [{it.unit}]")
+        click.echo(f"  = {it.latex if latex else it.formula}")
+        click.echo(f"  source: {it.source}")
+        click.echo("")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@library_errors
+def models(as_json):
+    """List the model catalog (models/*.yaml)."""
+    from ndplan.formulas.params import params_total
+    rows = []
+    for m in list_models():
+        rows.append({"name": m.name, "model_type": m.model_type, "architecture": m.architecture,
+                     "layers": m.num_hidden_layers, "hidden_size": m.hidden_size,
+                     "params_total": int(params_total(m, m.symbols())), "source": m.source})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r['name']:<18} {fmt_count(r['params_total']):>9}  {r['layers']:>3} layers  h={r['hidden_size']:<6} {r['architecture']}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@library_errors
+def hardware(as_json):
+    """List the hardware catalog (hardware/*.yaml)."""
+    rows = [{"name": h.name, "display_name": h.display_name, "bf16_tflops": h.bf16_tflops, "fp8_tflops": h.fp8_tflops,
+             "hbm_gib": h.hbm_gib, "hbm_gb_per_s": h.hbm_gb_per_s, "intra_node_gb_per_s": h.intra_node_gb_per_s,
+             "inter_node_gb_per_s": h.inter_node_gb_per_s, "devices_per_node": h.devices_per_node,
+             "unverified": sorted(k for k, v in h.sources.items() if "(unverified)" in v)} for h in list_hardware()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        flag = f"  unverified: {', '.join(r['unverified'])}" if r["unverified"] else ""
+        click.echo(f"{r['name']:<12} {r['bf16_tflops']:>7g} TFLOPS bf16  {r['hbm_gib']:>5g} GiB  "
+                   f"{r['intra_node_gb_per_s']:>4g}/{r['inter_node_gb_per_s']:g} GB/s intra/inter  "
+                   f"{r['devices_per_node']}/node  {r['display_name']}{flag}")
+
+
+if __name__ == "__main__":
+    main()

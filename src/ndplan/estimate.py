@@ -1,0 +1,113 @@
+"""Library API: estimate a strategy's per-stage memory (time arrives with the
+performance model) and return it in the JSON schema of ../shared/DESIGN.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.hardware import Hardware
+from ndplan.catalog.model import ModelSpec
+from ndplan.formulas import params as P
+from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
+from ndplan.formulas.placement import leading_dense
+from ndplan.kernels import compile_breakdown
+from ndplan.strategy import Strategy
+from ndplan.terms import Breakdown
+
+
+def strategy_point(strat: Strategy) -> dict[sp.Symbol, int]:
+    """Values of the strategy symbols (stage excluded)."""
+    return {S.dp: strat.dp, S.tp: strat.tp, S.pp: strat.pp, S.vpp: strat.vpp, S.cp: strat.cp,
+            S.ep: strat.ep, S.etp: strat.etp, S.mbs: strat.mbs, S.m: strat.m, S.seq: strat.seq,
+            S.nrec: strat.nrec}
+
+
+def symbolic_stage_ok(model: ModelSpec, strat: Strategy) -> bool:
+    return strat.layers_per_stage is None and leading_dense(model) is not None
+
+
+def stage_breakdown(model: ModelSpec, strat: Strategy, stage=None) -> Breakdown:
+    """Memory Terms of a stage. ``stage=None`` keeps the stage index a symbol where the
+    layout allows it (even split); otherwise give the stage number."""
+    if stage is None:
+        stage = S.stage if symbolic_stage_ok(model, strat) else 0
+    if not isinstance(stage, sp.Symbol) and not symbolic_stage_ok(model, strat):
+        # uneven layouts: layer counts need concrete pp and stage
+        bd = stage_memory(model, model.symbols(), strat, sp.Integer(stage))
+        return bd.subs({S.pp: strat.pp})
+    return stage_memory(model, model.symbols(), strat, stage)
+
+
+@dataclass
+class Estimate:
+    model: ModelSpec
+    hardware: Hardware
+    strategy: Strategy
+    per_stage: list[dict]
+    params_total: int
+    params_active: int | None
+    host_bytes: int
+    breakdowns: list[Breakdown] = field(repr=False, default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(s["peak_bytes"] for s in self.per_stage)
+
+    @property
+    def peak_stage(self) -> int:
+        return max(self.per_stage, key=lambda s: s["peak_bytes"])["stage"]
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.hardware.hbm_bytes
+
+    def to_json(self) -> dict:
+        return {
+            "strategy": self.strategy.as_dict(),
+            "model": {"name": self.model.name, "architecture": self.model.architecture,
+                      "params_total": self.params_total,
+                      **({"params_active": self.params_active} if self.params_active is not None else {})},
+            "hardware": {"name": self.hardware.name, "hbm_bytes": self.hardware.hbm_bytes},
+            "memory": {"per_stage": self.per_stage, "peak_bytes": self.peak_bytes,
+                       "peak_stage": self.peak_stage, "host_bytes": self.host_bytes},
+            "time": {"step_s": None, "terms": {}, "mfu": None, "tokens_per_s": None},
+            "fits": self.fits,
+        }
+
+
+def _stage_rows(bds: list[Breakdown], values: list[dict[str, np.ndarray]], stages) -> list[dict]:
+    rows = []
+    for i, (bd, vals) in enumerate(zip(bds, values)):
+        terms = {k: int(np.ceil(float(vals[k]))) for k in bd.keys()}
+        static = sum(terms[k] for k in STATIC_KEYS)
+        total = sum(terms.values())
+        rows.append({"stage": int(stages[i]), "peak_bytes": total, "static_bytes": static,
+                     "dynamic_bytes": total - static, "terms": terms})
+    return rows
+
+
+def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | None = None) -> Estimate:
+    """Per-stage peak memory of ``strat`` for ``model`` on ``hardware``."""
+    strat.check(model, gpus)
+    point = {k.name: v for k, v in strategy_point(strat).items()}
+    stages = np.arange(strat.pp)
+    if symbolic_stage_ok(model, strat):
+        bd = stage_breakdown(model, strat)
+        out = compile_breakdown(bd)(**point, stage=stages)
+        bds = [bd] * strat.pp
+        values = [{k: v[i] for k, v in out.items()} for i in range(strat.pp)]
+    else:
+        bds = [stage_breakdown(model, strat, int(i)) for i in stages]
+        values = [compile_breakdown(b)(**point, stage=float(i)) for b, i in zip(bds, stages)]
+    rows = _stage_rows(bds, values, stages)
+    M = model.symbols()
+    host = host_memory(model, M, strat, sp.Integer(0))
+    host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
+    return Estimate(model=model, hardware=hardware, strategy=strat, per_stage=rows,
+                    params_total=int(P.params_total(model, M)),
+                    params_active=int(P.params_active(model, M)) if model.is_moe else None,
+                    host_bytes=host_bytes, breakdowns=bds)

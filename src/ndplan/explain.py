@@ -1,0 +1,85 @@
+"""Render Terms: closed form, value at a strategy, unit, source.
+
+With ``symbolic=True`` model sizes stay symbols (h, L, a, kv, d, f, V, ...) and are
+substituted only for the value column, so the printed formula is the general one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.model import ModelSpec
+from ndplan.estimate import strategy_point, symbolic_stage_ok
+from ndplan.formulas import params as P
+from ndplan.formulas.memory import stage_memory
+from ndplan.strategy import Strategy
+from ndplan.symbols import ModelSymbols
+from ndplan.terms import Breakdown, Term
+
+_PARAM_SRC = ("Hugging Face transformers module structure of the model type (formulas/params.py); "
+              "held to transformers' exact counts in tests/data/hf_param_counts.yaml")
+
+
+def params_breakdown(spec: ModelSpec, M: ModelSymbols) -> Breakdown:
+    """Parameter-count Terms (whole model, unsharded)."""
+    terms = [Term(key="params.embedding", expr=P.total(P.embedding_pieces(spec, M)), unit="count",
+                  source=_PARAM_SRC, note="token embedding" + (" + learned positions" if spec.learned_positions else ""))]
+    for kind in ("dense", "moe"):
+        n = spec.layer_kinds.count(kind)
+        if n:
+            terms.append(Term(key=f"params.layer.{kind}", expr=P.total(P.layer_pieces(spec, M, kind)), unit="count",
+                              source=_PARAM_SRC, note=f"one {kind} decoder layer; the model has {n}"))
+    terms.append(Term(key="params.head", expr=P.total(P.head_pieces(spec, M, tied_copy=False)), unit="count",
+                      source=_PARAM_SRC, note="final norm" + ("" if spec.tie_word_embeddings else " + output head")))
+    if spec.mtp_layers:
+        terms.append(Term(key="params.mtp", expr=P.total(P.mtp_pieces(spec, M)), unit="count",
+                          source="DeepSeek-V3 report Sec. 2.2 (embedding and head shared)",
+                          note=f"one MTP module; the model has {spec.mtp_layers}; not in params.total"))
+    terms.append(Term(key="params.total", expr=P.params_total(spec, M), unit="count", source=_PARAM_SRC,
+                      note="main model as transformers counts it (MTP excluded)"))
+    if spec.is_moe:
+        terms.append(Term(key="params.active", expr=P.params_active(spec, M), unit="count", source=_PARAM_SRC,
+                          note="per token: k of E routed experts"))
+    return Breakdown(tuple(terms))
+
+
+@dataclass
+class Explained:
+    key: str
+    formula: str
+    latex: str
+    value: float
+    unit: str
+    source: str
+    note: str
+
+
+def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool = False,
+            term: str | None = None) -> list[Explained]:
+    concrete = spec.symbols()
+    M = ModelSymbols.symbolic() if symbolic else concrete
+    model_subs = M.as_subs(concrete) if symbolic else {}
+    stage_arg = S.stage if symbolic_stage_ok(spec, strat) else sp.Integer(stage)
+    mem = stage_memory(spec, M, strat, stage_arg)
+    if not symbolic_stage_ok(spec, strat):
+        mem = mem.subs({S.pp: strat.pp})
+    bd = params_breakdown(spec, M).plus(mem.terms)
+    bd = bd.plus([Term(key="mem.peak", expr=mem.total("mem."), unit="bytes",
+                       source="sum of the mem.* terms above", note=f"stage {stage}")])
+    point = strategy_point(strat) | {S.stage: stage}
+    keys = bd.keys()
+    if term is not None:
+        if term not in keys:
+            from ndplan.errors import NdplanError
+            raise NdplanError("term", term, f"unknown term; choose one of {', '.join(keys)}")
+        bd = Breakdown((bd[term],))
+    out = []
+    for t in bd:
+        expr = sp.sympify(t.expr)
+        value = expr.subs(model_subs).subs(point)
+        out.append(Explained(key=t.key, formula=sp.sstr(expr), latex=sp.latex(expr), value=float(value),
+                             unit=t.unit, source=t.source, note=t.note))
+    return out

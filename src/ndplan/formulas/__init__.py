@@ -1,0 +1,1 @@
+"""Pure formula builders: each returns SymPy expressions or Terms, never prints."""

@@ -1,0 +1,176 @@
+"""Per-device peak memory of one pipeline stage, as a Breakdown of Terms.
+
+peak = static (weights + gradients + fp32 master + optimizer states)
+     + activations (per-layer bytes x layers x in-flight micro-batches, per chunk)
+     + max(loss logits, one layer rebuilt by full recompute)   [exclusive transients]
+     + ZeRO-3/FSDP all-gather buffers + communication buffers + framework reserve.
+
+Sharding groups (Megatron-Core; torchtitan's dp_shard_cp mesh): non-expert weights
+and their states shard over dp*cp; routed-expert weights over the expert-data-parallel
+group edp = dp*cp*tp/(ep*etp).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.model import ModelSpec
+from ndplan.engines import ENGINE_PROFILES, EngineProfile
+from ndplan.formulas import activations as A
+from ndplan.formulas import params as P
+from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first
+from ndplan.formulas.schedules import inflight
+from ndplan.strategy import Strategy
+from ndplan.symbols import ModelSymbols
+from ndplan.terms import Breakdown, Term
+
+STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer")
+
+_SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimizer states, 2 adds "
+               "gradients, 3 adds parameters, over the data-parallel group")
+
+
+def _per_device(pieces: list[P.Piece], tp, ep_etp) -> tuple[sp.Expr, sp.Expr]:
+    """(non-expert, expert) parameters of ``pieces`` held by one device."""
+    dense = sp.Add(*[p.count / (tp if p.shard == "tp" else 1) for p in pieces if p.shard != "expert"])
+    expert = sp.Add(*[p.count / ep_etp for p in pieces if p.shard == "expert"])
+    return dense, expert
+
+
+def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tuple[sp.Expr, sp.Expr]:
+    """(non-expert, expert) parameters on one device of ``stage``."""
+    tp, pp, ep_etp = S.tp, S.pp, S.ep * S.etp
+    dense, expert = sp.Integer(0), sp.Integer(0)
+    layer = {k: _per_device(P.layer_pieces(spec, M, k), tp, ep_etp) for k in ("dense", "moe")}
+    for c in range(strat.vpp):
+        nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
+        dense += nd * layer["dense"][0] + nm * layer["moe"][0]
+        expert += nd * layer["dense"][1] + nm * layer["moe"][1]
+    first = is_first(stage)
+    last = head_device_flag(strat.schedule, stage, pp)
+    emb_d, _ = _per_device(P.embedding_pieces(spec, M), tp, ep_etp)
+    head_d, _ = _per_device(P.head_pieces(spec, M, tied_copy=False), tp, ep_etp)
+    dense += first * emb_d + last * head_d
+    if spec.tie_word_embeddings:
+        # the last stage's copy of the tied embedding, unless it is the first stage too
+        dense += last * (1 - first) * M.V * M.h / tp
+    if spec.mtp_layers:
+        mtp_d, mtp_e = _per_device(P.mtp_pieces(spec, M), tp, ep_etp)
+        dense += last * spec.mtp_layers * mtp_d
+        expert += last * spec.mtp_layers * mtp_e
+    return dense, expert
+
+
+def act_context(spec: ModelSpec, strat: Strategy, capacity=1) -> A.ActContext:
+    t_sp = S.tp if strat.sp else sp.Integer(1)
+    return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
+                        capacity=sp.sympify(capacity), flash=strat.flash_attention)
+
+
+def _chunk_activation(spec, M, ctx, strat, nd, nm) -> sp.Expr:
+    """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers."""
+    act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode)
+           for k in ("dense", "moe") for mode in ("none", "selective", "full")}
+    if strat.recompute_layers is None:
+        return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
+    rest = "none" if strat.recompute == "full" else strat.recompute
+    full_d = sp.Min(S.nrec, nd)  # the first N layers of the chunk (dense layers come first)
+    full_m = sp.Min(S.nrec - full_d, nm)
+    return (full_d * act[("dense", "full")] + (nd - full_d) * act[("dense", rest)]
+            + full_m * act[("moe", "full")] + (nm - full_m) * act[("moe", rest)])
+
+
+def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage,
+                 engine: EngineProfile | None = None) -> Breakdown:
+    """Peak memory Terms of one device of pipeline stage ``stage``."""
+    eng = engine or ENGINE_PROFILES[strat.engine]
+    dp_cp = S.dp * S.cp
+    edp = S.dp * S.cp * S.tp / (S.ep * S.etp)
+    dense, expert = stage_params(spec, M, strat, stage)
+    z = strat.zero
+
+    def shard(level: int):
+        return (dense / dp_cp + expert / edp) if z >= level else (dense + expert)
+
+    weight_b = 1 if strat.weight_dtype == "fp8" else eng.weight_bytes
+    master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
+    grad_b = eng.grad_bytes_fp32 if strat.grad_dtype == "fp32" else 2
+    off = 0 if strat.offload_optimizer else 1
+    scope = "one device of this stage"
+    terms = [
+        Term(key="mem.weights", expr=weight_b * shard(eng.weights_sharded_from), unit="bytes",
+             source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}", note=scope),
+        Term(key="mem.grads", expr=grad_b * shard(eng.grads_sharded_from), unit="bytes",
+             source=f"{grad_b} bytes/param gradients; {_SRC_STATES}", note=scope),
+        Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
+             source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
+             note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
+        Term(key="mem.optimizer", expr=off * eng.optimizer_bytes * shard(1), unit="bytes",
+             source=f"Adam m and v in fp32, {eng.optimizer_bytes} bytes/param; {_SRC_STATES}",
+             note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
+    ]
+
+    ctx = act_context(spec, strat)
+    acts = sp.Integer(0)
+    for c in range(strat.vpp):
+        nd, nm = chunk_layers(spec, strat, stage, c, S.pp, M.L)
+        acts += inflight(strat.schedule, stage, c, S.pp, strat.vpp, S.m) * _chunk_activation(spec, M, ctx, strat, nd, nm)
+    first, last = is_first(stage), head_device_flag(strat.schedule, stage, S.pp)
+    hc = head_chunk(strat.schedule, strat.vpp)
+    acts += first * inflight(strat.schedule, stage, 0, S.pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
+    n_last = inflight(strat.schedule, stage, hc, S.pp, strat.vpp, S.m)
+    acts += last * n_last * A.head_activation(spec, M, ctx)
+    if spec.mtp_layers:
+        mtp_kind = "moe" if spec.is_moe else "dense"
+        mode = "full" if strat.recompute == "full" and strat.recompute_layers is None else (
+            "none" if strat.recompute == "full" else strat.recompute)
+        acts += last * n_last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
+                                                   + A.head_activation(spec, M, ctx))
+    terms.append(Term(
+        key="mem.activations", expr=acts, unit="bytes",
+        source="Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py) x layers per "
+               "chunk x in-flight micro-batches of the schedule (formulas/schedules.py)",
+        note=f"{strat.recompute} recompute, schedule {strat.schedule}, vpp={strat.vpp}"))
+
+    logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
+    any_full = strat.recompute == "full" or strat.recompute_layers
+    kind = "moe" if spec.is_moe else "dense"
+    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
+    terms.append(Term(
+        key="mem.transient", expr=sp.Max(logits, rebuilt) if any_full else logits, unit="bytes",
+        source=f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per "
+               f"token x vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full "
+               "recompute during its backward (its no-recompute activations)",
+        note="the loss runs in forward, the rebuild in backward: they never coincide"))
+
+    if z >= eng.weights_sharded_from:
+        big = max(("dense", "moe") if spec.is_moe else ("dense",),
+                  key=lambda k: P.total(P.layer_pieces(spec, spec.symbols(), k)))
+        ld, le = _per_device(P.layer_pieces(spec, M, big), S.tp, S.ep * S.etp)
+        gather = eng.gather_prefetch_layers * A.ACT_BYTES * (ld + le)
+        terms.append(Term(
+            key="mem.zero3_gather", expr=gather, unit="bytes",
+            source=f"ZeRO-3/FSDP: {eng.gather_prefetch_layers} layer(s) of unsharded 16-bit weights alive "
+                   "(current + prefetched; torch FSDP2 default forward prefetch of one layer)",
+            note=f"largest layer ({big})"))
+    comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if strat.sp else sp.Integer(0)
+    terms.append(Term(
+        key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
+        source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
+               "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
+        note="transient"))
+    terms.append(Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
+                      source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device"))
+    return Breakdown(tuple(terms))
+
+
+def host_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage) -> sp.Expr:
+    """Host bytes per device with optimizer offload: master + optimizer states."""
+    if not strat.offload_optimizer:
+        return sp.Integer(0)
+    eng = ENGINE_PROFILES[strat.engine]
+    dense, expert = stage_params(spec, M, strat, stage)
+    shard = dense / (S.dp * S.cp) + expert / (S.dp * S.cp * S.tp / (S.ep * S.etp))
+    master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
+    return (master_b + eng.optimizer_bytes) * (shard if strat.zero >= 1 else dense + expert)

@@ -1,0 +1,79 @@
+"""Which layers each pipeline (stage, chunk) holds, and where embedding and head sit.
+
+Even split (Megatron default): every virtual stage v holds Lc = L/(pp*vpp) consecutive
+layers [v*Lc, (v+1)*Lc). For models whose first ``k`` layers are dense and the rest
+MoE (DeepSeek first_k_dense_replace, all-MoE Mixtral/Qwen3-MoE, all-dense models) the
+dense count of virtual stage v is min(max(k - v*Lc, 0), Lc), a closed form in the
+symbols pp and stage. Uneven splits (``layers_per_stage``) and other MoE patterns are
+counted from the layer list with concrete pp and stage.
+
+The embedding (and learned positions) sit on the device running virtual stage 0
+(stage 0); the final norm, output head, loss and MTP modules on the device running
+the last virtual stage (stage pp-1; stage 0 under zbv, whose V ends where it starts).
+Indicator forms for integer 0 <= stage <= pp-1: is_first = max(0, 1 - stage),
+is_last = max(0, stage - pp + 2); both lambdify to numpy.maximum.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan.catalog.model import ModelSpec
+from ndplan.formulas.schedules import virtual_stage
+from ndplan.strategy import Strategy
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, sp.Integer))
+
+
+def leading_dense(spec: ModelSpec) -> int | None:
+    """k if the layers are k dense followed by only MoE (or all dense), else None."""
+    kinds = spec.layer_kinds
+    k = kinds.count("dense")
+    return k if all(x == "dense" for x in kinds[:k]) and all(x == "moe" for x in kinds[k:]) else None
+
+
+def is_first(stage):
+    return sp.Integer(1 if int(stage) == 0 else 0) if _is_num(stage) else sp.Max(0, 1 - stage)
+
+
+def is_last(stage, pp):
+    if _is_num(stage) and _is_num(pp):
+        return sp.Integer(1 if int(stage) == int(pp) - 1 else 0)
+    return sp.Max(0, stage - pp + 2)
+
+
+def head_device_flag(schedule: str, stage, pp):
+    """1 on the device that runs the last virtual stage (head, loss, MTP)."""
+    return is_first(stage) if schedule == "zbv" else is_last(stage, pp)
+
+
+def head_chunk(schedule: str, vpp: int) -> int:
+    return 1 if schedule == "zbv" else vpp - 1
+
+
+def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None) -> tuple:
+    """(dense layers, MoE layers) in chunk ``chunk`` of ``stage``; ``L`` is the layer
+    count as an expression (a symbol under ``explain --symbolic``)."""
+    v = virtual_stage(strat.schedule, stage, chunk, pp)
+    if strat.layers_per_stage is not None or leading_dense(spec) is None:
+        if not (_is_num(v) and _is_num(pp)):
+            raise ValueError("uneven or interleaved-MoE layouts need concrete pp and stage")
+        v = int(v)
+        if strat.layers_per_stage is not None:
+            start = sum(strat.layers_per_stage[:v])
+            n = strat.layers_per_stage[v]
+        else:
+            n = spec.num_hidden_layers // (int(pp) * strat.vpp)
+            start = v * n
+        kinds = spec.layer_kinds[start:start + n]
+        return sp.Integer(kinds.count("dense")), sp.Integer(kinds.count("moe"))
+    k = leading_dense(spec)
+    lc = (sp.Integer(spec.num_hidden_layers) if L is None else L) / (pp * strat.vpp)
+    if k == spec.num_hidden_layers:
+        return lc, sp.Integer(0)
+    if k == 0:
+        return sp.Integer(0), lc
+    n_dense = sp.Min(sp.Max(k - v * lc, 0), lc)
+    return n_dense, lc - n_dense

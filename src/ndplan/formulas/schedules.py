@@ -1,0 +1,75 @@
+"""In-flight micro-batches per pipeline stage and chunk, per schedule.
+
+``inflight(schedule, stage, chunk, pp, vpp, m)`` is the number of micro-batches whose
+forward activations chunk ``chunk`` of stage ``stage`` holds at that stage's memory
+peak. Arguments may be ints or SymPy expressions (Min/Max/floor lambdify to numpy).
+
+Derivations (stage i = 0..pp-1, chunk c = 0..vpp-1, m micro-batches):
+
+* gpipe (Huang et al. 2019): all m forwards run before any backward -> ``m``.
+* 1f1b (PipeDream-Flush; Narayanan et al. 2021 Sec. 2.2): stage i runs pp-i-1 warm-up
+  forwards, then one forward before each backward -> ``min(pp - i, m)``.
+* interleaved (Narayanan et al. 2021 Sec. 2.2.2; Megatron-LM
+  ``forward_backward_pipelining_with_interleaving``): warm-up forwards
+  2*(pp-i-1) + (vpp-1)*pp, plus the first steady-state forward, so at the peak
+  W = min(2*(pp-i-1) + (vpp-1)*pp + 1, m*vpp) chunk-forwards are held. Forwards go to
+  chunks in groups of pp micro-batches (chunk (k // pp) % vpp for the k-th forward),
+  so chunk c holds floor(W / (pp*vpp))*pp + min(max(W mod (pp*vpp) - c*pp, 0), pp).
+  Stage 0 therefore holds pp*vpp + pp - 1 chunk-micro-batches = the 1F1B amount times
+  (1 + (pp-1)/(pp*vpp)), Korthikanti et al. 2022 Sec. 4.2.3.
+* zb-h1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3): B and W are
+  split but the schedule keeps 1F1B's warm-up, so peak activation memory equals 1F1B:
+  ``min(pp - i, m)`` (the paper's stated property of ZB-H1).
+* zbv (Qi et al. 2024 Sec. 6, ZB-V; DualPipe-V): two chunks per stage in a V: chunk 0
+  of stage i is virtual stage i, chunk 1 is virtual stage 2*pp-1-i. Chunk 0 warms up
+  with 2*(pp-i)-1 forwards before its first backward arrives, chunk 1 with 2*i+1;
+  every stage holds 2*pp chunk-micro-batches = pp micro-batches of a whole stage, the
+  paper's "peak memory pM_B on every worker".
+
+Activations freed by a zero-bubble B pass but kept until W are not modelled: ZB
+schedules keep the inputs of weight-gradient GEMMs slightly longer (Qi et al. report
+peak memory equal to 1F1B for ZB-H1 and to pM_B for ZB-V).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+
+def _min(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return sp.Min(a, b)
+
+
+def _max(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return sp.Max(a, b)
+
+
+def inflight(schedule: str, stage, chunk, pp, vpp, m):
+    """Micro-batches of activations held by (stage, chunk) at the stage's peak."""
+    if schedule == "gpipe":
+        return m
+    if schedule in ("1f1b", "zb-h1"):
+        return _min(pp - stage, m)
+    if schedule == "interleaved":
+        w = _min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+        group = pp * vpp
+        if isinstance(w, int) and isinstance(group, int):
+            full, rem = divmod(w, group)
+        else:
+            full = sp.floor(w / group)
+            rem = w - full * group
+        return full * pp + _min(_max(rem - chunk * pp, 0), pp)
+    if schedule == "zbv":
+        return _min(2 * (pp - stage) - 1, m) if chunk == 0 else _min(2 * stage + 1, m)
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def virtual_stage(schedule: str, stage, chunk, pp):
+    """Index of the model slice (in layer order) that (stage, chunk) runs."""
+    if schedule == "zbv":
+        return stage if chunk == 0 else 2 * pp - 1 - stage
+    return chunk * pp + stage

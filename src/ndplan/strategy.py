@@ -1,0 +1,144 @@
+"""Strategy: one point of the parallel-training design space, and its validity rules.
+
+Every rule raises NdplanError naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    dp: int = 1
+    """Data-parallel degree (replicas x shards)."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline stages."""
+    cp: int = 1
+    """Context-parallel degree."""
+    ep: int = 1
+    """Expert-parallel degree (carved from dp*cp*tp ranks)."""
+    etp: int = 1
+    """Expert tensor-parallel degree."""
+    vpp: int = 1
+    """Virtual pipeline chunks per stage."""
+    mbs: int = 1
+    """Micro-batch size, sequences."""
+    gbs: int = 1
+    """Global batch, sequences."""
+    seq: int = 4096
+    """Sequence length, tokens."""
+    zero: int = 1
+    """0: nothing sharded on dp; 1: optimizer states (+fp32 master); 2: + gradients; 3: + weights (FSDP)."""
+    sp: bool = True
+    """Sequence parallelism on the TP group (Megatron-SP)."""
+    recompute: str = "none"
+    """none | selective (attention core) | full (layer input only)."""
+    recompute_layers: int | None = None
+    """Fully recompute only the first N layers of each stage chunk; the others use
+    ``recompute`` (or none when recompute='full', as Megatron's block method)."""
+    schedule: str = "1f1b"
+    engine: str = "megatron"
+    flash_attention: bool = True
+    layers_per_stage: tuple[int, ...] | None = None
+    """Uneven split: decoder layers per (virtual) stage, pp*vpp entries in model order."""
+    grad_dtype: str = "fp32"
+    """Gradient (accumulation) dtype: fp32 (Megatron main grads) or bf16."""
+    weight_dtype: str = "bf16"
+    """Compute copy of weights: bf16 or fp8."""
+    offload_optimizer: bool = False
+    """Optimizer states and fp32 master weights on host memory (reported separately)."""
+
+    @property
+    def m(self) -> int:
+        """Micro-batches per step."""
+        return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def nrec(self) -> int:
+        return 0 if self.recompute_layers is None else self.recompute_layers
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["m"] = self.m
+        d["layers_per_stage"] = list(self.layers_per_stage) if self.layers_per_stage else None
+        return d
+
+    def __post_init__(self):
+        for f_ in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "gbs", "seq"):
+            v = getattr(self, f_)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise NdplanError(f_, v, "must be a positive integer")
+        if self.zero not in (0, 1, 2, 3):
+            raise NdplanError("zero", self.zero, "must be 0, 1, 2 or 3")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise NdplanError("recompute", self.recompute, f"must be one of {', '.join(RECOMPUTE_MODES)}")
+        if self.schedule not in SCHEDULES:
+            raise NdplanError("schedule", self.schedule, f"must be one of {', '.join(SCHEDULES)}")
+        if self.engine not in ENGINES:
+            raise NdplanError("engine", self.engine, f"must be one of {', '.join(ENGINES)}")
+        if self.grad_dtype not in ("fp32", "bf16"):
+            raise NdplanError("grad_dtype", self.grad_dtype, "must be fp32 or bf16")
+        if self.weight_dtype not in ("bf16", "fp8"):
+            raise NdplanError("weight_dtype", self.weight_dtype, "must be bf16 or fp8")
+        if self.recompute_layers is not None and self.recompute_layers < 0:
+            raise NdplanError("recompute_layers", self.recompute_layers, "must be >= 0")
+        if self.gbs % (self.dp * self.mbs):
+            raise NdplanError("gbs", self.gbs, f"must be a multiple of dp*mbs = {self.dp * self.mbs}")
+        if self.seq % self.cp:
+            raise NdplanError("seq", self.seq, f"must be divisible by cp={self.cp}")
+        if self.schedule in ("gpipe", "1f1b", "zb-h1") and self.vpp != 1:
+            raise NdplanError("vpp", self.vpp, f"schedule {self.schedule} has one chunk per stage; use --schedule interleaved or vpp=1")
+        if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
+            raise NdplanError("vpp", self.vpp, "the interleaved schedule needs vpp >= 2")
+        if self.schedule == "zbv" and self.vpp != 2:
+            raise NdplanError("vpp", self.vpp, "zbv places two chunks (a V) per stage; set vpp=2")
+        if self.schedule == "interleaved" and self.pp > 1 and self.m < self.pp:
+            raise NdplanError("gbs", self.gbs, f"interleaved needs micro-batches m={self.m} >= pp={self.pp}; raise gbs or lower mbs/dp")
+
+    def check(self, model: ModelSpec, gpus: int | None = None) -> None:
+        """Divisibility rules against a model and device count."""
+        if gpus is not None and self.world != gpus:
+            raise NdplanError("gpus", gpus, f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.world}; "
+                                            "change a degree or --gpus so they match")
+        if model.num_attention_heads % self.tp:
+            raise NdplanError("tp", self.tp, f"must divide num_attention_heads={model.num_attention_heads}")
+        if not model.is_mla and model.num_key_value_heads % self.tp:
+            raise NdplanError("tp", self.tp, f"must divide num_key_value_heads={model.num_key_value_heads} (Megatron rule)")
+        chunks = self.pp * self.vpp
+        L = model.num_hidden_layers
+        if L < chunks:
+            raise NdplanError("pp", self.pp, f"pp*vpp={chunks} exceeds num_hidden_layers={L}; lower pp or vpp")
+        if self.layers_per_stage is not None:
+            lps = tuple(self.layers_per_stage)
+            if len(lps) != chunks:
+                raise NdplanError("layers_per_stage", list(lps), f"needs pp*vpp={chunks} entries")
+            if any(x < 0 for x in lps) or sum(lps) != L:
+                raise NdplanError("layers_per_stage", list(lps), f"entries must be >= 0 and sum to {L}")
+        elif L % chunks:
+            raise NdplanError("pp", self.pp, f"num_hidden_layers={L} is not divisible by pp*vpp={chunks}; "
+                                             "give --layers-per-stage for an uneven split")
+        if self.ep > 1 or self.etp > 1:
+            if not model.is_moe:
+                raise NdplanError("ep", self.ep, f"model {model.name} has no experts; use ep=1, etp=1")
+            ranks = self.dp * self.cp * self.tp
+            if ranks % (self.ep * self.etp):
+                raise NdplanError("ep", self.ep, f"ep*etp={self.ep * self.etp} must divide dp*cp*tp={ranks} "
+                                                 "(expert parallelism is carved from those ranks)")
+        if model.is_moe and model.num_experts % self.ep:
+            raise NdplanError("ep", self.ep, f"must divide the expert count {model.num_experts}")
+        if self.recompute_layers is not None and self.recompute_layers > L:
+            raise NdplanError("recompute_layers", self.recompute_layers, f"must be <= num_hidden_layers={L}")

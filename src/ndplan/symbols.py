@@ -1,0 +1,87 @@
+"""The one place ndplan makes SymPy symbols.
+
+Vocabulary (../shared/DESIGN.md): the same names are used for symbols, YAML keys,
+CLI flags and JSON keys.
+
+Strategy symbols (positive integers):
+    dp    data-parallel degree (replicas x shards); ZeRO level says what is sharded on it
+    tp    tensor-parallel degree (SP shards the residual stream over the same group)
+    pp    pipeline stages
+    vpp   virtual chunks per stage (interleaving)
+    cp    context-parallel degree (sequence split)
+    ep    expert-parallel degree, carved from dp*cp*tp ranks
+    etp   expert tensor-parallel degree
+    mbs   micro-batch size (sequences)
+    m     micro-batches per step = gbs / (dp * mbs)
+    seq   sequence length (tokens)
+    stage pipeline stage index, 0 .. pp-1
+    nrec  layers per stage chunk that are fully recomputed ("recompute the first N")
+
+Model symbols (used as symbols only with ``explain --symbolic``; otherwise the
+model's integers are substituted at build time): h, L, a, kv, d, f, V, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import sympy as sp
+
+
+def _pos(name: str) -> sp.Symbol:
+    return sp.Symbol(name, positive=True, integer=True)
+
+
+def _nonneg(name: str) -> sp.Symbol:
+    return sp.Symbol(name, nonnegative=True, integer=True)
+
+
+dp = _pos("dp")
+tp = _pos("tp")
+pp = _pos("pp")
+vpp = _pos("vpp")
+cp = _pos("cp")
+ep = _pos("ep")
+etp = _pos("etp")
+mbs = _pos("mbs")
+m = _pos("m")
+seq = _pos("seq")
+stage = _nonneg("stage")
+nrec = _nonneg("nrec")
+
+#: Strategy symbols in the canonical argument order of compiled kernels.
+STRATEGY_SYMBOLS: tuple[sp.Symbol, ...] = (dp, tp, pp, vpp, cp, ep, etp, mbs, m, seq, stage, nrec)
+BY_NAME: dict[str, sp.Symbol] = {s.name: s for s in STRATEGY_SYMBOLS}
+
+
+@dataclass(frozen=True)
+class ModelSymbols:
+    """Model sizes as SymPy expressions: integers for a concrete model, symbols for
+    ``explain --symbolic``. Field names are the short math names printed in formulas."""
+
+    h: sp.Expr  #: hidden_size
+    L: sp.Expr  #: num_hidden_layers (decoder layers, MTP excluded)
+    a: sp.Expr  #: num_attention_heads
+    kv: sp.Expr  #: num_key_value_heads
+    d: sp.Expr  #: head_dim (query/key head dim for MHA/GQA)
+    f: sp.Expr  #: intermediate_size of dense MLP layers
+    V: sp.Expr  #: vocab_size
+    P: sp.Expr  #: max_position_embeddings (learned positions only)
+    E: sp.Expr  #: routed experts
+    k: sp.Expr  #: experts per token (top-k)
+    fe: sp.Expr  #: moe_intermediate_size (per routed expert)
+    fs: sp.Expr  #: shared-expert intermediate size (total over shared experts)
+    ql: sp.Expr  #: MLA q_lora_rank (0 = no q compression)
+    kl: sp.Expr  #: MLA kv_lora_rank
+    dn: sp.Expr  #: MLA qk_nope_head_dim
+    dr: sp.Expr  #: MLA qk_rope_head_dim
+    dv: sp.Expr  #: MLA v_head_dim
+
+    @classmethod
+    def symbolic(cls) -> "ModelSymbols":
+        return cls(**{f.name: _pos(f.name) for f in fields(cls)})
+
+    def as_subs(self, concrete: "ModelSymbols") -> dict:
+        """Substitution dict mapping these symbols to another instance's values."""
+        return {getattr(self, f.name): getattr(concrete, f.name) for f in fields(self)
+                if isinstance(getattr(self, f.name), sp.Symbol)}
