@@ -71,7 +71,8 @@ def strategy_options(fn):
         click.option("--layers-per-stage", callback=_int_list, default=None,
                      help="Uneven split: layers per (virtual) stage, comma-separated."),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
-        click.option("--weight-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True),
+        click.option("--weight-dtype", type=click.Choice(["auto", "fp32", "bf16", "fp8"]), default="auto", show_default=True,
+                     help="Persistent weight dtype (auto: the engine's; fp8 keeps an fp32 master)."),
         click.option("--offload-optimizer", is_flag=True, help="Optimizer states and master weights on host."),
     ]
     for o in reversed(opts):

@@ -34,6 +34,40 @@ class EngineProfile:
     reserve_bytes: int
     """Named framework reserve added to every device's peak (allocator, library workspaces)."""
     sources: dict
+    # --- activation choices (formulas/activations.py) ---
+    norm_input_bytes: int = 2
+    """Bytes per element of the norm input saved for backward (4 when norms compute in fp32)."""
+    gathered_inputs_kept: bool = False
+    """SP: the all-gathered norm outputs (QKV and FC1 inputs) are saved full-size, not re-gathered."""
+    swiglu_bytes_per_f: int = 6
+    """Gated MLP bytes saved per intermediate element: fused SwiGLU keeps gate+up (4) and the
+    down-projection input (2); an unfused graph also keeps the SiLU output (+2)."""
+    selective_drops: tuple[str, ...] = ("core",)
+    """Activation components the engine's selective recompute does not store."""
+    score_bytes: int = 0
+    """Without flash attention: bytes per s x s score element saved (0 = Korthikanti's softmax +
+    dropout accounting)."""
+    selective_score_bytes: int = 0
+    """Score bytes still saved per element under selective recompute (without flash attention)."""
+    full_recompute_input_sliced: bool = True
+    """Full recompute stores the layer input SP/TP-sliced."""
+    comm_buffer_sp_gather: bool = True
+    """A transient SP all-gather output (2*s*b*h) on top of stored activations."""
+    # --- static-memory choices ---
+    grads_in_weight_dtype: bool = False
+    """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
+    grads_shard_tp_only: bool = False
+    """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard)."""
+    embedding_zero_sharded: bool = True
+    """The input embedding is sharded over dp by ZeRO/optimizer parallel."""
+    gather_whole_stage: bool = False
+    """ZeRO-3-like gather keeps 16-bit copies of all the stage's weights at once (MindSpore
+    optimizer parallel) instead of ``gather_prefetch_layers`` layers."""
+    weight_cast_per_microbatch: bool = False
+    """Without weight sharding, fp32 weights are cast to 16-bit per micro-batch and the cast is
+    saved for backward (per in-flight micro-batch)."""
+    optimizer_step_temp_bytes: int = 0
+    """Temporaries per local parameter during the optimizer step (no activations alive then)."""
 
 
 MEGATRON = EngineProfile(
@@ -81,7 +115,13 @@ MINDSPORE = EngineProfile(
     name="mindspore",
     weight_bytes=2, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=2,
     weights_sharded_from=1, grads_sharded_from=4, master_sharded_from=1,
-    logits_bytes_per_element=4, gather_prefetch_layers=1, reserve_bytes=0,
+    logits_bytes_per_element=8, gather_prefetch_layers=1, reserve_bytes=0,
+    norm_input_bytes=4, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
+    selective_drops=("gathered_inputs", "act_out", "down_input"),
+    score_bytes=6, selective_score_bytes=2, full_recompute_input_sliced=False,
+    comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
+    embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
+    optimizer_step_temp_bytes=8,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
@@ -89,7 +129,20 @@ MINDSPORE = EngineProfile(
                   "enable_parallel_optimizer (our zero>=1) weights and moments are sharded over dp and "
                   "all-gathered before use. Checked on shared/validation/mindformers llama2/70b stage 0: "
                   "params 2165 MiB, optimizer 8661 MiB (= 4x), accu_grad 4205 MiB (~ 2x, unsharded)",
-        "logits": "fp32 logits for the loss: 4 bytes per element",
+        "logits": "fp32 logits (4) and the fp32 softmax kept for the gradient (4): 8 bytes per element",
+        "activations": "MindFormers LLaMA graph: norms in fp32 (layernorm_compute_type: float32) save a fp32 "
+                       "input; with SP the all-gathered norm outputs feeding QKV and FC1 are saved full-size "
+                       "(the AllGather rows of the measured insight files: 4*h bytes per token per layer, not "
+                       "/tp); SwiGLU unfused (gate, up, SiLU output, product: 8 bytes per f); selective "
+                       "recompute (default LLaMA ops + select_comm_recompute) recomputes the gathers, SiLU and "
+                       "product; without flash attention the fp32 softmax + fp16 scores (6 bytes per s^2 "
+                       "element), 2 under selective; full recompute stores the unsliced layer input",
+        "static": "accu_grad in the parameter dtype, split over TP only; the input embedding is not sharded by "
+                  "the optimizer-parallel group when vocab_emb_dp=False (measured: llama2/70b stage 0 embedding "
+                  "125 MiB = V*h*2/tp); optimizer-parallel gathers keep 16-bit copies of the stage's weights",
+        "optimizer_step": "AdamWeightDecay fp32 update temporaries, one set per local parameter (8 bytes), "
+                          "alive only in the optimizer step: the measured flat dynamic floor of fully recomputed "
+                          "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB)",
         "reserve": "0: the measured MindSpore peaks (Static+Dynamic) contain no safety margin "
                    "(shared/validation/mindformers/README.md)",
     })

@@ -53,8 +53,8 @@ class Strategy:
     """Uneven split: decoder layers per (virtual) stage, pp*vpp entries in model order."""
     grad_dtype: str = "fp32"
     """Gradient (accumulation) dtype: fp32 (Megatron main grads) or bf16."""
-    weight_dtype: str = "bf16"
-    """Compute copy of weights: bf16 or fp8."""
+    weight_dtype: str = "auto"
+    """Persistent weights: auto (the engine's choice), fp32, bf16 or fp8."""
     offload_optimizer: bool = False
     """Optimizer states and fp32 master weights on host memory (reported separately)."""
 
@@ -92,8 +92,8 @@ class Strategy:
             raise NdplanError("engine", self.engine, f"must be one of {', '.join(ENGINES)}")
         if self.grad_dtype not in ("fp32", "bf16"):
             raise NdplanError("grad_dtype", self.grad_dtype, "must be fp32 or bf16")
-        if self.weight_dtype not in ("bf16", "fp8"):
-            raise NdplanError("weight_dtype", self.weight_dtype, "must be bf16 or fp8")
+        if self.weight_dtype not in ("auto", "fp32", "bf16", "fp8"):
+            raise NdplanError("weight_dtype", self.weight_dtype, "must be auto, fp32, bf16 or fp8")
         if self.recompute_layers is not None and self.recompute_layers < 0:
             raise NdplanError("recompute_layers", self.recompute_layers, "must be >= 0")
         if self.gbs % (self.dp * self.mbs):

@@ -6,14 +6,15 @@ Transformer Models", Sec. 4 and Table 2: per layer ``s*b*h*(34 + 5*a*s/h)`` byte
 under TP+SP; 10*s*b*h stays unsharded under TP without SP; selective recompute of the
 attention core removes the 5*a*s^2*b term; full recompute keeps the 2*s*b*h layer input.
 
-Each component below names the tensor(s) it stands for. Deviations from Table 2, all
-derived from what the tensors are (no fitted constants):
+Each component names the tensor(s) it stands for. Deviations from Table 2, all derived
+from what the tensors are (no fitted constants); engine-specific choices are named
+settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
 
 1. q, k, v are ``2*s*b*(a + 2*kv)*d`` instead of 6*s*b*h, so GQA/MQA and head_dim != h/a
    are exact; MHA with d = h/a gives Table 2's 6*s*b*h.
-2. Gated MLP (SwiGLU): gate and up outputs (4*s*b*f, the activation's inputs) and the
-   down-projection input (2*s*b*f) = 6*s*b*f; a GeLU MLP stores 2*s*b*f (GeLU input) +
-   2*s*b*f (fc2 input) = 4*s*b*f, which is Table 2's 16*s*b*h at f = 4h.
+2. Gated MLP (SwiGLU): gate and up outputs (4*s*b*f) and the down-projection input
+   (2*s*b*f); an unfused graph also keeps the SiLU output (2*s*b*f). A GeLU MLP stores
+   2*s*b*f (GeLU input) + 2*s*b*f (fc2 input), Table 2's 16*s*b*h at f = 4h.
 3. Dropout masks (1 byte per element) only when the model has dropout: attention
    dropout (a*s^2*b mask + 2*a*s^2*b output), hidden dropout (s*b*h after attention and
    after the MLP). Modern LLMs train without dropout.
@@ -21,17 +22,16 @@ derived from what the tensors are (no fitted constants):
    input, counted once) and the fp32 log-sum-exp, 4*a*s*b bytes.
 5. MLA (DeepSeek-V2 Sec. 2.1): the down-projection outputs (q: ql, kv: kl + dr) and
    their norm outputs are replicated over TP; q and k have dn+dr per head, v has dv.
-6. MoE (router + routed experts + shared experts): router logits in fp32 (4*s*b*E),
-   each routed token-expert pair keeps its permuted input and its output (2*h each)
-   and the expert MLP's 6*fe (gated) bytes; T_e = s*b*k*cap token-expert pairs per
-   sequence shard. Shared experts are a dense MLP of width fs.
+6. MoE: router logits in fp32 (4*s*b*E); each routed token-expert pair keeps its
+   permuted input and its output (2*h bytes each) and the expert MLP's intermediate;
+   T_e = s*b*k*cap*etp/t_sp token-expert pairs per device. Shared experts are a dense
+   MLP of width fs.
 7. CP divides s (each rank keeps its sequence shard; ring/all-to-all peers' K, V are
    transient). SP divides the residual-stream tensors (norm inputs, linear inputs,
    dropout masks) by tp.
 8. Full recompute stores the layer input ``2*s*b*h / t_sp`` (Megatron stores the
-   SP-sharded input; MindFormers ``recompute_slice_activation``); the layer's
-   activations are rebuilt one layer at a time in backward (a transient term in
-   memory.py).
+   SP-sharded input); the layer's activations are rebuilt one layer at a time in
+   backward (a transient term in memory.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from ndplan.catalog.model import ModelSpec
+from ndplan.engines import MEGATRON, EngineProfile
 from ndplan.symbols import ModelSymbols
 
 ACT_BYTES = 2  # bf16/fp16 activations (Korthikanti Table 2 assumes 16-bit)
@@ -52,8 +53,8 @@ FP32_BYTES = 4  # router logits, flash-attention log-sum-exp
 class ActContext:
     """Local sizes one device sees: ``s`` tokens of its sequence shard, ``b`` micro-batch,
     ``t`` the TP degree for head/column-sharded tensors, ``t_sp`` the divisor of
-    residual-stream tensors (t with SP, 1 without), ``tokens_e`` routed token-expert
-    pairs per sequence shard and expert TP rank."""
+    residual-stream tensors (t with SP, 1 without), expert TP ``etp`` and the MoE
+    capacity factor; ``eng`` the engine profile."""
 
     s: sp.Expr
     b: sp.Expr
@@ -62,13 +63,21 @@ class ActContext:
     etp: sp.Expr
     capacity: sp.Expr
     flash: bool
+    sp: bool = True
+    eng: EngineProfile = MEGATRON
+
+
+def _gathered(c: ActContext) -> sp.Expr:
+    """Divisor of a linear layer's saved input: SP-sharded, unless the engine keeps the
+    all-gathered copy."""
+    return sp.Integer(1) if (c.eng.gathered_inputs_kept and c.sp) else c.t_sp
 
 
 def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.Expr]:
     """Attention block activations by component (bytes per micro-batch)."""
     s, b, t, tsp = c.s, c.b, c.t, c.t_sp
     sbh = s * b * M.h
-    parts = {"norm_input": ACT_BYTES * sbh / tsp, "qkv_input": ACT_BYTES * sbh / tsp}
+    parts = {"norm_input": c.eng.norm_input_bytes * sbh / tsp, "qkv_input": ACT_BYTES * sbh / _gathered(c)}
     if spec.is_mla:
         lat = (2 * M.ql if spec.q_lora_rank else 0) + M.kl + M.dr + M.kl
         parts["mla_latents"] = ACT_BYTES * s * b * lat
@@ -84,54 +93,79 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
     return parts
 
 
-def core_attention(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
-    """What selective recompute drops: the s x s softmax (and its dropout) without
-    flash attention, the fp32 log-sum-exp with it."""
+def core_attention(spec: ModelSpec, M: ModelSymbols, c: ActContext, selective: bool = False) -> sp.Expr:
+    """The attention core: the s x s softmax (and its dropout) without flash attention,
+    the fp32 log-sum-exp with it."""
     s, b, t = c.s, c.b, c.t
     if c.flash:
         return FP32_BYTES * M.a * s * b / t
-    per = ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if spec.attention_dropout > 0 else 0)
+    if c.eng.score_bytes:
+        per = c.eng.selective_score_bytes if selective else c.eng.score_bytes
+    else:
+        per = ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if spec.attention_dropout > 0 else 0)
     return per * M.a * s * s * b / t
 
 
-def mlp_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext, width=None) -> dict[str, sp.Expr]:
-    s, b, t, tsp = c.s, c.b, c.t, c.t_sp
-    f = M.f if width is None else width
-    sbh = s * b * M.h
-    per_f = 6 if spec.gated_mlp else 4  # see module docstring item 2
-    parts = {"norm_input": ACT_BYTES * sbh / tsp, "fc1_input": ACT_BYTES * sbh / tsp,
-             "intermediate": ACT_BYTES // 2 * per_f * s * b * f / t}
+def _ffn_parts(spec: ModelSpec, c: ActContext, width, tokens, t_width) -> dict[str, sp.Expr]:
+    """Saved tensors of an MLP of ``width`` over ``tokens`` tokens, width split by t_width."""
+    if spec.gated_mlp:
+        parts = {"gate_up": 2 * ACT_BYTES * tokens * width / t_width,
+                 "down_input": ACT_BYTES * tokens * width / t_width}
+        extra = c.eng.swiglu_bytes_per_f - 3 * ACT_BYTES  # unfused graphs keep the SiLU output
+        if extra:
+            parts["act_out"] = extra * tokens * width / t_width
+        return parts
+    return {"act_input": ACT_BYTES * tokens * width / t_width, "down_input": ACT_BYTES * tokens * width / t_width}
+
+
+def mlp_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.Expr]:
+    sbh = c.s * c.b * M.h
+    parts = {"norm_input": c.eng.norm_input_bytes * sbh / c.t_sp, "fc1_input": ACT_BYTES * sbh / _gathered(c)}
+    parts |= _ffn_parts(spec, c, M.f, c.s * c.b, c.t)
     if spec.hidden_dropout > 0:
-        parts["dropout_mask"] = MASK_BYTES * sbh / tsp
+        parts["dropout_mask"] = MASK_BYTES * sbh / c.t_sp
     return parts
 
 
 def moe_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.Expr]:
     s, b, tsp = c.s, c.b, c.t_sp
     sbh = s * b * M.h
-    tokens_e = s * b * M.k * c.capacity * c.etp / tsp  # token-expert pairs on this rank
-    per_f = 6 if spec.gated_mlp else 4
-    parts = {"norm_input": ACT_BYTES * sbh / tsp, "router_input": ACT_BYTES * sbh / tsp,
+    tokens_e = s * b * M.k * c.capacity * c.etp / tsp  # token-expert pairs on this device
+    parts = {"norm_input": c.eng.norm_input_bytes * sbh / tsp, "fc1_input": ACT_BYTES * sbh / _gathered(c),
              "router_logits": FP32_BYTES * s * b * M.E / tsp,
-             "expert_io": 2 * ACT_BYTES * tokens_e * M.h,
-             "expert_intermediate": ACT_BYTES // 2 * per_f * tokens_e * M.fe / c.etp}
+             "expert_io": 2 * ACT_BYTES * tokens_e * M.h}
+    parts |= {f"expert_{k}": v for k, v in _ffn_parts(spec, c, M.fe, tokens_e, c.etp).items()}
     if spec.shared_intermediate_size:
-        parts["shared_intermediate"] = ACT_BYTES // 2 * per_f * s * b * M.fs / c.t
+        parts |= {f"shared_{k}": v for k, v in _ffn_parts(spec, c, M.fs, s * b, c.t).items()}
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / tsp
     return parts
 
 
+def _dropped(c: ActContext, name: str) -> bool:
+    """Does the engine's selective recompute drop component ``name``?"""
+    base = name.split("_", 1)[1] if name.startswith(("expert_", "shared_")) else name
+    if base == "core":
+        return "core" in c.eng.selective_drops
+    if c.eng.gathered_inputs_kept and not c.sp:
+        return False  # MindSpore's selective ops act only with SP (measured: no_sp == no_sp_norec)
+    return base in c.eng.selective_drops
+
+
 def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str, mode: str) -> sp.Expr:
     """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``."""
     if mode == "full":
-        return ACT_BYTES * c.s * c.b * M.h / c.t_sp
-    attn = attention_parts(spec, M, c)
-    ffn = moe_parts(spec, M, c) if kind == "moe" else mlp_parts(spec, M, c)
-    total = sp.Add(*attn.values()) + sp.Add(*ffn.values())
+        return ACT_BYTES * c.s * c.b * M.h / (c.t_sp if c.eng.full_recompute_input_sliced else 1)
+    parts = attention_parts(spec, M, c)
+    parts |= {f"ffn.{k}": v for k, v in (moe_parts(spec, M, c) if kind == "moe" else mlp_parts(spec, M, c)).items()}
     if mode == "selective":
-        total -= attn["core"]
-    return total
+        keep = {k: v for k, v in parts.items() if not _dropped(c, k.removeprefix("ffn."))}
+        if "core" not in keep and not c.flash and c.eng.selective_score_bytes:
+            keep["core"] = core_attention(spec, M, c, selective=True)
+        elif "core" in keep and not c.flash and c.eng.score_bytes:
+            keep["core"] = core_attention(spec, M, c, selective=True)
+        parts = keep
+    return sp.Add(*parts.values())
 
 
 def embedding_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
@@ -141,4 +175,4 @@ def embedding_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.
 
 def head_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
     """Final-norm input and output-layer input kept for backward, last stage only."""
-    return 2 * ACT_BYTES * c.s * c.b * M.h / c.t_sp
+    return (c.eng.norm_input_bytes + ACT_BYTES) * c.s * c.b * M.h / c.t_sp

@@ -38,8 +38,9 @@ def _per_device(pieces: list[P.Piece], tp, ep_etp) -> tuple[sp.Expr, sp.Expr]:
     return dense, expert
 
 
-def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tuple[sp.Expr, sp.Expr]:
-    """(non-expert, expert) parameters on one device of ``stage``."""
+def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
+    """(non-expert, expert, input-embedding) parameters on one device of ``stage``; the
+    non-expert total includes the embedding."""
     tp, pp, ep_etp = S.tp, S.pp, S.ep * S.etp
     dense, expert = sp.Integer(0), sp.Integer(0)
     layer = {k: _per_device(P.layer_pieces(spec, M, k), tp, ep_etp) for k in ("dense", "moe")}
@@ -59,18 +60,30 @@ def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tu
         mtp_d, mtp_e = _per_device(P.mtp_pieces(spec, M), tp, ep_etp)
         dense += last * spec.mtp_layers * mtp_d
         expert += last * spec.mtp_layers * mtp_e
-    return dense, expert
+    return dense, expert, first * emb_d
+
+
+def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
+    """Parameters of one layer of ``kind`` on one device (TP/EP-split, not ZeRO-sharded)."""
+    d, e = _per_device(P.layer_pieces(spec, M, kind), S.tp, S.ep * S.etp)
+    return d + e
 
 
 def act_context(spec: ModelSpec, strat: Strategy, capacity=1) -> A.ActContext:
     t_sp = S.tp if strat.sp else sp.Integer(1)
     return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
-                        capacity=sp.sympify(capacity), flash=strat.flash_attention)
+                        capacity=sp.sympify(capacity), flash=strat.flash_attention, sp=strat.sp,
+                        eng=ENGINE_PROFILES[strat.engine])
 
 
-def _chunk_activation(spec, M, ctx, strat, nd, nm) -> sp.Expr:
-    """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers."""
-    act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode)
+def weight_bytes(strat: Strategy, eng: EngineProfile) -> int:
+    return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[strat.weight_dtype]
+
+
+def _chunk_activation(spec, M, ctx, strat, nd, nm, cast) -> sp.Expr:
+    """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers; ``cast``
+    adds the engine's per-micro-batch 16-bit weight cast (0 or 1)."""
+    act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode) + cast * A.ACT_BYTES * layer_params(spec, M, k)
            for k in ("dense", "moe") for mode in ("none", "selective", "full")}
     if strat.recompute_layers is None:
         return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
@@ -87,21 +100,26 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     eng = engine or ENGINE_PROFILES[strat.engine]
     dp_cp = S.dp * S.cp
     edp = S.dp * S.cp * S.tp / (S.ep * S.etp)
-    dense, expert = stage_params(spec, M, strat, stage)
+    dense, expert, emb = stage_params(spec, M, strat, stage)
     z = strat.zero
 
     def shard(level: int):
-        return (dense / dp_cp + expert / edp) if z >= level else (dense + expert)
+        if z < level:
+            return dense + expert
+        if eng.embedding_zero_sharded:
+            return dense / dp_cp + expert / edp
+        return (dense - emb) / dp_cp + emb + expert / edp
 
-    weight_b = 1 if strat.weight_dtype == "fp8" else eng.weight_bytes
+    weight_b = weight_bytes(strat, eng)
     master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
-    grad_b = eng.grad_bytes_fp32 if strat.grad_dtype == "fp32" else 2
+    grad_b = (weight_b if eng.grads_in_weight_dtype else eng.grad_bytes_fp32) if strat.grad_dtype == "fp32" else 2
+    grads = dense + expert if eng.grads_shard_tp_only else shard(eng.grads_sharded_from)
     off = 0 if strat.offload_optimizer else 1
     scope = "one device of this stage"
     terms = [
         Term(key="mem.weights", expr=weight_b * shard(eng.weights_sharded_from), unit="bytes",
              source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}", note=scope),
-        Term(key="mem.grads", expr=grad_b * shard(eng.grads_sharded_from), unit="bytes",
+        Term(key="mem.grads", expr=grad_b * grads, unit="bytes",
              source=f"{grad_b} bytes/param gradients; {_SRC_STATES}", note=scope),
         Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
              source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
@@ -112,10 +130,12 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     ]
 
     ctx = act_context(spec, strat)
+    cast = int(eng.weight_cast_per_microbatch and z < eng.weights_sharded_from and weight_b > A.ACT_BYTES)
     acts = sp.Integer(0)
     for c in range(strat.vpp):
         nd, nm = chunk_layers(spec, strat, stage, c, S.pp, M.L)
-        acts += inflight(strat.schedule, stage, c, S.pp, strat.vpp, S.m) * _chunk_activation(spec, M, ctx, strat, nd, nm)
+        acts += inflight(strat.schedule, stage, c, S.pp, strat.vpp, S.m) * _chunk_activation(
+            spec, M, ctx, strat, nd, nm, cast)
     first, last = is_first(stage), head_device_flag(strat.schedule, stage, S.pp)
     hc = head_chunk(strat.schedule, strat.vpp)
     acts += first * inflight(strat.schedule, stage, 0, S.pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
@@ -137,24 +157,34 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     any_full = strat.recompute == "full" or strat.recompute_layers
     kind = "moe" if spec.is_moe else "dense"
     rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
-    terms.append(Term(
-        key="mem.transient", expr=sp.Max(logits, rebuilt) if any_full else logits, unit="bytes",
-        source=f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per "
-               f"token x vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full "
-               "recompute during its backward (its no-recompute activations)",
-        note="the loss runs in forward, the rebuild in backward: they never coincide"))
+    transient = sp.Max(logits, rebuilt) if any_full else logits
+    src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
+           f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
+           "its backward (its no-recompute activations)")
+    if eng.optimizer_step_temp_bytes:
+        # the optimizer step runs after the last backward, when no activations are alive:
+        # activations + transient = max(activation phase, optimizer-step temporaries)
+        step_tmp = off * eng.optimizer_step_temp_bytes * shard(1)
+        transient = sp.Max(transient, step_tmp - acts)
+        src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
+                f"activations ({eng.sources['optimizer_step']})")
+    terms.append(Term(key="mem.transient", expr=transient, unit="bytes", source=src,
+                      note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
 
     if z >= eng.weights_sharded_from:
-        big = max(("dense", "moe") if spec.is_moe else ("dense",),
-                  key=lambda k: P.total(P.layer_pieces(spec, spec.symbols(), k)))
-        ld, le = _per_device(P.layer_pieces(spec, M, big), S.tp, S.ep * S.etp)
-        gather = eng.gather_prefetch_layers * A.ACT_BYTES * (ld + le)
-        terms.append(Term(
-            key="mem.zero3_gather", expr=gather, unit="bytes",
-            source=f"ZeRO-3/FSDP: {eng.gather_prefetch_layers} layer(s) of unsharded 16-bit weights alive "
-                   "(current + prefetched; torch FSDP2 default forward prefetch of one layer)",
-            note=f"largest layer ({big})"))
-    comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if strat.sp else sp.Integer(0)
+        if eng.gather_whole_stage:
+            gather = A.ACT_BYTES * (dense + expert)
+            what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
+        else:
+            big = max(("dense", "moe") if spec.is_moe else ("dense",),
+                      key=lambda k: P.total(P.layer_pieces(spec, spec.symbols(), k)))
+            gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, big)
+            what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
+                    "(current + prefetched; FSDP2 default forward prefetch of one layer)")
+        terms.append(Term(key="mem.zero3_gather", expr=gather * sp.Min(dp_cp - 1, 1), unit="bytes",
+                          source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}",
+                          note="zero when dp*cp = 1"))
+    comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (strat.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
     terms.append(Term(
         key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
         source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "

@@ -17,14 +17,16 @@ Derivations (stage i = 0..pp-1, chunk c = 0..vpp-1, m micro-batches):
   so chunk c holds floor(W / (pp*vpp))*pp + min(max(W mod (pp*vpp) - c*pp, 0), pp).
   Stage 0 therefore holds pp*vpp + pp - 1 chunk-micro-batches = the 1F1B amount times
   (1 + (pp-1)/(pp*vpp)), Korthikanti et al. 2022 Sec. 4.2.3.
-* zb-h1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3): B and W are
+* zb-h1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 2, Fig. 3): B and W are
   split but the schedule keeps 1F1B's warm-up, so peak activation memory equals 1F1B:
   ``min(pp - i, m)`` (the paper's stated property of ZB-H1).
 * zbv (Qi et al. 2024 Sec. 6, ZB-V; DualPipe-V): two chunks per stage in a V: chunk 0
-  of stage i is virtual stage i, chunk 1 is virtual stage 2*pp-1-i. Chunk 0 warms up
-  with 2*(pp-i)-1 forwards before its first backward arrives, chunk 1 with 2*i+1;
-  every stage holds 2*pp chunk-micro-batches = pp micro-batches of a whole stage, the
-  paper's "peak memory pM_B on every worker".
+  of stage i is virtual stage i, chunk 1 is virtual stage 2*pp-1-i. Stage i runs
+  2*(pp-i)-1 chunk-0 forwards, then i pairs (chunk-1 forward, chunk-0 forward), then
+  F/B/W triples; at its first peak it holds 2*pp-1-i chunk-0 and i+1 chunk-1
+  micro-batches (hand timelines in tests/test_schedules.py; the order of the authors'
+  handcrafted ZB-V generator). Every stage holds 2*pp chunk-micro-batches = pp
+  micro-batches of a whole stage, the paper's "peak memory pM_B on every worker".
 
 Activations freed by a zero-bubble B pass but kept until W are not modelled: ZB
 schedules keep the inputs of weight-gradient GEMMs slightly longer (Qi et al. report
@@ -64,7 +66,7 @@ def inflight(schedule: str, stage, chunk, pp, vpp, m):
             rem = w - full * group
         return full * pp + _min(_max(rem - chunk * pp, 0), pp)
     if schedule == "zbv":
-        return _min(2 * (pp - stage) - 1, m) if chunk == 0 else _min(2 * stage + 1, m)
+        return _min(2 * pp - 1 - stage, m) if chunk == 0 else _min(stage + 1, m)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 

@@ -1,0 +1,510 @@
+#!/usr/bin/env python
+"""Per-case error of ndplan's per-stage peak-memory estimates against measurements.
+
+Sections
+--------
+(a) MindSpore / MindFormers LLaMA-2/3 cases
+    (/work/shared/validation/mindformers/memory_cases.yaml, 37 cases, MB = MiB).
+    "Measured" = Static + Dynamic of MindSpore's memory profiler per stage. 22 cases
+    report > 64 GiB per device, so they must be compile-time memory plans rather than
+    on-device observations (README §1); ``exceeds_64GiB`` marks them and a separate
+    MAPE over the <= 64 GiB cases is printed.
+    Upstream metric (MemEst tests): per case |real - pred| / real with real and pred
+    the max over stages; MAPE over cases.
+(b) torchtitan rows of /work/shared/validation/published/cases.yaml
+    (ids torchtitan_202408_*). The metric there would be torch.cuda max *reserved*
+    memory (NOTES.md), which runs above allocated tensors. If a row carries a numeric
+    ``measured.peak_mem_gb`` it is compared like (a); otherwise the row is used as a
+    feasibility check: ``oom: true`` rows must be predicted above the device memory,
+    rows that report a throughput ran and must be predicted to fit.
+
+Mapping of a MindFormers case to ndplan.Strategy (each rule is applied in
+``map_mindformers``; every approximation is written into the row's ``notes``):
+
+* dp / tp / pp / cp / vpp       <- parallel.dp / tp / pp / cp / vpp
+* mbs                           <- batch.micro_batch_size
+* gbs                           <- mbs * dp * batch.micro_batch_num  (MindFormers / MemEst
+                                   convention; so ndplan's m = micro_batch_num; CP does not multiply)
+* seq                           <- model.seq_length
+* sp                            <- parallel.sp (use_seq_parallel)
+* zero                          <- 1 if optimizer.parallel_optimizer else 0 (MindSpore optimizer
+                                   parallel shards weights + moments over dp; the "mindspore"
+                                   engine profile shards weights from zero>=1)
+* engine                        <- "mindspore"
+* flash_attention               <- model.use_flash_attention
+* weight_dtype                  <- "fp32" if model.param_dtype == float32 else "bf16"; if Strategy
+                                   rejects "fp32" the case falls back to "bf16" with a note
+* schedule                      <- "interleaved" when vpp > 1, else "1f1b"; other
+                                   pipeline_scheduler values (seqpipe, zero_bubble_v, ...) -> skipped
+* recompute (default rule, "max"):
+    - recompute.full True                       -> recompute="full" (selective settings are
+                                                   irrelevant: full covers every layer)
+    - recompute.full = per-stage list           -> recompute="full" (or "selective" if selective
+                                                   is True for the remaining layers),
+                                                   recompute_layers=N if all counts equal, else
+                                                   max(list) (note: over-recomputes the other stages)
+    - recompute.selective True                  -> recompute="selective"
+    - recompute.selective = per-stage list      -> ndplan has no layer count for selective
+                                                   recompute: max(list) > 0 -> "selective" on all
+                                                   layers (note), max == 0 -> "none"
+    - selective_comm only                       -> "none" (comm recompute is not modelled; note)
+  ``--per-stage-recompute`` replaces the max rule for vpp == 1 by one estimate per
+  distinct count, taking each stage's row from the run with that stage's own count;
+  a selective count 0 < n < layers-per-stage is linearly interpolated between the
+  "none" and "selective" rows (exact in ndplan's additive per-layer activation model).
+* layers_per_stage              <- only when parallel.layer_offset is non-zero:
+                                   L/(pp*vpp) + offset per (chunk, stage), in model order
+                                   (virtual stage v = chunk*pp + stage). offset is a list of
+                                   pp ints, or (VPP) a list of vpp lists of pp ints.
+* model                         <- model_from_config with HF names (llama, untied embeddings
+                                   unless tie_word_embeddings is true)
+* hardware                      <- ascend-910b (the device is not recorded; memory estimates do not
+                                   depend on it)
+Not modelled, noted per case: cp algorithm (ulysses vs colossalai), vocab_emb_dp=True
+(embedding/head replicated over TP), fine_grain_interleave, VPP less-memory mode,
+optimizer_weight_shard_size, the MindFormers default selective op set (ndplan "selective"
+= attention-core recompute).
+
+Usage:
+    python benchmarks/memory_validation.py [--verbose] [--json out.json] [--per-stage-recompute]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+import ndplan
+from ndplan.catalog.model import model_from_config
+
+MIB = 2 ** 20
+GIB = 2 ** 30
+MF_CASES = Path("/work/shared/validation/mindformers/memory_cases.yaml")
+PUB_CASES = Path("/work/shared/validation/published/cases.yaml")
+PUB_HW = Path("/work/shared/validation/published/hardware.yaml")
+
+
+class Skip(Exception):
+    """A case that cannot be mapped; the message is the reason."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+def ape(real: float, pred: float) -> float:
+    return abs(real - pred) / real * 100.0
+
+
+def mean(xs):
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def llama_model(name: str, h: int, L: int, a: int, kv: int, f: int, V: int, tie, where: str):
+    return model_from_config({"model_type": "llama", "hidden_size": h, "num_hidden_layers": L,
+                              "num_attention_heads": a, "num_key_value_heads": kv,
+                              "intermediate_size": f, "vocab_size": V,
+                              "tie_word_embeddings": bool(tie)}, name, where)
+
+
+def make_strategy(kw: dict, notes: list[str]) -> ndplan.Strategy:
+    """Strategy(**kw); falls back to bf16 weights if the fp32 weight dtype is rejected."""
+    try:
+        return ndplan.Strategy(**kw)
+    except ndplan.NdplanError as e:
+        if kw.get("weight_dtype") == "fp32" and e.field == "weight_dtype":
+            notes.append("param_dtype float32 but Strategy rejects weight_dtype='fp32' "
+                         f"({e.fix}); fell back to bf16 (weights/accu_grad under-counted 2x)")
+            kw["weight_dtype"] = "bf16"
+            return ndplan.Strategy(**kw)
+        raise
+
+
+def _flat_counts(v) -> list[int] | None:
+    """Layer counts from a yaml list, flattened (a VPP list of lists in (chunk, stage) order);
+    None if ``v`` is not a list (True / False / 0)."""
+    if isinstance(v, list):
+        out = []
+        for x in v:
+            out.extend(_flat_counts(x) if isinstance(x, list) else [int(x)])
+        return out
+    return None
+
+
+# --------------------------------------------------------------------------- (a) MindFormers
+
+def map_mindformers(c: dict) -> tuple[object, dict, list[str], dict]:
+    """(model, strategy kwargs, notes, recompute plan) for one memory case; raises Skip."""
+    m, p, b, o, r = c["model"], c["parallel"], c["batch"], c["optimizer"], c["recompute"]
+    notes: list[str] = []
+    if m.get("moe") or m.get("mla"):
+        raise Skip("MoE/MLA config: not a dense llama case")
+    sched = str(p.get("pipeline_scheduler") or "1f1b").split()[0]
+    if sched != "1f1b":
+        raise Skip(f"pipeline_scheduler={p['pipeline_scheduler']!r} has no ndplan schedule")
+    if (p.get("ep") or 1) != 1:
+        raise Skip(f"ep={p['ep']} on a dense model")
+    L = m["num_layers"]
+    model = llama_model(c["id"], m["hidden_size"], L, m["num_heads"], m["num_kv_heads"],
+                        m["ffn_hidden_size"], m["vocab_size"], m.get("tie_word_embeddings"),
+                        str(MF_CASES))
+    dp, tp, pp, cp, vpp = p["dp"], p["tp"], p["pp"], p["cp"], p["vpp"] or 1
+    mbs, mb = b["micro_batch_size"], b["micro_batch_num"]
+    kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=mbs * dp * mb, seq=m["seq_length"],
+              zero=1 if o.get("parallel_optimizer") else 0, sp=bool(p.get("sp")), engine="mindspore",
+              flash_attention=bool(m.get("use_flash_attention")),
+              weight_dtype="fp32" if m.get("param_dtype") == "float32" else "bf16",
+              schedule="interleaved" if vpp > 1 else "1f1b")
+
+    # layer offsets -> layers_per_stage (model order: v = chunk*pp + stage)
+    off = p.get("layer_offset")
+    if off not in (0, None) and _flat_counts(off) is not None and any(_flat_counts(off)):
+        rows = off if isinstance(off[0], list) else [off]
+        if len(rows) != vpp or any(len(x) != pp for x in rows):
+            raise Skip(f"layer_offset {off} does not have vpp={vpp} x pp={pp} entries")
+        base = L // (pp * vpp)
+        lps = tuple(base + int(rows[ch][s]) for ch in range(vpp) for s in range(pp))
+        if sum(lps) != L:
+            raise Skip(f"layer_offset {off} gives {sum(lps)} layers, model has {L}")
+        kw["layers_per_stage"] = lps
+        notes.append(f"layer_offset -> layers_per_stage={list(lps)}")
+    elif off not in (0, None) and not isinstance(off, list):
+        raise Skip(f"layer_offset={off!r}: unsupported format")
+
+    # recompute
+    lpc = L // (pp * vpp)  # layers per chunk (even split)
+    full, sel, selc = r.get("full"), r.get("selective"), r.get("selective_comm")
+    full_list, sel_list = _flat_counts(full), _flat_counts(sel)
+    plan = {"kind": "uniform"}
+    if full is True:
+        kw["recompute"] = "full"
+        if sel:
+            notes.append("full recompute covers all layers; selective settings ignored (README §2)")
+    elif full_list is not None:
+        kw["recompute"] = "selective" if sel is True else "full"
+        if sel_list is not None and any(sel_list):
+            notes.append(f"full list {full_list} with selective list {sel_list}: selective on the "
+                         "non-full layers not modelled")
+        n = max(full_list)
+        kw["recompute_layers"] = n
+        if len(set(full_list)) > 1:
+            notes.append(f"full recompute per stage {full_list}: max rule recompute_layers={n}")
+            plan = {"kind": "full_list", "counts": full_list}
+    elif sel is True:
+        kw["recompute"] = "selective"
+    elif sel_list is not None:
+        n = max(sel_list)
+        kw["recompute"] = "selective" if n > 0 else "none"
+        if n > 0:
+            notes.append(f"selective per stage {sel_list} of {lpc} layers/chunk: max rule -> "
+                         "selective on all layers")
+            plan = {"kind": "sel_list", "counts": sel_list, "lpc": lpc}
+    else:
+        kw["recompute"] = "none"
+        if selc:
+            notes.append("selective_comm only: comm recompute not modelled -> none")
+    if kw["recompute"] == "selective":
+        notes.append("ndplan selective = attention core; MindFormers default op set differs")
+
+    # features ndplan does not model
+    if cp > 1:
+        notes.append(f"cp_algo={p.get('cp_algo')}: ndplan has one CP activation model")
+    if p.get("vocab_emb_dp") and tp > 1:
+        notes.append("vocab_emb_dp=True: embedding/head replicated over TP in MindFormers, "
+                     "sharded by tp in ndplan")
+    if (m.get("fine_grain_interleave") or 1) > 1:
+        notes.append(f"fine_grain_interleave={m['fine_grain_interleave']} not modelled")
+    if (p.get("micro_batch_interleave_num") or 1) > 1:
+        notes.append(f"micro_batch_interleave_num={p['micro_batch_interleave_num']} not modelled")
+    if o.get("optimizer_weight_shard_size"):
+        notes.append(f"optimizer_weight_shard_size={o['optimizer_weight_shard_size']} not modelled")
+    for n_ in c.get("notes") or []:
+        if "less-memory" in n_ or "vpp_less_mem" in n_:
+            notes.append("VPP less-memory mode not modelled (estimated as plain interleaved)")
+    return model, kw, notes, plan
+
+
+def _per_stage_recompute(model, hw, kw, plan, base_rows, notes) -> list[dict]:
+    """Per-stage composition for per-stage recompute lists (vpp == 1 only)."""
+    pp = kw["pp"]
+    counts = plan["counts"]
+    if kw["vpp"] != 1 or len(counts) != pp:
+        notes.append("per-stage recompute: list length != pp or vpp > 1; max rule kept")
+        return base_rows
+    cache: dict = {}
+
+    def rows_for(**over):
+        key = tuple(sorted(over.items()))
+        if key not in cache:
+            cache[key] = ndplan.estimate(model, hw, ndplan.Strategy(**{**kw, **over})).per_stage
+        return cache[key]
+
+    out = []
+    for s, n in enumerate(counts):
+        if plan["kind"] == "full_list":
+            out.append(rows_for(recompute_layers=n)[s])
+            continue
+        lpc = plan["lpc"]
+        if n >= lpc:
+            out.append(rows_for(recompute="selective")[s])
+        elif n <= 0:
+            out.append(rows_for(recompute="none")[s])
+        else:  # linear between none and selective
+            a, bsel = rows_for(recompute="none")[s], rows_for(recompute="selective")[s]
+            w = n / lpc
+            mix = {k: (a[k] * (1 - w) + bsel[k] * w) for k in ("peak_bytes", "static_bytes", "dynamic_bytes")}
+            mix["terms"] = {k: a["terms"][k] * (1 - w) + bsel["terms"][k] * w for k in a["terms"]}
+            mix["stage"] = s
+            out.append(mix)
+    notes.append(f"per-stage recompute composition from counts {counts}")
+    return out
+
+
+def run_mindformers(args) -> tuple[list[dict], list[dict]]:
+    data = yaml.safe_load(MF_CASES.read_text())
+    hw = ndplan.load_hardware("ascend-910b")
+    rows, skipped = [], []
+    for c in data["cases"]:
+        meas = c["measured"]
+        try:
+            model, kw, notes, plan = map_mindformers(c)
+            strat = make_strategy(kw, notes)
+            est = ndplan.estimate(model, hw, strat)
+            stages = est.per_stage
+            if args.per_stage_recompute and plan["kind"] != "uniform":
+                stages = _per_stage_recompute(model, hw, _kw_of(strat), plan, stages, notes)
+        except Skip as e:
+            skipped.append({"id": c["id"], "reason": str(e)})
+            continue
+        except ndplan.NdplanError as e:
+            skipped.append({"id": c["id"], "reason": f"NdplanError: {e}"})
+            continue
+        real = meas["peak_mb_per_stage"]
+        if len(real) != len(stages):
+            skipped.append({"id": c["id"], "reason": f"{len(real)} measured stages vs {len(stages)} estimated"})
+            continue
+        pred = [s["peak_bytes"] / MIB for s in stages]
+        st_ape = [ape(r_, p_) for r_, p_ in zip(real, pred)]
+        rows.append({
+            "id": c["id"], "exceeds_64GiB": bool(meas["exceeds_64GiB"]),
+            "measured_peak_mib": max(real), "predicted_peak_mib": max(pred),
+            "ape_pct": ape(max(real), max(pred)),
+            "signed_err_pct": (max(pred) - max(real)) / max(real) * 100,
+            "measured_peak_stage": int(meas["peak_stage"]),
+            "predicted_peak_stage": max(range(len(pred)), key=pred.__getitem__),
+            "measured_mib_per_stage": real, "predicted_mib_per_stage": [round(x, 1) for x in pred],
+            "stage_ape_pct": [round(x, 2) for x in st_ape],
+            "measured_static_mib": meas["static_mb_per_stage"],
+            "measured_dynamic_mib": meas["dynamic_mb_per_stage"],
+            "measured_breakdown_mib": meas["breakdown_mb_per_stage"],
+            "predicted_static_mib": [round(s["static_bytes"] / MIB, 1) for s in stages],
+            "predicted_dynamic_mib": [round(s["dynamic_bytes"] / MIB, 1) for s in stages],
+            "predicted_terms_mib": [{k: round(v / MIB, 1) for k, v in s["terms"].items()} for s in stages],
+            "strategy": {k: (list(v) if isinstance(v, tuple) else v) for k, v in _kw_of(strat).items()},
+            "notes": notes,
+        })
+    return rows, skipped
+
+
+def _kw_of(strat: ndplan.Strategy) -> dict:
+    d = strat.as_dict()
+    d.pop("m", None)
+    if d.get("layers_per_stage") is not None:
+        d["layers_per_stage"] = tuple(d["layers_per_stage"])
+    return d
+
+
+# --------------------------------------------------------------------------- (b) torchtitan
+
+TT_HW = {"A100-SXM4-80GB": "a100-80gb", "H100-96GB-HBM2e-500W": "h100-sxm"}
+
+
+def map_torchtitan(c: dict) -> tuple[object, dict, list[str]]:
+    m, p = c["model"], c["parallel"]
+    notes: list[str] = []
+    L = m["layers"]
+    model = llama_model(c["id"], m["hidden"], L, m["heads"], m["kv_heads"], m["ffn"], m["vocab"], False,
+                        str(PUB_CASES))
+    dp, tp, pp, cp = p["dp"], p["tp"] or 1, p["pp"] or 1, p["cp"] or 1
+    if pp > 1:
+        raise Skip("pp > 1: torchtitan PP micro-batch count not published")
+    mbs = p["micro_batch"]
+    gbs = p["global_batch"] or mbs * dp
+    if not p["global_batch"]:
+        notes.append(f"global_batch null -> mbs*dp = {gbs}")
+    rc = str(p["recompute"] or "none")
+    kw = dict(dp=dp, tp=tp, pp=1, cp=cp, mbs=mbs, gbs=gbs, seq=m["seq_len"], zero=p["zero_stage"] or 3,
+              sp=tp > 1, engine="fsdp", flash_attention=True, weight_dtype="bf16")
+    if rc == "full":
+        kw["recompute"] = "full"
+    elif rc == "none":
+        kw["recompute"] = "none"
+    elif rc.startswith("selective (op)"):
+        kw["recompute"] = "selective"
+        notes.append("op-SAC (saves mm outputs except every 2nd) mapped to ndplan selective (attention core)")
+    elif rc.startswith("selective (layer)"):
+        kw["recompute"], kw["recompute_layers"] = "full", L // 2
+        notes.append(f"layer-SAC (full AC every 2nd layer) -> full on {L // 2} of {L} layers")
+    else:
+        raise Skip(f"recompute={rc!r} not mapped")
+    if "float8" in str(p.get("precision")):
+        notes.append("float8 linears: storage/all-gather kept bf16/fp32 (float8 all-gather not modelled)")
+    if (p.get("other") or {}).get("async_tp"):
+        notes.append("async TP buffers not modelled")
+    if c["hardware"]["gpu"] == "H100-96GB-HBM2e-500W":
+        notes.append("estimated with h100-sxm preset; capacity 96 GiB from published hardware.yaml")
+    return model, kw, notes
+
+
+def run_torchtitan(args) -> tuple[list[dict], list[dict]]:
+    data = yaml.safe_load(PUB_CASES.read_text())
+    hwpub = yaml.safe_load(PUB_HW.read_text())
+    hwpub = hwpub.get("presets", hwpub) if isinstance(hwpub, dict) else {}
+    rows, skipped = [], []
+    for c in data["cases"]:
+        if not c["id"].startswith("torchtitan_202408_"):
+            continue
+        meas = c["measured"] or {}
+        gpu = c["hardware"]["gpu"]
+        try:
+            if gpu not in TT_HW:
+                raise Skip(f"no ndplan preset for {gpu}")
+            model, kw, notes = map_torchtitan(c)
+            strat = make_strategy(kw, notes)
+            est = ndplan.estimate(model, ndplan.load_hardware(TT_HW[gpu]), strat)
+        except Skip as e:
+            skipped.append({"id": c["id"], "reason": str(e)})
+            continue
+        except ndplan.NdplanError as e:
+            skipped.append({"id": c["id"], "reason": f"NdplanError: {e}"})
+            continue
+        pred_gib = est.peak_bytes / GIB
+        cap_gib = float((hwpub.get(gpu) or {}).get("hbm_gb") or est.hardware.hbm_gib)
+        row = {"id": c["id"], "kind": c.get("kind"), "gpu": gpu, "capacity_gib": cap_gib,
+               "predicted_peak_gib": round(pred_gib, 2),
+               "predicted_static_gib": round(est.per_stage[0]["static_bytes"] / GIB, 2),
+               "predicted_dynamic_gib": round(est.per_stage[0]["dynamic_bytes"] / GIB, 2),
+               "predicted_terms_gib": {k: round(v / GIB, 2) for k, v in est.per_stage[0]["terms"].items()},
+               "strategy": _kw_of(strat), "notes": notes}
+        val, unit = meas.get("peak_mem_gb"), meas.get("peak_mem_unit")
+        if val is not None:
+            real_gib = float(val) * (1e9 / GIB if str(unit).upper() == "GB" else 1.0)
+            row.update(measured_peak_gib=real_gib, metric=meas.get("peak_mem_metric"),
+                       ape_pct=ape(real_gib, pred_gib), check="numeric")
+        elif meas.get("oom"):
+            row.update(check="oom", expected="OOM", predicted_fits=pred_gib <= cap_gib,
+                       agrees=pred_gib > cap_gib)
+        elif meas.get("tokens_per_s_per_gpu") or meas.get("mfu"):
+            row.update(check="ran", expected="fits", predicted_fits=pred_gib <= cap_gib,
+                       agrees=pred_gib <= cap_gib)
+        else:
+            skipped.append({"id": c["id"], "reason": "no memory measurement, OOM flag or completed run"})
+            continue
+        rows.append(row)
+    return rows, skipped
+
+
+# --------------------------------------------------------------------------- output
+
+def fmt_list(xs, nd=1):
+    return "[" + ", ".join(f"{x:.{nd}f}" for x in xs) + "]"
+
+
+def print_mindformers(rows, skipped, verbose: bool):
+    print("== (a) MindFormers / MindSpore per-stage peak memory (MiB; measured = Static+Dynamic, "
+          "cases > 64 GiB are compile-time plans) ==")
+    print(f"{'id':28s} {'>64G':>4s} {'meas MiB':>9s} {'pred MiB':>9s} {'APE%':>6s} {'sgn%':>6s} "
+          f"{'pk m/p':>6s}  per-stage APE %")
+    for r in rows:
+        print(f"{r['id']:28s} {'Y' if r['exceeds_64GiB'] else '-':>4s} {r['measured_peak_mib']:9.0f} "
+              f"{r['predicted_peak_mib']:9.0f} {r['ape_pct']:6.1f} {r['signed_err_pct']:+6.1f} "
+              f"{r['measured_peak_stage']:>3d}/{r['predicted_peak_stage']:<2d}  {fmt_list(r['stage_ape_pct'])}")
+        if verbose:
+            bd = r["measured_breakdown_mib"]
+            for s in range(len(r["measured_mib_per_stage"])):
+                t = r["predicted_terms_mib"][s]
+                print(f"    s{s}: meas {r['measured_mib_per_stage'][s]:>7} = static {r['measured_static_mib'][s]:>6}"
+                      f" + dyn {r['measured_dynamic_mib'][s]:>6} | pred {r['predicted_mib_per_stage'][s]:>9.0f}"
+                      f" = static {r['predicted_static_mib'][s]:>8.0f} + dyn {r['predicted_dynamic_mib'][s]:>8.0f}")
+                print(f"        meas: params {bd['model_params'][s]} opt {bd['optimizer_states'][s]} "
+                      f"grads {bd['accumulated_gradients'][s]} attn {bd['attn_activations'][s]} "
+                      f"ffn {bd['ffn_activations'][s]} allgather {bd['tp_dp_cp_allgather_buffers'][s]}")
+                print("        pred: " + " ".join(f"{k.removeprefix('mem.')} {v:.0f}" for k, v in t.items()))
+            for n_ in r["notes"]:
+                print(f"    note: {n_}")
+    for s in skipped:
+        print(f"{s['id']:28s} SKIPPED: {s['reason']}")
+    small = [r for r in rows if not r["exceeds_64GiB"]]
+    print()
+    print(f"MAPE (case, max over stages), all mapped   : {mean(r['ape_pct'] for r in rows):6.1f} %  (n={len(rows)})")
+    print(f"MAPE (case, max over stages), <= 64 GiB    : {mean(r['ape_pct'] for r in small):6.1f} %  (n={len(small)})")
+    print(f"MAPE (case), > 64 GiB                      : "
+          f"{mean(r['ape_pct'] for r in rows if r['exceeds_64GiB']):6.1f} %  (n={len(rows) - len(small)})")
+    print(f"mean signed error (case), all / <= 64 GiB  : {mean(r['signed_err_pct'] for r in rows):+6.1f} % / "
+          f"{mean(r['signed_err_pct'] for r in small):+6.1f} %")
+    allst = [x for r in rows for x in r["stage_ape_pct"]]
+    smallst = [x for r in small for x in r["stage_ape_pct"]]
+    print(f"per-stage MAPE, all / <= 64 GiB            : {mean(allst):6.1f} % / {mean(smallst):6.1f} %  "
+          f"(n={len(allst)} / {len(smallst)} stages)")
+    sta = [ape(m_, p_) for r in rows for m_, p_ in zip(r["measured_static_mib"], r["predicted_static_mib"])]
+    dyn = [ape(m_, p_) for r in rows for m_, p_ in zip(r["measured_dynamic_mib"], r["predicted_dynamic_mib"]) if m_ > 0]
+    print(f"per-stage MAPE of static / dynamic parts   : {mean(sta):6.1f} % / {mean(dyn):6.1f} %")
+    print(f"peak stage matched                          : {sum(r['measured_peak_stage'] == r['predicted_peak_stage'] for r in rows)}"
+          f"/{len(rows)}")
+    print(f"skipped                                     : {len(skipped)}")
+
+
+def print_torchtitan(rows, skipped):
+    print()
+    print("== (b) torchtitan 2024-08 (metric: torch.cuda max *reserved*, GiB; rows without a number are "
+          "feasibility checks) ==")
+    print(f"{'id':48s} {'check':>6s} {'pred GiB':>8s} {'cap GiB':>7s} {'meas GiB':>8s} {'APE%':>6s} {'agree':>5s}")
+    for r in rows:
+        meas = f"{r['measured_peak_gib']:8.1f}" if "measured_peak_gib" in r else f"{'-':>8s}"
+        a = f"{r['ape_pct']:6.1f}" if "ape_pct" in r else f"{'-':>6s}"
+        ag = {True: "yes", False: "NO"}.get(r.get("agrees"), "-")
+        print(f"{r['id']:48s} {r['check']:>6s} {r['predicted_peak_gib']:8.1f} {r['capacity_gib']:7.0f} {meas} {a} {ag:>5s}")
+        for n_ in r["notes"]:
+            print(f"    note: {n_}")
+    for s in skipped:
+        print(f"{s['id']:48s} SKIPPED: {s['reason']}")
+    num = [r for r in rows if r["check"] == "numeric"]
+    feas = [r for r in rows if r["check"] in ("oom", "ran")]
+    print()
+    print(f"numeric memory rows: {len(num)}" + (f", MAPE {mean(r['ape_pct'] for r in num):.1f} %" if num else
+                                                 " (no torchtitan_202408 row publishes peak_mem_gb)"))
+    print(f"feasibility agreement: {sum(r['agrees'] for r in feas)}/{len(feas)} "
+          f"(oom rows {sum(r['agrees'] for r in feas if r['check'] == 'oom')}/"
+          f"{sum(r['check'] == 'oom' for r in feas)}, ran rows "
+          f"{sum(r['agrees'] for r in feas if r['check'] == 'ran')}/{sum(r['check'] == 'ran' for r in feas)})")
+    print(f"skipped: {len(skipped)}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--verbose", action="store_true", help="per-stage static/dynamic and term breakdowns")
+    ap.add_argument("--json", metavar="PATH", help="write all rows to PATH")
+    ap.add_argument("--per-stage-recompute", action="store_true",
+                    help="compose per-stage recompute lists stage by stage instead of the max rule")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    mf_rows, mf_skip = run_mindformers(args)
+    tt_rows, tt_skip = run_torchtitan(args)
+    print_mindformers(mf_rows, mf_skip, args.verbose)
+    print_torchtitan(tt_rows, tt_skip)
+    dt = time.perf_counter() - t0
+    print(f"\nelapsed: {dt:.2f} s (excluding imports)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"mindformers": {"rows": mf_rows, "skipped": mf_skip},
+             "torchtitan": {"rows": tt_rows, "skipped": tt_skip},
+             "options": {"per_stage_recompute": args.per_stage_recompute}}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
