@@ -66,7 +66,7 @@ optimizer_weight_shard_size, the MindFormers default selective op set (ndplan "s
 = attention-core recompute).
 
 Usage:
-    python benchmarks/memory_validation.py [--verbose] [--json out.json] [--per-stage-recompute]
+    python benchmarks/memory_validation.py [--verbose] [--json out.json]
 """
 
 from __future__ import annotations
@@ -154,6 +154,11 @@ def map_mindformers(c: dict) -> tuple[object, dict, list[str], dict]:
                         str(MF_CASES))
     dp, tp, pp, cp, vpp = p["dp"], p["tp"], p["pp"], p["cp"], p["vpp"] or 1
     mbs, mb = b["micro_batch_size"], b["micro_batch_num"]
+    if pp == 1:
+        # micro_batch_num is a pipeline setting; without a pipeline MindFormers accumulates
+        # gradient_accumulation_steps micro-batches (README section 2)
+        mb = b.get("gradient_accumulation_steps") or 1
+        notes.append(f"pp=1: micro-batches = gradient_accumulation_steps = {mb} (micro_batch_num ignored)")
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=mbs * dp * mb, seq=m["seq_length"],
               zero=1 if o.get("parallel_optimizer") else 0, sp=bool(p.get("sp")), engine="mindspore",
               flash_attention=bool(m.get("use_flash_attention")),
@@ -185,30 +190,20 @@ def map_mindformers(c: dict) -> tuple[object, dict, list[str], dict]:
         if sel:
             notes.append("full recompute covers all layers; selective settings ignored (README §2)")
     elif full_list is not None:
-        kw["recompute"] = "selective" if sel is True else "full"
-        if sel_list is not None and any(sel_list):
-            notes.append(f"full list {full_list} with selective list {sel_list}: selective on the "
-                         "non-full layers not modelled")
-        n = max(full_list)
-        kw["recompute_layers"] = n
-        if len(set(full_list)) > 1:
-            notes.append(f"full recompute per stage {full_list}: max rule recompute_layers={n}")
-            plan = {"kind": "full_list", "counts": full_list}
+        kw["recompute"] = "full"
+        if sel is True or (sel_list is not None and any(sel_list)):
+            notes.append(f"full list {full_list} with selective {sel}: selective on the non-full layers not modelled")
+        kw["recompute_layers"] = _per_stage(full, pp, vpp, notes, L)
     elif sel is True:
         kw["recompute"] = "selective"
     elif sel_list is not None:
-        n = max(sel_list)
-        kw["recompute"] = "selective" if n > 0 else "none"
-        if n > 0:
-            notes.append(f"selective per stage {sel_list} of {lpc} layers/chunk: max rule -> "
-                         "selective on all layers")
-            plan = {"kind": "sel_list", "counts": sel_list, "lpc": lpc}
+        kw["recompute"] = "selective" if max(sel_list) > 0 else "none"
+        if max(sel_list) > 0:
+            kw["recompute_layers"] = _per_stage(sel, pp, vpp, notes, L)
     else:
         kw["recompute"] = "none"
         if selc:
             notes.append("selective_comm only: comm recompute not modelled -> none")
-    if kw["recompute"] == "selective":
-        notes.append("ndplan selective = attention core; MindFormers default op set differs")
 
     # features ndplan does not model
     if cp > 1:
@@ -228,40 +223,17 @@ def map_mindformers(c: dict) -> tuple[object, dict, list[str], dict]:
     return model, kw, notes, plan
 
 
-def _per_stage_recompute(model, hw, kw, plan, base_rows, notes) -> list[dict]:
-    """Per-stage composition for per-stage recompute lists (vpp == 1 only)."""
-    pp = kw["pp"]
-    counts = plan["counts"]
-    if kw["vpp"] != 1 or len(counts) != pp:
-        notes.append("per-stage recompute: list length != pp or vpp > 1; max rule kept")
-        return base_rows
-    cache: dict = {}
-
-    def rows_for(**over):
-        key = tuple(sorted(over.items()))
-        if key not in cache:
-            cache[key] = ndplan.estimate(model, hw, ndplan.Strategy(**{**kw, **over})).per_stage
-        return cache[key]
-
-    out = []
-    for s, n in enumerate(counts):
-        if plan["kind"] == "full_list":
-            out.append(rows_for(recompute_layers=n)[s])
-            continue
-        lpc = plan["lpc"]
-        if n >= lpc:
-            out.append(rows_for(recompute="selective")[s])
-        elif n <= 0:
-            out.append(rows_for(recompute="none")[s])
-        else:  # linear between none and selective
-            a, bsel = rows_for(recompute="none")[s], rows_for(recompute="selective")[s]
-            w = n / lpc
-            mix = {k: (a[k] * (1 - w) + bsel[k] * w) for k in ("peak_bytes", "static_bytes", "dynamic_bytes")}
-            mix["terms"] = {k: a["terms"][k] * (1 - w) + bsel["terms"][k] * w for k in a["terms"]}
-            mix["stage"] = s
-            out.append(mix)
-    notes.append(f"per-stage recompute composition from counts {counts}")
-    return out
+def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tuple:
+    """MindFormers per-stage layer counts (a list of pp ints, or with VPP a list of vpp
+    lists) -> ndplan recompute_layers (per stage, applied to every chunk of the stage)."""
+    rows = counts if isinstance(counts[0], list) else [counts]
+    per_stage = tuple(max(int(r[s]) for r in rows) for s in range(pp))
+    if max(per_stage) > layers:
+        notes.append(f"recompute counts {list(per_stage)} clamped to {layers} layers (MindFormers clamps)")
+        per_stage = tuple(min(x, layers) for x in per_stage)
+    if len(rows) > 1 and any(len(set(int(r[s]) for r in rows)) > 1 for s in range(pp)):
+        notes.append(f"VPP recompute lists {counts}: per stage the max over chunks {list(per_stage)}")
+    return per_stage[0] if len(set(per_stage)) == 1 else per_stage
 
 
 def run_mindformers(args) -> tuple[list[dict], list[dict]]:
@@ -275,8 +247,6 @@ def run_mindformers(args) -> tuple[list[dict], list[dict]]:
             strat = make_strategy(kw, notes)
             est = ndplan.estimate(model, hw, strat)
             stages = est.per_stage
-            if args.per_stage_recompute and plan["kind"] != "uniform":
-                stages = _per_stage_recompute(model, hw, _kw_of(strat), plan, stages, notes)
         except Skip as e:
             skipped.append({"id": c["id"], "reason": str(e)})
             continue
@@ -338,7 +308,7 @@ def map_torchtitan(c: dict) -> tuple[object, dict, list[str]]:
         notes.append(f"global_batch null -> mbs*dp = {gbs}")
     rc = str(p["recompute"] or "none")
     kw = dict(dp=dp, tp=tp, pp=1, cp=cp, mbs=mbs, gbs=gbs, seq=m["seq_len"], zero=p["zero_stage"] or 3,
-              sp=tp > 1, engine="fsdp", flash_attention=True, weight_dtype="bf16")
+              sp=tp > 1, engine="fsdp", flash_attention=True)  # weight_dtype: Strategy default (engine's)
     if rc == "full":
         kw["recompute"] = "full"
     elif rc == "none":
@@ -488,8 +458,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--verbose", action="store_true", help="per-stage static/dynamic and term breakdowns")
     ap.add_argument("--json", metavar="PATH", help="write all rows to PATH")
-    ap.add_argument("--per-stage-recompute", action="store_true",
-                    help="compose per-stage recompute lists stage by stage instead of the max rule")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     mf_rows, mf_skip = run_mindformers(args)
@@ -502,7 +470,7 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(
             {"mindformers": {"rows": mf_rows, "skipped": mf_skip},
              "torchtitan": {"rows": tt_rows, "skipped": tt_skip},
-             "options": {"per_stage_recompute": args.per_stage_recompute}}, indent=1, default=str))
+             "options": {}}, indent=1, default=str))
     return 0
 
 

@@ -42,6 +42,10 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"{value!r}: give comma-separated integers, e.g. 15,16,16,17") from None
 
 
+def _one_or_tuple(v):
+    return None if v is None else (v[0] if len(v) == 1 else v)
+
+
 def strategy_options(fn):
     """Shared options: model, hardware, cluster, batch and every strategy dimension."""
     opts = [
@@ -62,8 +66,8 @@ def strategy_options(fn):
                      help="0 none, 1 optimizer (distributed optimizer), 2 +grads, 3 +weights (FSDP)."),
         click.option("--sp/--no-sp", default=True, show_default=True, help="Sequence parallelism on the TP group."),
         click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="none", show_default=True),
-        click.option("--recompute-layers", type=int, default=None,
-                     help="Fully recompute only the first N layers of each stage chunk."),
+        click.option("--recompute-layers", callback=_int_list, default=None,
+                     help="Apply --recompute only to the first N layers of each stage chunk; one N, or one per stage (4,2,0,0)."),
         click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
                      help="Pipeline schedule (default: 1f1b, interleaved when vpp>1)."),
         click.option("--engine", type=click.Choice(ENGINES), default="megatron", show_default=True),
@@ -103,7 +107,7 @@ def build(kw: dict):
     schedule = kw["schedule"] or ("interleaved" if kw["vpp"] > 1 else "1f1b")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=kw["ep"], etp=kw["etp"], vpp=kw["vpp"], mbs=kw["mbs"],
                      gbs=gbs, seq=kw["seq"], zero=kw["zero"], sp=kw["sp"], recompute=kw["recompute"],
-                     recompute_layers=kw["recompute_layers"], schedule=schedule, engine=kw["engine"],
+                     recompute_layers=_one_or_tuple(kw["recompute_layers"]), schedule=schedule, engine=kw["engine"],
                      flash_attention=kw["flash"], layers_per_stage=kw["layers_per_stage"],
                      grad_dtype=kw["grad_dtype"], weight_dtype=kw["weight_dtype"],
                      offload_optimizer=kw["offload_optimizer"])

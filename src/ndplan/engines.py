@@ -49,6 +49,14 @@ class EngineProfile:
     dropout accounting)."""
     selective_score_bytes: int = 0
     """Score bytes still saved per element under selective recompute (without flash attention)."""
+    selective_score_global: bool = False
+    """Without flash attention, configuring selective recompute on any layer sets the score
+    bytes of every layer to ``selective_score_bytes`` (MindFormers applies the softmax
+    recompute flag model-wide: measured llama3/no_fa, whose selective list ends in zeros)."""
+    cp_implies_sp: bool = False
+    """Context parallelism shards the residual stream over the TP group as SP does
+    (measured llama3/cp2_colai_norec: 305.6 MiB per layer per micro-batch with SP off
+    matches the SP form, 4h + (12h + 4g + 8f)/tp bytes per token)."""
     full_recompute_input_sliced: bool = True
     """Full recompute stores the layer input SP/TP-sliced."""
     comm_buffer_sp_gather: bool = True
@@ -58,6 +66,10 @@ class EngineProfile:
     """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
     grads_shard_tp_only: bool = False
     """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard)."""
+    grads_without_accumulation: bool = True
+    """A persistent gradient buffer exists even without micro-batch accumulation. MindSpore
+    keeps ``accu_grad`` only when it accumulates (pp > 1 or several micro-batches): the
+    measured pp=1 cases report 0 MiB accumulated gradients."""
     embedding_zero_sharded: bool = True
     """The input embedding is sharded over dp by ZeRO/optimizer parallel."""
     gather_whole_stage: bool = False
@@ -117,10 +129,11 @@ MINDSPORE = EngineProfile(
     weights_sharded_from=1, grads_sharded_from=4, master_sharded_from=1,
     logits_bytes_per_element=8, gather_prefetch_layers=1, reserve_bytes=0,
     norm_input_bytes=4, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
-    selective_drops=("gathered_inputs", "act_out", "down_input"),
-    score_bytes=6, selective_score_bytes=2, full_recompute_input_sliced=False,
+    selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"),
+    score_bytes=6, selective_score_bytes=2, selective_score_global=True, cp_implies_sp=True,
+    full_recompute_input_sliced=False,
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
-    embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
+    grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
     optimizer_step_temp_bytes=8,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
@@ -139,7 +152,7 @@ MINDSPORE = EngineProfile(
                        "element), 2 under selective; full recompute stores the unsliced layer input",
         "static": "accu_grad in the parameter dtype, split over TP only; the input embedding is not sharded by "
                   "the optimizer-parallel group when vocab_emb_dp=False (measured: llama2/70b stage 0 embedding "
-                  "125 MiB = V*h*2/tp); optimizer-parallel gathers keep 16-bit copies of the stage's weights",
+                  "125 MiB = V*h*2/tp; split over tp*cp only); optimizer-parallel gathers keep 16-bit copies of the stage's weights",
         "optimizer_step": "AdamWeightDecay fp32 update temporaries, one set per local parameter (8 bytes), "
                           "alive only in the optimizer step: the measured flat dynamic floor of fully recomputed "
                           "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB)",

@@ -13,21 +13,18 @@ from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.formulas import params as P
 from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
-from ndplan.formulas.placement import leading_dense
+from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import compile_breakdown
 from ndplan.strategy import Strategy
 from ndplan.terms import Breakdown
 
 
-def strategy_point(strat: Strategy) -> dict[sp.Symbol, int]:
-    """Values of the strategy symbols (stage excluded)."""
+def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
+    """Values of the strategy symbols (stage excluded; nrec taken at ``stage`` when
+    recompute_layers is per stage)."""
     return {S.dp: strat.dp, S.tp: strat.tp, S.pp: strat.pp, S.vpp: strat.vpp, S.cp: strat.cp,
             S.ep: strat.ep, S.etp: strat.etp, S.mbs: strat.mbs, S.m: strat.m, S.seq: strat.seq,
-            S.nrec: strat.nrec}
-
-
-def symbolic_stage_ok(model: ModelSpec, strat: Strategy) -> bool:
-    return strat.layers_per_stage is None and leading_dense(model) is not None
+            S.nrec: strat.nrec[stage] if isinstance(strat.nrec, tuple) else strat.nrec}
 
 
 def stage_breakdown(model: ModelSpec, strat: Strategy, stage=None) -> Breakdown:
@@ -37,8 +34,7 @@ def stage_breakdown(model: ModelSpec, strat: Strategy, stage=None) -> Breakdown:
         stage = S.stage if symbolic_stage_ok(model, strat) else 0
     if not isinstance(stage, sp.Symbol) and not symbolic_stage_ok(model, strat):
         # uneven layouts: layer counts need concrete pp and stage
-        bd = stage_memory(model, model.symbols(), strat, sp.Integer(stage))
-        return bd.subs({S.pp: strat.pp})
+        return stage_memory(model, model.symbols(), strat, sp.Integer(stage))
     return stage_memory(model, model.symbols(), strat, stage)
 
 
@@ -95,6 +91,8 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     strat.check(model, gpus)
     point = {k.name: v for k, v in strategy_point(strat).items()}
     stages = np.arange(strat.pp)
+    if isinstance(strat.recompute_layers, tuple):
+        point["nrec"] = np.asarray(strat.recompute_layers, dtype=float)  # one count per stage
     if symbolic_stage_ok(model, strat):
         bd = stage_breakdown(model, strat)
         out = compile_breakdown(bd)(**point, stage=stages)
@@ -102,7 +100,8 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
         values = [{k: v[i] for k, v in out.items()} for i in range(strat.pp)]
     else:
         bds = [stage_breakdown(model, strat, int(i)) for i in stages]
-        values = [compile_breakdown(b)(**point, stage=float(i)) for b, i in zip(bds, stages)]
+        values = [compile_breakdown(b)(**(point | {"nrec": np.asarray(point["nrec"]).reshape(-1)[
+            i if np.ndim(point["nrec"]) else 0]}), stage=float(i)) for b, i in zip(bds, stages)]
     rows = _stage_rows(bds, values, stages)
     M = model.symbols()
     host = host_memory(model, M, strat, sp.Integer(0))

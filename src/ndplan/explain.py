@@ -64,12 +64,10 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
     model_subs = M.as_subs(concrete) if symbolic else {}
     stage_arg = S.stage if symbolic_stage_ok(spec, strat) else sp.Integer(stage)
     mem = stage_memory(spec, M, strat, stage_arg)
-    if not symbolic_stage_ok(spec, strat):
-        mem = mem.subs({S.pp: strat.pp})
     bd = params_breakdown(spec, M).plus(mem.terms)
     bd = bd.plus([Term(key="mem.peak", expr=mem.total("mem."), unit="bytes",
                        source="sum of the mem.* terms above", note=f"stage {stage}")])
-    point = strategy_point(strat) | {S.stage: stage}
+    point = strategy_point(strat, stage) | {S.stage: stage}
     keys = bd.keys()
     if term is not None:
         if term not in keys:

@@ -43,9 +43,11 @@ class Strategy:
     """Sequence parallelism on the TP group (Megatron-SP)."""
     recompute: str = "none"
     """none | selective (attention core) | full (layer input only)."""
-    recompute_layers: int | None = None
-    """Fully recompute only the first N layers of each stage chunk; the others use
-    ``recompute`` (or none when recompute='full', as Megatron's block method)."""
+    recompute_layers: int | tuple[int, ...] | None = None
+    """Apply ``recompute`` only to the first N layers of each stage chunk, the others
+    store everything (Megatron ``--recompute-method block --recompute-num-layers N``;
+    MindFormers per-stage ``recompute``/``select_recompute`` lists). One int for every
+    stage, or one count per stage."""
     schedule: str = "1f1b"
     engine: str = "megatron"
     flash_attention: bool = True
@@ -68,13 +70,16 @@ class Strategy:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
-    def nrec(self) -> int:
+    def nrec(self):
+        """Kernel value of the nrec symbol: an int, or one count per stage (a tuple)."""
         return 0 if self.recompute_layers is None else self.recompute_layers
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["m"] = self.m
         d["layers_per_stage"] = list(self.layers_per_stage) if self.layers_per_stage else None
+        if isinstance(self.recompute_layers, tuple):
+            d["recompute_layers"] = list(self.recompute_layers)
         return d
 
     def __post_init__(self):
@@ -94,8 +99,14 @@ class Strategy:
             raise NdplanError("grad_dtype", self.grad_dtype, "must be fp32 or bf16")
         if self.weight_dtype not in ("auto", "fp32", "bf16", "fp8"):
             raise NdplanError("weight_dtype", self.weight_dtype, "must be auto, fp32, bf16 or fp8")
-        if self.recompute_layers is not None and self.recompute_layers < 0:
-            raise NdplanError("recompute_layers", self.recompute_layers, "must be >= 0")
+        if self.recompute_layers is not None:
+            counts = self.recompute_layers if isinstance(self.recompute_layers, tuple) else (self.recompute_layers,)
+            if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in counts):
+                raise NdplanError("recompute_layers", self.recompute_layers, "counts must be integers >= 0")
+            if isinstance(self.recompute_layers, tuple) and len(counts) != self.pp:
+                raise NdplanError("recompute_layers", list(counts), f"give one count per stage (pp={self.pp}) or one int")
+            if self.recompute == "none":
+                raise NdplanError("recompute_layers", self.recompute_layers, "set --recompute selective or full too")
         if self.gbs % (self.dp * self.mbs):
             raise NdplanError("gbs", self.gbs, f"must be a multiple of dp*mbs = {self.dp * self.mbs}")
         if self.seq % self.cp:
@@ -140,5 +151,7 @@ class Strategy:
                                                  "(expert parallelism is carved from those ranks)")
         if model.is_moe and model.num_experts % self.ep:
             raise NdplanError("ep", self.ep, f"must divide the expert count {model.num_experts}")
-        if self.recompute_layers is not None and self.recompute_layers > L:
-            raise NdplanError("recompute_layers", self.recompute_layers, f"must be <= num_hidden_layers={L}")
+        if self.recompute_layers is not None:
+            counts = self.recompute_layers if isinstance(self.recompute_layers, tuple) else (self.recompute_layers,)
+            if max(counts) > L:
+                raise NdplanError("recompute_layers", self.recompute_layers, f"must be <= num_hidden_layers={L}")

@@ -65,6 +65,10 @@ class ActContext:
     flash: bool
     sp: bool = True
     eng: EngineProfile = MEGATRON
+    sp_flag: bool = True
+    """The user's SP switch (``sp`` may also be on because the engine implies it with CP)."""
+    selective_configured: bool = False
+    """Selective recompute is set for some layers (see EngineProfile.selective_score_global)."""
 
 
 def _gathered(c: ActContext) -> sp.Expr:
@@ -100,7 +104,8 @@ def core_attention(spec: ModelSpec, M: ModelSymbols, c: ActContext, selective: b
     if c.flash:
         return FP32_BYTES * M.a * s * b / t
     if c.eng.score_bytes:
-        per = c.eng.selective_score_bytes if selective else c.eng.score_bytes
+        sel = selective or (c.selective_configured and c.eng.selective_score_global)
+        per = c.eng.selective_score_bytes if sel else c.eng.score_bytes
     else:
         per = ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if spec.attention_dropout > 0 else 0)
     return per * M.a * s * s * b / t
@@ -147,7 +152,7 @@ def _dropped(c: ActContext, name: str) -> bool:
     base = name.split("_", 1)[1] if name.startswith(("expert_", "shared_")) else name
     if base == "core":
         return "core" in c.eng.selective_drops
-    if c.eng.gathered_inputs_kept and not c.sp:
+    if c.eng.gathered_inputs_kept and not c.sp_flag:
         return False  # MindSpore's selective ops act only with SP (measured: no_sp == no_sp_norec)
     return base in c.eng.selective_drops
 

@@ -19,7 +19,7 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import params as P
-from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first
+from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import inflight
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
@@ -41,7 +41,7 @@ def _per_device(pieces: list[P.Piece], tp, ep_etp) -> tuple[sp.Expr, sp.Expr]:
 def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
     """(non-expert, expert, input-embedding) parameters on one device of ``stage``; the
     non-expert total includes the embedding."""
-    tp, pp, ep_etp = S.tp, S.pp, S.ep * S.etp
+    tp, pp, ep_etp = S.tp, pp_expr(spec, strat), S.ep * S.etp
     dense, expert = sp.Integer(0), sp.Integer(0)
     layer = {k: _per_device(P.layer_pieces(spec, M, k), tp, ep_etp) for k in ("dense", "moe")}
     for c in range(strat.vpp):
@@ -70,10 +70,12 @@ def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
 
 
 def act_context(spec: ModelSpec, strat: Strategy, capacity=1) -> A.ActContext:
-    t_sp = S.tp if strat.sp else sp.Integer(1)
+    eng = ENGINE_PROFILES[strat.engine]
+    seq_par = strat.sp or (eng.cp_implies_sp and strat.cp > 1)
+    t_sp = S.tp if seq_par else sp.Integer(1)
     return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
-                        capacity=sp.sympify(capacity), flash=strat.flash_attention, sp=strat.sp,
-                        eng=ENGINE_PROFILES[strat.engine])
+                        capacity=sp.sympify(capacity), flash=strat.flash_attention, sp=seq_par, eng=eng, sp_flag=strat.sp,
+                        selective_configured=strat.recompute == "selective")
 
 
 def weight_bytes(strat: Strategy, eng: EngineProfile) -> int:
@@ -87,11 +89,11 @@ def _chunk_activation(spec, M, ctx, strat, nd, nm, cast) -> sp.Expr:
            for k in ("dense", "moe") for mode in ("none", "selective", "full")}
     if strat.recompute_layers is None:
         return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
-    rest = "none" if strat.recompute == "full" else strat.recompute
-    full_d = sp.Min(S.nrec, nd)  # the first N layers of the chunk (dense layers come first)
-    full_m = sp.Min(S.nrec - full_d, nm)
-    return (full_d * act[("dense", "full")] + (nd - full_d) * act[("dense", rest)]
-            + full_m * act[("moe", "full")] + (nm - full_m) * act[("moe", rest)])
+    mode = strat.recompute
+    rec_d = sp.Min(S.nrec, nd)  # the first N layers of the chunk (dense layers come first)
+    rec_m = sp.Min(S.nrec - rec_d, nm)
+    return (rec_d * act[("dense", mode)] + (nd - rec_d) * act[("dense", "none")]
+            + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
 
 
 def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage,
@@ -108,12 +110,15 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
             return dense + expert
         if eng.embedding_zero_sharded:
             return dense / dp_cp + expert / edp
-        return (dense - emb) / dp_cp + emb + expert / edp
+        return (dense - emb) / dp_cp + emb / S.cp + expert / edp
 
     weight_b = weight_bytes(strat, eng)
     master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
     grad_b = (weight_b if eng.grads_in_weight_dtype else eng.grad_bytes_fp32) if strat.grad_dtype == "fp32" else 2
     grads = dense + expert if eng.grads_shard_tp_only else shard(eng.grads_sharded_from)
+    if not eng.grads_without_accumulation:
+        # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
+        grads = grads * sp.Min(pp_expr(spec, strat) + S.m - 2, 1)
     off = 0 if strat.offload_optimizer else 1
     scope = "one device of this stage"
     terms = [
@@ -130,21 +135,21 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     ]
 
     ctx = act_context(spec, strat)
+    pp = pp_expr(spec, strat)
     cast = int(eng.weight_cast_per_microbatch and z < eng.weights_sharded_from and weight_b > A.ACT_BYTES)
     acts = sp.Integer(0)
     for c in range(strat.vpp):
-        nd, nm = chunk_layers(spec, strat, stage, c, S.pp, M.L)
-        acts += inflight(strat.schedule, stage, c, S.pp, strat.vpp, S.m) * _chunk_activation(
+        nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
+        acts += inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * _chunk_activation(
             spec, M, ctx, strat, nd, nm, cast)
-    first, last = is_first(stage), head_device_flag(strat.schedule, stage, S.pp)
+    first, last = is_first(stage), head_device_flag(strat.schedule, stage, pp)
     hc = head_chunk(strat.schedule, strat.vpp)
-    acts += first * inflight(strat.schedule, stage, 0, S.pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
-    n_last = inflight(strat.schedule, stage, hc, S.pp, strat.vpp, S.m)
+    acts += first * inflight(strat.schedule, stage, 0, pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
+    n_last = inflight(strat.schedule, stage, hc, pp, strat.vpp, S.m)
     acts += last * n_last * A.head_activation(spec, M, ctx)
     if spec.mtp_layers:
         mtp_kind = "moe" if spec.is_moe else "dense"
-        mode = "full" if strat.recompute == "full" and strat.recompute_layers is None else (
-            "none" if strat.recompute == "full" else strat.recompute)
+        mode = strat.recompute if strat.recompute_layers is None else "none"
         acts += last * n_last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
                                                    + A.head_activation(spec, M, ctx))
     terms.append(Term(
@@ -154,7 +159,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
         note=f"{strat.recompute} recompute, schedule {strat.schedule}, vpp={strat.vpp}"))
 
     logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
-    any_full = strat.recompute == "full" or strat.recompute_layers
+    any_full = strat.recompute == "full"
     kind = "moe" if spec.is_moe else "dense"
     rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
     transient = sp.Max(logits, rebuilt) if any_full else logits

@@ -34,6 +34,17 @@ def leading_dense(spec: ModelSpec) -> int | None:
     return k if all(x == "dense" for x in kinds[:k]) and all(x == "moe" for x in kinds[k:]) else None
 
 
+def symbolic_layout(spec: ModelSpec, strat: Strategy) -> bool:
+    """Can layer counts be written in the symbols pp and stage (even split, leading-dense)?"""
+    return strat.layers_per_stage is None and leading_dense(spec) is not None
+
+
+def pp_expr(spec: ModelSpec, strat: Strategy):
+    """The pp symbol when the layout is symbolic, else the strategy's pp as a number."""
+    from ndplan import symbols as S
+    return S.pp if symbolic_layout(spec, strat) else sp.Integer(strat.pp)
+
+
 def is_first(stage):
     return sp.Integer(1 if int(stage) == 0 else 0) if _is_num(stage) else sp.Max(0, 1 - stage)
 
