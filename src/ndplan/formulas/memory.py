@@ -205,7 +205,7 @@ def host_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage
     if not strat.offload_optimizer:
         return sp.Integer(0)
     eng = ENGINE_PROFILES[strat.engine]
-    dense, expert = stage_params(spec, M, strat, stage)
+    dense, expert, _ = stage_params(spec, M, strat, stage)
     shard = dense / (S.dp * S.cp) + expert / (S.dp * S.cp * S.tp / (S.ep * S.etp))
     master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
     return (master_b + eng.optimizer_bytes) * (shard if strat.zero >= 1 else dense + expert)
