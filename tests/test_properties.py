@@ -137,17 +137,19 @@ def test_kernel_equals_subs(name, data):
 @FAST
 @given(data=st.data())
 def test_peak_at_least_static(name, data):
-    """Terms are non-negative, so peak >= static and dynamic >= 0 on every stage;
-    peak is the sum of the terms and Estimate.peak_bytes the max over stages."""
+    """Terms are non-negative, so peak >= static and dynamic >= 0 on every stage (an
+    uneven split may leave a middle stage with no layers and static 0); peak is the
+    sum of the terms and Estimate.peak_bytes the max over stages."""
     spec = spec_of(name)
     strat = data.draw(valid_strategies(spec))
     est = ndplan.estimate(spec, HW, strat, strat.world)
     assert [r["stage"] for r in est.per_stage] == list(range(strat.pp))
     for row in est.per_stage:
         assert all(v >= 0 for v in row["terms"].values()), row["terms"]
-        assert row["peak_bytes"] >= row["static_bytes"] > 0
+        assert row["peak_bytes"] >= row["static_bytes"] >= 0
         assert row["dynamic_bytes"] == row["peak_bytes"] - row["static_bytes"] >= 0
         assert row["peak_bytes"] == sum(row["terms"].values())
+    assert est.per_stage[0]["static_bytes"] > 0, "stage 0 holds the embedding"
     assert est.peak_bytes == max(r["peak_bytes"] for r in est.per_stage)
 
 
