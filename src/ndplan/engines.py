@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ndplan.units import GIB, MIB
+from ndplan.units import GIB
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,8 +161,3 @@ MINDSPORE = EngineProfile(
     })
 
 ENGINE_PROFILES = {p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE)}
-
-#: Default bucket for data-parallel gradient reduction (Megatron DDP bucket_size
-#: default max(40M, 1M*dp) elements; we keep the 40M-element floor in fp32 = 160 MB).
-COMM_BUCKET_BYTES = 40_000_000 * 4
-_ = MIB  # MIB re-exported for engines that state buffers in MiB
