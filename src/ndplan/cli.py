@@ -15,7 +15,7 @@ from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate as run_estimate
 from ndplan.strategy import ENGINES, RECOMPUTE_MODES, SCHEDULES, Strategy
-from ndplan.units import GIB, fmt_bytes, fmt_count
+from ndplan.units import GIB, fmt_bytes, fmt_count, fmt_seconds
 
 
 def _fail(msg: str) -> None:
@@ -78,16 +78,33 @@ def strategy_options(fn):
         click.option("--weight-dtype", type=click.Choice(["auto", "fp32", "bf16", "fp8"]), default="auto", show_default=True,
                      help="Persistent weight dtype (auto: the engine's; fp8 keeps an fp32 master)."),
         click.option("--offload-optimizer", is_flag=True, help="Optimizer states and master weights on host."),
+        click.option("--order", default="tp-cp-ep-dp-pp", show_default=True,
+                     help="Rank placement, innermost axis first (decides which groups stay in a node)."),
+        click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE",
+                     help="Override a hardware parameter, e.g. --set gemm_efficiency=0.7 --set inter_node_gb_per_s=25."),
     ]
     for o in reversed(opts):
         fn = o(fn)
     return fn
 
 
+def parse_overrides(items) -> dict[str, float]:
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise NdplanError("--set", item, "write NAME=VALUE, e.g. --set gemm_efficiency=0.7")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise NdplanError(name.strip(), value, "must be a number") from None
+    return out
+
+
 def build(kw: dict):
     """(model, hardware, strategy, gpus) from the shared options."""
     model = load_model(kw["model"])
-    hw = load_hardware(kw["hardware"])
+    hw = load_hardware(kw["hardware"]).with_overrides(parse_overrides(kw.get("overrides")))
     tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
     gpus = kw["gpus"]
     for f in ("tp", "pp", "cp", "seq", "mbs", "vpp", "ep", "etp"):
@@ -110,7 +127,7 @@ def build(kw: dict):
                      recompute_layers=_one_or_tuple(kw["recompute_layers"]), schedule=schedule, engine=kw["engine"],
                      flash_attention=kw["flash"], layers_per_stage=kw["layers_per_stage"],
                      grad_dtype=kw["grad_dtype"], weight_dtype=kw["weight_dtype"],
-                     offload_optimizer=kw["offload_optimizer"])
+                     offload_optimizer=kw["offload_optimizer"], order=kw["order"])
     strat.check(model, gpus)
     return model, hw, strat, gpus
 
@@ -165,6 +182,15 @@ def estimate(as_json, **kw):
     verdict = "fits" if est.fits else "DOES NOT FIT"
     click.echo(f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage} of {hw.hbm_gib:g} GiB HBM: {verdict}"
                + (f"; host {fmt_bytes(est.host_bytes)} per device" if est.host_bytes else ""))
+    click.echo(time_summary(est))
+
+
+def time_summary(est) -> str:
+    """Step time, MFU/HFU, tokens/s and the non-zero time terms, two lines."""
+    parts = ", ".join(f"{k.split('.', 1)[1]} {fmt_seconds(v)}" for k, v in est.time_terms.items() if v > 5e-7)
+    return (f"step {fmt_seconds(est.step_s)}  MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
+            f"{est.tokens_per_s:,.0f} tokens/s/device\n  time: {parts}\n"
+            "  (MFU: 3 x forward GEMM + causal attention FLOPs, no recompute, over bf16 dense peak)")
 
 
 @main.command()

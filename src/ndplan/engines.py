@@ -80,6 +80,16 @@ class EngineProfile:
     saved for backward (per in-flight micro-batch)."""
     optimizer_step_temp_bytes: int = 0
     """Temporaries per local parameter during the optimizer step (no activations alive then)."""
+    # --- time choices (formulas/step.py) ---
+    overlap_grad_reduce: bool = True
+    """ZeRO 0-2: the data-parallel gradient reduction runs under the last micro-batch's backward
+    (Megatron ``--overlap-grad-reduce``; PyTorch DDP/FSDP bucketing; DeepSpeed ``overlap_comm``)."""
+    overlap_param_gather: bool = True
+    """ZeRO 1-2: the parameter all-gather after the optimizer step runs under the next forward
+    (Megatron ``--overlap-param-gather``)."""
+    overlap_tp_comm: bool = False
+    """TP/SP collectives overlap the GEMMs (Megatron ``--tp-comm-overlap`` with TE userbuffers); off by
+    default in Megatron-LM, so TP communication is exposed."""
 
 
 MEGATRON = EngineProfile(

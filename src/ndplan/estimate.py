@@ -1,5 +1,10 @@
-"""Library API: estimate a strategy's per-stage memory (time arrives with the
-performance model) and return it in the JSON schema of ../shared/DESIGN.md."""
+"""Library API: estimate a strategy's per-stage memory and its step time, MFU and
+throughput, and return them in the JSON schema of ../shared/DESIGN.md.
+
+MFU = model FLOPs per step / (step time x devices x dense bf16 peak), where model FLOPs
+are 3 x the forward FLOPs of every GEMM plus the causal attention core (QK^T, PV) at the
+full sequence, recompute not counted, MTP excluded (formulas/flops.py). HFU adds the
+recompute FLOPs. tokens_per_s is per device."""
 
 from __future__ import annotations
 
@@ -11,10 +16,14 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+from ndplan.formulas import flops as FL
 from ndplan.formulas import params as P
+from ndplan.formulas.step import step_time
 from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import compile_breakdown
+from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
 from ndplan.strategy import Strategy
 from ndplan.terms import Breakdown
 
@@ -47,7 +56,30 @@ class Estimate:
     params_total: int
     params_active: int | None
     host_bytes: int
+    time_terms: dict[str, float] = field(default_factory=dict)
+    flops_per_step: float = 0.0
+    """Model FLOPs per step (MFU numerator)."""
+    hardware_flops_per_step: float = 0.0
+    """Model + recompute FLOPs per step (HFU numerator)."""
     breakdowns: list[Breakdown] = field(repr=False, default_factory=list)
+    time_breakdown: Breakdown | None = field(repr=False, default=None)
+
+    @property
+    def step_s(self) -> float:
+        return sum(self.time_terms.values())
+
+    @property
+    def mfu(self) -> float:
+        return self.flops_per_step / (self.step_s * self.strategy.world * self.hardware.bf16_flop_per_s)
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops_per_step / (self.step_s * self.strategy.world * self.hardware.bf16_flop_per_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens per second per device."""
+        return self.strategy.gbs * self.strategy.seq / self.step_s / self.strategy.world
 
     @property
     def peak_bytes(self) -> int:
@@ -70,7 +102,8 @@ class Estimate:
             "hardware": {"name": self.hardware.name, "hbm_bytes": self.hardware.hbm_bytes},
             "memory": {"per_stage": self.per_stage, "peak_bytes": self.peak_bytes,
                        "peak_stage": self.peak_stage, "host_bytes": self.host_bytes},
-            "time": {"step_s": None, "terms": {}, "mfu": None, "tokens_per_s": None},
+            "time": {"step_s": self.step_s, "terms": self.time_terms, "mfu": self.mfu, "hfu": self.hfu,
+                     "tokens_per_s": self.tokens_per_s, "flops_per_step": self.flops_per_step},
             "fits": self.fits,
         }
 
@@ -106,7 +139,17 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     M = model.symbols()
     host = host_memory(model, M, strat, sp.Integer(0))
     host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
+    tbd = step_time(model, M, strat)
+    tvals = compile_breakdown(tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
+        **point, stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
+    if np.ndim(point["nrec"]):
+        raise NdplanError("recompute_layers", list(strat.recompute_layers),
+                          "per-stage counts are not in the time model yet; give one int")
+    time_terms = {k: float(v) for k, v in tvals.items()}
+    flops = float(FL.model_flops_per_sequence(model, M, strat.seq)) * strat.gbs
+    rec = float(FL.recompute_flops_per_sequence(model, M, strat.seq, strat.recompute)) * strat.gbs
     return Estimate(model=model, hardware=hardware, strategy=strat, per_stage=rows,
                     params_total=int(P.params_total(model, M)),
                     params_active=int(P.params_active(model, M)) if model.is_moe else None,
-                    host_bytes=host_bytes, breakdowns=bds)
+                    host_bytes=host_bytes, time_terms=time_terms, flops_per_step=flops,
+                    hardware_flops_per_step=flops + rec, breakdowns=bds, time_breakdown=tbd)

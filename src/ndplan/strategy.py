@@ -59,6 +59,9 @@ class Strategy:
     """Persistent weights: auto (the engine's choice), fp32, bf16 or fp8."""
     offload_optimizer: bool = False
     """Optimizer states and fp32 master weights on host memory (reported separately)."""
+    order: str = "tp-cp-ep-dp-pp"
+    """Rank placement, innermost axis first (Megatron-Core RankGenerator order); decides which
+    groups stay inside a node."""
 
     @property
     def m(self) -> int:
@@ -99,6 +102,8 @@ class Strategy:
             raise NdplanError("grad_dtype", self.grad_dtype, "must be fp32 or bf16")
         if self.weight_dtype not in ("auto", "fp32", "bf16", "fp8"):
             raise NdplanError("weight_dtype", self.weight_dtype, "must be auto, fp32, bf16 or fp8")
+        if sorted(self.order.split("-")) != sorted(("tp", "cp", "ep", "dp", "pp")):
+            raise NdplanError("order", self.order, "must be a permutation of tp-cp-ep-dp-pp, innermost first")
         if self.recompute_layers is not None:
             counts = self.recompute_layers if isinstance(self.recompute_layers, tuple) else (self.recompute_layers,)
             if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in counts):

@@ -49,9 +49,33 @@ seq = _pos("seq")
 stage = _nonneg("stage")
 nrec = _nonneg("nrec")
 
+
+def _posreal(name: str) -> sp.Symbol:
+    return sp.Symbol(name, positive=True)
+
+
+# Hardware symbols: kernel arguments whose values come from a Hardware entry
+# (catalog.hardware.Hardware.kernel_values), so one compiled kernel serves every device
+# and `--set name=value` needs no recompilation.
+peak = _posreal("peak")            #: dense tensor-core FLOP/s of the compute dtype
+eff_gemm = _posreal("eff_gemm")    #: achieved / peak FLOP/s of large GEMMs
+eff_attn = _posreal("eff_attn")    #: achieved / peak FLOP/s of the fused attention core
+hbm = _posreal("hbm")              #: HBM bandwidth, B/s
+eff_hbm = _posreal("eff_hbm")      #: achieved / nominal HBM bandwidth of streaming kernels
+bw_intra = _posreal("bw_intra")    #: per-device unidirectional intra-node bandwidth, B/s
+bw_inter = _posreal("bw_inter")    #: per-device unidirectional NIC bandwidth, B/s
+eff_intra = _posreal("eff_intra")  #: collective bus bandwidth / nominal, intra-node
+eff_inter = _posreal("eff_inter")  #: collective bus bandwidth / nominal, inter-node
+lat_intra = _posreal("lat_intra")  #: latency per collective step inside a node, s
+lat_inter = _posreal("lat_inter")  #: latency per collective step across nodes, s
+node = _posreal("node")            #: devices per node
+
+HW_SYMBOLS: tuple[sp.Symbol, ...] = (peak, eff_gemm, eff_attn, hbm, eff_hbm, bw_intra, bw_inter,
+                                     eff_intra, eff_inter, lat_intra, lat_inter, node)
+
 #: Strategy symbols in the canonical argument order of compiled kernels.
 STRATEGY_SYMBOLS: tuple[sp.Symbol, ...] = (dp, tp, pp, vpp, cp, ep, etp, mbs, m, seq, stage, nrec)
-BY_NAME: dict[str, sp.Symbol] = {s.name: s for s in STRATEGY_SYMBOLS}
+BY_NAME: dict[str, sp.Symbol] = {s.name: s for s in STRATEGY_SYMBOLS + HW_SYMBOLS}
 
 
 @dataclass(frozen=True)

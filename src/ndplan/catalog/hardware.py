@@ -6,7 +6,7 @@ Bandwidths are unidirectional per device in GB/s (1e9 B/s); HBM capacity in GiB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from ndplan.catalog.files import catalog_names, read_mapping, resolve
 from ndplan.errors import NdplanError
@@ -14,6 +14,22 @@ from ndplan.units import GIB, GIGA, TERA
 
 _NUMERIC = ("bf16_tflops", "fp8_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s",
             "inter_node_gb_per_s", "devices_per_node")
+#: Performance-model efficiencies and latencies: optional in a hardware YAML (same
+#: {value, source} form), overridable with ``--set name=value``. Defaults and why:
+EFFICIENCY_DEFAULTS: dict[str, tuple[float, str]] = {
+    "gemm_efficiency": (0.75, "named default: large bf16 GEMMs reach about 3/4 of the dense peak in "
+                              "cuBLAS on A100/H100 class parts; small per-device GEMMs fall further through "
+                              "the roofline in formulas/step.py"),
+    "attention_efficiency": (0.55, "Dao 2023 (FlashAttention-2) Sec. 4.1: forward 50-73 % and backward "
+                                   "lower of the A100 peak; 0.55 for forward+backward"),
+    "hbm_efficiency": (0.8, "named default: streaming elementwise kernels reach about 80 % of the "
+                            "nominal HBM bandwidth"),
+    "intra_node_efficiency": (0.8, "named default: NCCL ring bus bandwidth about 80 % of the nominal "
+                                   "NVLink per-direction bandwidth (nccl-tests busbw on DGX A100/H100)"),
+    "inter_node_efficiency": (0.85, "named default: NCCL bus bandwidth about 85 % of the NIC line rate"),
+    "intra_node_latency_us": (5.0, "named default: NCCL per-step latency inside a node, microseconds"),
+    "inter_node_latency_us": (10.0, "named default: NCCL per-step latency across nodes, microseconds"),
+}
 _REQUIRED = ("bf16_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
              "devices_per_node")
 
@@ -35,6 +51,18 @@ class Hardware:
     inter_node_gb_per_s: float
     """Per-device unidirectional NIC bandwidth across nodes, GB/s."""
     devices_per_node: int
+    gemm_efficiency: float = EFFICIENCY_DEFAULTS["gemm_efficiency"][0]
+    """Achieved / peak FLOP/s of large GEMMs."""
+    attention_efficiency: float = EFFICIENCY_DEFAULTS["attention_efficiency"][0]
+    """Achieved / peak FLOP/s of the fused attention core (forward + backward)."""
+    hbm_efficiency: float = EFFICIENCY_DEFAULTS["hbm_efficiency"][0]
+    """Achieved / nominal HBM bandwidth of memory-bound kernels."""
+    intra_node_efficiency: float = EFFICIENCY_DEFAULTS["intra_node_efficiency"][0]
+    """Collective bus bandwidth / nominal intra-node bandwidth."""
+    inter_node_efficiency: float = EFFICIENCY_DEFAULTS["inter_node_efficiency"][0]
+    """Collective bus bandwidth / nominal NIC bandwidth."""
+    intra_node_latency_us: float = EFFICIENCY_DEFAULTS["intra_node_latency_us"][0]
+    inter_node_latency_us: float = EFFICIENCY_DEFAULTS["inter_node_latency_us"][0]
     sources: dict = field(default_factory=dict)
     """Field -> source string; fields whose value is unverified carry '(unverified)'."""
 
@@ -49,6 +77,31 @@ class Hardware:
     @property
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_gb_per_s * GIGA
+
+    def kernel_values(self, fp8: bool = False) -> dict[str, float]:
+        """Values of the hardware symbols (symbols.HW_SYMBOLS) in base units."""
+        peak = self.fp8_tflops if (fp8 and self.fp8_tflops) else self.bf16_tflops
+        return {"peak": peak * TERA, "eff_gemm": self.gemm_efficiency, "eff_attn": self.attention_efficiency,
+                "hbm": self.hbm_gb_per_s * GIGA, "eff_hbm": self.hbm_efficiency,
+                "bw_intra": self.intra_node_gb_per_s * GIGA, "bw_inter": self.inter_node_gb_per_s * GIGA,
+                "eff_intra": self.intra_node_efficiency, "eff_inter": self.inter_node_efficiency,
+                "lat_intra": self.intra_node_latency_us * 1e-6, "lat_inter": self.inter_node_latency_us * 1e-6,
+                "node": float(self.devices_per_node)}
+
+    def with_overrides(self, overrides: dict[str, float]) -> "Hardware":
+        """A copy with fields replaced (``--set name=value``); unknown names are errors."""
+        names = {f.name for f in fields(self)} - {"name", "display_name", "sources"}
+        for k, v in overrides.items():
+            if k not in names:
+                import difflib
+                close = difflib.get_close_matches(k, sorted(names), n=3)
+                raise NdplanError("--set", k, f"unknown hardware parameter; "
+                                  f"{'did you mean ' + ', '.join(close) + '?' if close else 'choose from ' + ', '.join(sorted(names))}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise NdplanError(k, v, "must be a positive number")
+        sources = dict(self.sources) | {k: "--set on the command line" for k in overrides}
+        return replace(self, **{k: (int(v) if k == "devices_per_node" else float(v)) for k, v in overrides.items()},
+                       sources=sources)
 
     def __post_init__(self):
         for f_ in _REQUIRED:
@@ -75,13 +128,23 @@ def load_hardware(name_or_path: str) -> Hardware:
             raise NdplanError(f_, v, f"must be a number (in {path})")
         vals[f_] = v
         sources[f_] = src
+    eff = {}
+    for f_, (default, why) in EFFICIENCY_DEFAULTS.items():
+        entry = raw.get(f_)
+        v, src = (entry.get("value"), str(entry.get("source", ""))) if isinstance(entry, dict) else (entry, "")
+        if v is None:
+            v, src = default, why
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise NdplanError(f_, v, f"must be a positive number (in {path})")
+        eff[f_] = float(v)
+        sources[f_] = src
     return Hardware(name=path.stem, display_name=str(raw.get("display_name", path.stem)),
                     bf16_tflops=float(vals["bf16_tflops"]),
                     fp8_tflops=None if vals["fp8_tflops"] is None else float(vals["fp8_tflops"]),
                     hbm_gib=float(vals["hbm_gib"]), hbm_gb_per_s=float(vals["hbm_gb_per_s"]),
                     intra_node_gb_per_s=float(vals["intra_node_gb_per_s"]),
                     inter_node_gb_per_s=float(vals["inter_node_gb_per_s"]),
-                    devices_per_node=int(vals["devices_per_node"]), sources=sources)
+                    devices_per_node=int(vals["devices_per_node"]), sources=sources, **eff)
 
 
 def list_hardware() -> list[Hardware]:

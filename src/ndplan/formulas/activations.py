@@ -69,6 +69,8 @@ class ActContext:
     """The user's SP switch (``sp`` may also be on because the engine implies it with CP)."""
     selective_configured: bool = False
     """Selective recompute is set for some layers (see EngineProfile.selective_score_global)."""
+    ep: object = 1
+    """Expert-parallel degree (routed experts per device = E/ep)."""
 
 
 def _gathered(c: ActContext) -> sp.Expr:

@@ -75,7 +75,7 @@ def act_context(spec: ModelSpec, strat: Strategy, capacity=1) -> A.ActContext:
     t_sp = S.tp if seq_par else sp.Integer(1)
     return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
                         capacity=sp.sympify(capacity), flash=strat.flash_attention, sp=seq_par, eng=eng, sp_flag=strat.sp,
-                        selective_configured=strat.recompute == "selective")
+                        selective_configured=strat.recompute == "selective", ep=S.ep)
 
 
 def weight_bytes(strat: Strategy, eng: EngineProfile) -> int:

@@ -1,0 +1,267 @@
+"""Step time of one training iteration as a Breakdown of Terms (seconds).
+
+Per micro-batch and pipeline stage i, the device runs forward F_i, input-gradient
+backward B_i, weight-gradient backward W_i, the recompute forward R_i and the exposed
+per-layer communication C_i (TP/SP collectives, CP ring exchange beyond the attention
+core it hides behind, EP all-to-all): t_i = F_i + B_i + W_i + R_i + C_i.
+
+Compute time of a GEMM is a roofline (Williams et al. 2009): max(FLOPs / (peak *
+eff_gemm), bytes / (hbm * eff_hbm)). The efficiency therefore falls for small per-device
+matrices: once 2*M*K*N / (2*(MK + KN + MN)) drops below peak*eff_gemm / (hbm*eff_hbm)
+FLOP/byte (about 220 on H100 at the defaults) the GEMM is bandwidth-bound, e.g. the
+expert GEMMs of a fine-grained MoE with few tokens per expert, or a TP-split head with
+tiny micro-batches. Attention-core FLOPs run at ``eff_attn``; norms, activation
+functions, residual adds, RoPE, softmax without flash attention and MoE permutes move
+bytes at ``hbm * eff_hbm`` (the tensors are listed in ``elementwise_bytes``; backward
+moves ``ELEMENTWISE_BACKWARD_FACTOR`` times the forward bytes).
+
+Pipeline (schedules.py has the memory side). With m micro-batches the step is
+m * t_max plus the bubble; for 1F1B (and GPipe) with per-stage times t_i the last
+micro-batch's work crosses every stage once: step = sum_i t_i + (m-1) * max_i t_i
+(Narayanan et al. 2021 Sec. 2.2: bubble (p-1)*t for equal stages; the unequal form
+is the SAPP-PPB objective), so the bubble term is sum_i t_i - max_i t_i.
+
+* interleaved (Narayanan et al. 2021 Sec. 2.2.2): each device's work is split in vpp
+  chunks and fill/drain cross chunk boundaries, bubble (sum_i t_i - t_max) / vpp.
+* zb-h1 (Qi et al. 2024, Table 2): (p-1)(T_F + T_B - T_W) instead of 1F1B's
+  (p-1)(T_F + T_B + T_W), with T_B the input-gradient part: the 1F1B bubble times
+  (t - 2W)/t at the bottleneck stage.
+* zbv (Qi et al. 2024 Sec. 6): (p-1)(T_F + T_B - 2T_W) per chunk of half a stage:
+  the 1F1B bubble times max(t - 3W, 0) / (2t) (zero when F = B = W).
+
+Data parallelism (ZeRO 0-2) reduces gradients once per step: an all-reduce (ZeRO 0) or
+a reduce-scatter plus the all-gather of the updated 16-bit weights (ZeRO 1-2, the
+distributed optimizer). With the engine's overlap settings the reduce-scatter hides
+behind one micro-batch's backward and the all-gather behind one forward; the excess is
+exposed. ZeRO-3/FSDP gathers 16-bit weights before forward and again before backward
+and reduce-scatters gradients every micro-batch, prefetched layer by layer: exposed
+per micro-batch max(0, gather - F) + max(0, gather + reduce - B - W).
+Pipeline send/recv of the 2*s*b*h/t_sp boundary tensor lies on the critical path
+twice (activation forward, gradient backward) for each of the m*vpp + pp - 1 steps
+of the fill-steady-drain timeline. The optimizer step streams every local parameter's
+state through HBM once (``optimizer_bytes_per_param``).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.model import ModelSpec
+from ndplan.engines import ENGINE_PROFILES, EngineProfile
+from ndplan.formulas import comm as C
+from ndplan.formulas import flops as FL
+from ndplan.formulas.activations import ACT_BYTES, ActContext
+from ndplan.formulas.memory import act_context, stage_params, weight_bytes
+from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr, symbolic_layout
+from ndplan.strategy import Strategy
+from ndplan.symbols import ModelSymbols
+from ndplan.terms import Breakdown, Term
+
+ELEMENTWISE_BACKWARD_FACTOR = 2
+"""Backward of an elementwise op reads the output gradient and the saved input and writes
+the input gradient: about twice the forward's bytes."""
+LOSS_PASSES = 3
+"""fp32 passes over the logits in a fused cross entropy: max, exp-sum, gradient."""
+
+
+def gemm_time(g: FL.Gemm) -> sp.Expr:
+    return sp.Max(g.flops / (S.peak * S.eff_gemm), g.bytes / (S.hbm * S.eff_hbm))
+
+
+def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> sp.Expr:
+    """HBM bytes of one layer's memory-bound forward ops (16-bit tensors)."""
+    tok = c.s * c.b
+    res = tok * M.h / c.t_sp
+    total = 2 * 2 * ACT_BYTES * res            # two norms: read + write
+    total += 2 * 3 * ACT_BYTES * res           # two residual adds: 2 reads + 1 write
+    heads = (M.a + 1) * M.dr if spec.is_mla else (M.a + M.kv) * M.d
+    total += 2 * ACT_BYTES * tok * heads / c.t  # RoPE on q and k: read + write
+    if not c.flash:
+        total += 2 * ACT_BYTES * M.a / c.t * tok * S.seq  # softmax over materialised scores
+    if spec.hidden_dropout > 0:
+        total += 2 * (2 * ACT_BYTES + 1) * res  # two dropouts: read, write, 1-byte mask
+    act_io = 3 if spec.gated_mlp else 2        # SwiGLU reads gate and up, writes one; GeLU reads, writes
+    if kind == "moe":
+        pairs = tok * M.k * c.capacity * c.etp / c.t_sp
+        total += 2 * 2 * ACT_BYTES * pairs * M.h  # permute and unpermute: read + write
+        total += act_io * ACT_BYTES * pairs * M.fe / c.etp
+        if spec.shared_intermediate_size:
+            total += act_io * ACT_BYTES * tok * M.fs / c.t
+    else:
+        total += act_io * ACT_BYTES * tok * M.f / c.t
+    return total
+
+
+def _layer(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kind: str, eng: EngineProfile) -> dict:
+    """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
+    gemm = sum((gemm_time(g) for g in FL.layer_gemms(spec, M, c, kind)), sp.Integer(0))
+    core = FL.core_flops(spec, M, c, S.seq) / (S.peak * (S.eff_attn if c.flash else S.eff_gemm))
+    elem = elementwise_bytes(spec, M, c, kind) / (S.hbm * S.eff_hbm)
+    F = gemm + core + elem
+    B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem
+    W = gemm
+    order = strat.order
+    # TP/SP: two all-reduce equivalents forward, two backward (Korthikanti 2022 Sec. 4.2.2:
+    # SP's all-gather + reduce-scatter pair costs one all-reduce)
+    x = ACT_BYTES * c.s * c.b * M.h
+    tp_one = C.all_reduce(S.tp, x, C.span(order, ("tp",)))
+    tp_f = 0 if eng.overlap_tp_comm else 2 * tp_one
+    # CP ring: cp-1 exchanges of the local K and V forward, K, V, dK, dV backward, under the core
+    kv_width = (M.a * (M.dn + M.dr + M.dv) / c.t) if spec.is_mla else 2 * M.kv * M.d / c.t
+    kv_bytes = ACT_BYTES * c.s * c.b * kv_width
+    cp_link = C.span(order, ("cp",))
+    cp_f_raw = (S.cp - 1) * C.p2p(kv_bytes, cp_link)
+    cp_f = sp.Max(0, cp_f_raw - core)
+    cp_b = sp.Max(0, 2 * cp_f_raw - FL.CORE_BACKWARD_FACTOR * core)
+    ep_f = sp.Integer(0)
+    if kind == "moe":
+        sent = ACT_BYTES * c.s * c.b / c.t_sp * M.k * c.capacity * M.h
+        ep_one = C.all_to_all(S.ep, sent, C.stride(order, "ep", "expert"))
+        ep_f = 2 * ep_one  # dispatch + combine
+    comm_f = tp_f + cp_f + ep_f
+    comm_b = tp_f + cp_b + ep_f
+    R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[strat.recompute]
+    return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f}
+
+
+def _head(spec, M, c) -> dict:
+    gemm = sum((gemm_time(g) for g in FL.head_gemms(spec, M, c)), sp.Integer(0))
+    loss = LOSS_PASSES * 4 * c.s * c.b * M.V / c.t / (S.hbm * S.eff_hbm)
+    return {"F": gemm + loss, "B": gemm + loss, "W": gemm, "R": sp.Integer(0), "tp": sp.Integer(0),
+            "cp": sp.Integer(0), "ep": sp.Integer(0)}
+
+
+PARTS = ("F", "B", "W", "R", "tp", "cp", "ep")
+
+
+def _add(a: dict, b: dict, k=1) -> dict:
+    return {p: a[p] + k * b[p] for p in PARTS}
+
+
+def _zero() -> dict:
+    return {p: sp.Integer(0) for p in PARTS}
+
+
+def stage_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage, eng: EngineProfile,
+                layer: dict, head: dict) -> dict:
+    """Per micro-batch seconds of every part on one device of ``stage``."""
+    pp = pp_expr(spec, strat)
+    out = _zero()
+    for ch in range(strat.vpp):
+        nd, nm = chunk_layers(spec, strat, stage, ch, pp, M.L)
+        out = _add(_add(out, layer["dense"], nd), layer["moe"], nm)
+    last = head_device_flag(strat.schedule, stage, pp)
+    out = _add(out, head, last)
+    if spec.mtp_layers:
+        out = _add(out, _add(layer["moe" if spec.is_moe else "dense"], head), last * spec.mtp_layers)
+    return out
+
+
+def _bubble_factor(schedule: str, vpp: int, t, W) -> sp.Expr:
+    if schedule in ("gpipe", "1f1b"):
+        return sp.Integer(1)
+    if schedule == "interleaved":
+        return sp.Rational(1, vpp)
+    if schedule == "zb-h1":
+        return sp.Max(t - 2 * W, 0) / t
+    if schedule == "zbv":
+        return sp.Max(t - 3 * W, 0) / (2 * t)
+    raise ValueError(schedule)
+
+
+def optimizer_bytes_per_param(eng: EngineProfile, strat: Strategy) -> int:
+    """HBM bytes the Adam step streams per local parameter: read the gradient, read and
+    write the fp32 master (or the weights when they are the master), both moments, and
+    write the 16-bit copy when a separate master exists."""
+    grad_b = 2 if strat.grad_dtype == "bf16" else (weight_bytes(strat, eng) if eng.grads_in_weight_dtype
+                                                    else eng.grad_bytes_fp32)
+    master = eng.master_bytes or weight_bytes(strat, eng)
+    copy = weight_bytes(strat, eng) if eng.master_bytes else 0
+    return grad_b + 2 * master + 2 * eng.optimizer_bytes + copy
+
+
+def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineProfile | None = None) -> Breakdown:
+    """Time Terms of one step (seconds); they sum to the step time."""
+    eng = engine or ENGINE_PROFILES[strat.engine]
+    c = act_context(spec, strat)
+    layer = {k: (_layer(spec, M, strat, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
+    head = _head(spec, M, c)
+    pp = pp_expr(spec, strat)
+    if symbolic_layout(spec, strat):
+        stages = [sp.Integer(0), pp - 1]
+    else:
+        stages = [sp.Integer(i) for i in range(strat.pp)]
+    per_stage = [stage_parts(spec, M, strat, s, eng, layer, head) for s in stages]
+    tot = {i: sum(p[k] for k in PARTS) for i, p in enumerate(per_stage)}
+    ref_i = 0 if strat.schedule == "zbv" else len(stages) - 1  # the head's stage
+    ref = per_stage[ref_i]
+    t_ref = tot[ref_i]
+    t_max = sp.Max(*tot.values()) if len(tot) > 1 else t_ref
+
+    # sum over stages of one micro-batch's work = every layer once, the head once
+    all_layers = _zero()
+    for kind in ("dense", "moe"):
+        n = spec.layer_kinds.count(kind)
+        if n:
+            all_layers = _add(all_layers, layer[kind], n)
+    all_layers = _add(all_layers, head)
+    if spec.mtp_layers:
+        all_layers = _add(all_layers, _add(layer["moe" if spec.is_moe else "dense"], head), spec.mtp_layers)
+    t_sum = sum(all_layers[k] for k in PARTS)
+    bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"]) * (t_sum - t_max)
+
+    # data parallelism
+    dense, expert, _ = stage_params(spec, M, strat, stages[ref_i])
+    wb = ACT_BYTES
+    gb = eng.grad_bytes_fp32 if strat.grad_dtype == "fp32" else 2
+    order = strat.order
+    dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
+    n_dense, n_exp = S.dp * S.cp, S.dp * S.cp * S.tp / (S.ep * S.etp)
+    if strat.zero >= 3:
+        gather = (C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span))
+        reduce = (C.all_gather(n_dense, gb * dense, dense_span) + C.all_gather(n_exp, gb * expert, exp_span))
+        dp_time = S.m * (sp.Max(0, gather - ref["F"]) + sp.Max(0, gather + reduce - ref["B"] - ref["W"]))
+        dp_src = "ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, prefetched under compute"
+    else:
+        if strat.zero == 0:
+            reduce = C.all_reduce(n_dense, gb * dense, dense_span) + C.all_reduce(n_exp, gb * expert, exp_span)
+            gather = sp.Integer(0)
+        else:
+            reduce = C.all_gather(n_dense, gb * dense, dense_span) + C.all_gather(n_exp, gb * expert, exp_span)
+            gather = C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span)
+        hide_r = (ref["B"] + ref["W"]) if eng.overlap_grad_reduce else 0
+        hide_g = ref["F"] if eng.overlap_param_gather else 0
+        dp_time = sp.Max(0, reduce - hide_r) + sp.Max(0, gather - hide_g)
+        dp_src = ("gradient all-reduce (ZeRO 0) or reduce-scatter + weight all-gather (ZeRO 1-2), "
+                  f"overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}")
+
+    p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
+    pp_time = sp.Min(S.pp - 1, 1) * 2 * (S.m * strat.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
+
+    shard = (dense / (S.dp * S.cp) + expert / n_exp) if strat.zero >= 1 else dense + expert
+    opt = 0 if strat.offload_optimizer else optimizer_bytes_per_param(eng, strat) * shard / (S.hbm * S.eff_hbm)
+
+    m = S.m
+    scope = "bottleneck-free reference: the stage that holds the head"
+    T = lambda key, expr, src, note=scope: Term(key=key, expr=expr, unit="s", source=src, note=note)  # noqa: E731
+    terms = [
+        T("time.compute", m * (ref["F"] + ref["B"] + ref["W"]),
+          "m x (forward + backward) per micro-batch: GEMM roofline, attention core at eff_attn, "
+          "elementwise bytes at HBM bandwidth (formulas/flops.py, formulas/step.py)"),
+        T("time.recompute", m * ref["R"], f"m x extra forward of recompute={strat.recompute} "
+          "(selective: attention core; full: the whole layer forward incl. its collectives)"),
+        T("time.tp_comm", m * ref["tp"], "TP/SP: 4 all-reduce equivalents of 2*s*b*h bytes per layer per "
+          "micro-batch (Korthikanti et al. 2022 Sec. 4.2.2), exposed"),
+        T("time.cp_comm", m * ref["cp"], "CP ring: (cp-1) K/V exchanges beyond the attention core they hide behind"),
+        T("time.ep_comm", m * ref["ep"], "EP: dispatch + combine all-to-all of s*b*k*h tokens forward and backward"),
+        T("time.imbalance", m * (t_max - t_ref), "m x (slowest stage - head stage) when another stage is slower",
+          "zero for even splits of uniform models"),
+        T("time.pp_bubble", bubble, f"pipeline bubble of {strat.schedule}: (sum of stage times - max) x "
+          "schedule factor (formulas/step.py docstring)"),
+        T("time.pp_comm", pp_time, "pipeline send/recv of the boundary activation, 2 per critical-path step"),
+        T("time.dp_comm", dp_time, dp_src),
+        T("time.optimizer", opt, "Adam step streaming "
+          f"{optimizer_bytes_per_param(eng, strat)} bytes per local parameter at HBM bandwidth"),
+    ]
+    return Breakdown(tuple(terms))
