@@ -16,7 +16,6 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.errors import NdplanError
 from ndplan.formulas import flops as FL
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
@@ -140,11 +139,9 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     host = host_memory(model, M, strat, sp.Integer(0))
     host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
     tbd = step_time(model, M, strat)
+    ref_stage = 0 if strat.schedule == "zbv" else strat.pp - 1  # the head's stage (formulas/step.py)
     tvals = compile_breakdown(tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
-        **point, stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
-    if np.ndim(point["nrec"]):
-        raise NdplanError("recompute_layers", list(strat.recompute_layers),
-                          "per-stage counts are not in the time model yet; give one int")
+        **(point | {"nrec": strategy_point(strat, ref_stage)[S.nrec]}), stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
     time_terms = {k: float(v) for k, v in tvals.items()}
     flops = float(FL.model_flops_per_sequence(model, M, strat.seq)) * strat.gbs
     rec = float(FL.recompute_flops_per_sequence(model, M, strat.seq, strat.recompute)) * strat.gbs

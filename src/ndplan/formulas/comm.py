@@ -32,6 +32,16 @@ from ndplan import symbols as S
 from ndplan.errors import NdplanError
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+def vmax(*args) -> sp.Expr:
+    """Max without SymPy's pairwise simplification (slow on large sums); lambdifies to
+    numpy.maximum."""
+    return sp.Max(*args, evaluate=False)
+
+
+def vmin(*args) -> sp.Expr:
+    return sp.Min(*args, evaluate=False)
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
@@ -87,10 +97,10 @@ def all_gather(n, nbytes, group_span) -> sp.Expr:
 
 def all_to_all(n, nbytes, group_stride) -> sp.Expr:
     group_span = group_stride * n
-    n_in = sp.Min(n, sp.Max(1, S.node / group_stride))
+    n_in = vmin(n, vmax(1, S.node / group_stride))
     intra = (n_in - 1) / n * nbytes / (S.bw_intra * S.eff_intra)
     inter = (n - n_in) / n * nbytes / (S.bw_inter * S.eff_inter)
-    return sp.Max(intra, inter) + (n - 1) * latency(group_span)
+    return vmax(intra, inter) + (n - 1) * latency(group_span)
 
 
 def p2p(nbytes, group_span) -> sp.Expr:

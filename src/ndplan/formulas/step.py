@@ -66,7 +66,7 @@ LOSS_PASSES = 3
 
 
 def gemm_time(g: FL.Gemm) -> sp.Expr:
-    return sp.Max(g.flops / (S.peak * S.eff_gemm), g.bytes / (S.hbm * S.eff_hbm))
+    return C.vmax(g.flops / (S.peak * S.eff_gemm), g.bytes / (S.hbm * S.eff_hbm))
 
 
 def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> sp.Expr:
@@ -112,8 +112,8 @@ def _layer(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kin
     kv_bytes = ACT_BYTES * c.s * c.b * kv_width
     cp_link = C.span(order, ("cp",))
     cp_f_raw = (S.cp - 1) * C.p2p(kv_bytes, cp_link)
-    cp_f = sp.Max(0, cp_f_raw - core)
-    cp_b = sp.Max(0, 2 * cp_f_raw - FL.CORE_BACKWARD_FACTOR * core)
+    cp_f = C.vmax(0, cp_f_raw - core)
+    cp_b = C.vmax(0, 2 * cp_f_raw - FL.CORE_BACKWARD_FACTOR * core)
     ep_f = sp.Integer(0)
     if kind == "moe":
         sent = ACT_BYTES * c.s * c.b / c.t_sp * M.k * c.capacity * M.h
@@ -151,6 +151,11 @@ def stage_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage, eng: E
     for ch in range(strat.vpp):
         nd, nm = chunk_layers(spec, strat, stage, ch, pp, M.L)
         out = _add(_add(out, layer["dense"], nd), layer["moe"], nm)
+        if strat.recompute_layers is not None:
+            # only the first nrec layers of the chunk recompute (dense layers come first)
+            rd = C.vmin(S.nrec, nd)
+            rm = C.vmin(S.nrec - rd, nm)
+            out["R"] += (rd - nd) * layer["dense"]["R"] + (rm - nm) * layer["moe"]["R"]
     last = head_device_flag(strat.schedule, stage, pp)
     out = _add(out, head, last)
     if spec.mtp_layers:
@@ -164,9 +169,9 @@ def _bubble_factor(schedule: str, vpp: int, t, W) -> sp.Expr:
     if schedule == "interleaved":
         return sp.Rational(1, vpp)
     if schedule == "zb-h1":
-        return sp.Max(t - 2 * W, 0) / t
+        return C.vmax(t - 2 * W, 0) / t
     if schedule == "zbv":
-        return sp.Max(t - 3 * W, 0) / (2 * t)
+        return C.vmax(t - 3 * W, 0) / (2 * t)
     raise ValueError(schedule)
 
 
@@ -197,7 +202,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
     ref_i = 0 if strat.schedule == "zbv" else len(stages) - 1  # the head's stage
     ref = per_stage[ref_i]
     t_ref = tot[ref_i]
-    t_max = sp.Max(*tot.values()) if len(tot) > 1 else t_ref
+    t_max = C.vmax(*tot.values()) if len(tot) > 1 else t_ref
 
     # sum over stages of one micro-batch's work = every layer once, the head once
     all_layers = _zero()
@@ -208,6 +213,9 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
     all_layers = _add(all_layers, head)
     if spec.mtp_layers:
         all_layers = _add(all_layers, _add(layer["moe" if spec.is_moe else "dense"], head), spec.mtp_layers)
+    if strat.recompute_layers is not None:
+        # recompute of the first nrec layers per chunk: every stage as the reference stage
+        all_layers["R"] = S.pp * ref["R"]
     t_sum = sum(all_layers[k] for k in PARTS)
     bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"]) * (t_sum - t_max)
 
@@ -221,7 +229,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
     if strat.zero >= 3:
         gather = (C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span))
         reduce = (C.all_gather(n_dense, gb * dense, dense_span) + C.all_gather(n_exp, gb * expert, exp_span))
-        dp_time = S.m * (sp.Max(0, gather - ref["F"]) + sp.Max(0, gather + reduce - ref["B"] - ref["W"]))
+        dp_time = S.m * (C.vmax(0, gather - ref["F"]) + C.vmax(0, gather + reduce - ref["B"] - ref["W"]))
         dp_src = "ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, prefetched under compute"
     else:
         if strat.zero == 0:
@@ -232,12 +240,12 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
             gather = C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span)
         hide_r = (ref["B"] + ref["W"]) if eng.overlap_grad_reduce else 0
         hide_g = ref["F"] if eng.overlap_param_gather else 0
-        dp_time = sp.Max(0, reduce - hide_r) + sp.Max(0, gather - hide_g)
+        dp_time = C.vmax(0, reduce - hide_r) + C.vmax(0, gather - hide_g)
         dp_src = ("gradient all-reduce (ZeRO 0) or reduce-scatter + weight all-gather (ZeRO 1-2), "
                   f"overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}")
 
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
-    pp_time = sp.Min(S.pp - 1, 1) * 2 * (S.m * strat.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
+    pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * strat.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
 
     shard = (dense / (S.dp * S.cp) + expert / n_exp) if strat.zero >= 1 else dense + expert
     opt = 0 if strat.offload_optimizer else optimizer_bytes_per_param(eng, strat) * shard / (S.hbm * S.eff_hbm)
