@@ -1,0 +1,466 @@
+"""Candidate generation for ``ndplan sweep``: the grid of valid parallel strategies.
+
+Every dimension of the vocabulary (``DIMS``) takes its values from a *space*: a
+mapping in which a scalar fixes a dimension, a list enumerates it, and ``auto`` (or a
+missing key, or ``None``) explores it with these defaults:
+
+==========  ==================================================================
+dimension   auto values
+==========  ==================================================================
+dp tp pp cp every ordered factorization dp*tp*pp*cp == gpus (divisors of gpus)
+ep          dense model: 1; MoE: divisors of num_experts that also divide gpus
+            (ep*etp must divide dp*cp*tp, a divisor of gpus)
+etp         1 (list values to explore expert tensor parallelism)
+vpp         1 if no schedule of the space interleaves (interleaved, zbv); else
+            the divisors v of num_hidden_layers with v == 1 or 2*v <= L (vpp > 1
+            needs pp >= 2 whole chunks per stage)
+mbs         1..8
+zero        0, 1, 2, 3
+recompute   none, selective, full
+schedule    gpipe, 1f1b, interleaved, zb-h1, zbv (``dualpipe-v`` is read as zbv)
+sp          True only: sequence parallelism is on whenever tp > 1 (list
+            ``[true, false]`` to compare)
+==========  ==================================================================
+
+Candidates are built as numpy arrays, never by exceptions in a loop: the world rule
+holds by construction (only factorizations of ``gpus`` are made), then each rule of
+``RULES`` is a vectorized predicate and every rejected candidate is counted under
+the *first* rule it fails, in ``RULES`` order, so ``generated == valid +
+sum(rejected.values())``. The rules are those of ``Strategy.__post_init__`` and
+``Strategy.check`` (even layer split only), plus one canonical rule, ``duplicate``:
+with pp == 1 no pipeline schedule runs, so only schedule 1f1b with vpp 1 is kept; with
+tp == 1 sequence parallelism does nothing, so only sp=True is kept.
+
+``zero`` and ``recompute`` enter no rule: they multiply the counts and split the
+valid rows into groups. A ``Group`` is one categorical combination (schedule, vpp,
+recompute, zero, sp) -- one compiled kernel downstream -- holding equal-length int64
+arrays of the numeric degrees.
+
+``why(...)`` names the rule that rejects one point, with its numbers; it evaluates the
+same predicates as ``generate``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ndplan.catalog.files import read_mapping
+from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+from ndplan.strategy import RECOMPUTE_MODES, SCHEDULES, Strategy
+
+DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "recompute", "schedule", "sp")
+WORLD_DIMS = ("dp", "tp", "pp", "cp")
+#: Positive-integer dimensions.
+DEGREE_DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
+#: Keys of ``Group.grid``; ``m`` = gbs // (dp*mbs) micro-batches per step.
+GRID_KEYS = ("dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m")
+ZERO_STAGES = (0, 1, 2, 3)
+AUTO_MBS = tuple(range(1, 9))
+SCHEDULE_ALIASES = {"dualpipe-v": "zbv"}
+#: Schedules with one model chunk per stage (vpp must be 1).
+ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+#: Values ``why`` gives a dimension the point leaves out (dp is derived from gpus).
+POINT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": 1, "zero": 1,
+                  "recompute": "none", "schedule": "1f1b", "sp": True}
+#: Sweep arguments people put in a space file by mistake.
+_NOT_DIMS = {"gbs": "--gbs", "seq": "--seq", "gpus": "--gpus", "model": "--model", "hardware": "--hardware"}
+
+
+# --------------------------------------------------------------------------- rules
+
+@dataclass
+class _Ctx:
+    """Rule inputs: numeric degrees as int64 arrays (plain ints for one point in
+    ``why``), the categorical knobs of one combination as scalars, the sweep arguments."""
+    model: ModelSpec
+    seq: int
+    gbs: int
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    mbs: np.ndarray
+    vpp: int
+    schedule: str
+    sp: bool
+
+    @property
+    def m(self) -> np.ndarray:
+        return self.gbs // (self.dp * self.mbs)
+
+    def full(self, value: bool) -> np.ndarray:
+        return np.full(np.shape(self.dp), value)
+
+
+def _experts_fail(c: _Ctx) -> np.ndarray:
+    if not c.model.is_moe:
+        return (c.ep != 1) | (c.etp != 1)
+    return (c.model.num_experts % c.ep != 0) | ((c.dp * c.cp * c.tp) % (c.ep * c.etp) != 0)
+
+
+def _experts_why(c: _Ctx) -> str:
+    if not c.model.is_moe:
+        return f"model {c.model.name} has no experts, so ep={c.ep} and etp={c.etp} must be 1"
+    if c.model.num_experts % c.ep:
+        return f"ep={c.ep} does not divide num_experts={c.model.num_experts}"
+    return (f"ep*etp={c.ep * c.etp} does not divide dp*cp*tp={c.dp * c.cp * c.tp} "
+            "(expert parallelism is carved from those ranks)")
+
+
+def _schedule_fail(c: _Ctx) -> np.ndarray:
+    if c.schedule in ONE_CHUNK_SCHEDULES:
+        return c.full(c.vpp != 1)
+    if c.schedule == "interleaved":
+        return (c.pp == 1) | (c.vpp < 2) | (c.m < c.pp)
+    return (c.pp == 1) | (c.vpp != 2)  # zbv
+
+
+def _schedule_why(c: _Ctx) -> str:
+    s = c.schedule
+    if s in ONE_CHUNK_SCHEDULES:
+        return f"schedule {s} has one chunk per stage, so vpp={c.vpp} must be 1"
+    if c.pp == 1:
+        return f"schedule {s} needs pp > 1 (pp={c.pp})"
+    if s == "zbv":
+        return f"zbv places two chunks (a V) per stage, so vpp={c.vpp} must be 2"
+    if c.vpp < 2:
+        return f"interleaved needs vpp >= 2 (vpp={c.vpp})"
+    return f"interleaved needs micro-batches m=gbs/(dp*mbs)={c.gbs}/({c.dp}*{c.mbs})={c.m} >= pp={c.pp}"
+
+
+def _duplicate_why(c: _Ctx) -> str:
+    if c.pp == 1:
+        return (f"pp=1 runs no pipeline schedule; schedule={c.schedule} vpp={c.vpp} duplicates "
+                "schedule=1f1b vpp=1")
+    return "tp=1 makes sequence parallelism a no-op; sp=False duplicates sp=True"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    name: str
+    text: str
+    fails: Callable[[_Ctx], np.ndarray]
+    why: Callable[[_Ctx], str]
+    static: bool
+    """True when the rule reads no categorical knob (its mask is computed once)."""
+
+
+_RULES = (
+    _Rule("world", "dp*tp*pp*cp == gpus (holds by construction: only factorizations of gpus are made)",
+          lambda c: c.full(False),  # never fails on generated rows; why() checks it itself
+          lambda c: "", True),
+    _Rule("heads", "num_attention_heads % tp == 0",
+          lambda c: c.model.num_attention_heads % c.tp != 0,
+          lambda c: f"tp={c.tp} does not divide num_attention_heads={c.model.num_attention_heads}", True),
+    _Rule("kv_heads", "num_key_value_heads % tp == 0 (Megatron rule; not for MLA)",
+          lambda c: c.full(False) if c.model.is_mla else c.model.num_key_value_heads % c.tp != 0,
+          lambda c: f"tp={c.tp} does not divide num_key_value_heads={c.model.num_key_value_heads}", True),
+    _Rule("experts", "dense: ep == etp == 1; MoE: num_experts % ep == 0 and (dp*cp*tp) % (ep*etp) == 0",
+          _experts_fail, _experts_why, True),
+    _Rule("seq", "seq % cp == 0",
+          lambda c: c.seq % c.cp != 0,
+          lambda c: f"cp={c.cp} does not divide seq={c.seq}", True),
+    _Rule("batch", "gbs % (dp*mbs) == 0",
+          lambda c: c.gbs % (c.dp * c.mbs) != 0,
+          lambda c: f"dp*mbs={c.dp}*{c.mbs}={c.dp * c.mbs} does not divide gbs={c.gbs}", True),
+    _Rule("layers", "num_hidden_layers % (pp*vpp) == 0 (even split; implies pp*vpp <= layers)",
+          lambda c: c.model.num_hidden_layers % (c.pp * c.vpp) != 0,
+          lambda c: (f"pp*vpp={c.pp}*{c.vpp}={c.pp * c.vpp} does not divide "
+                     f"num_hidden_layers={c.model.num_hidden_layers}"), False),
+    _Rule("schedule", "gpipe/1f1b/zb-h1: vpp == 1; interleaved: pp > 1, vpp >= 2, m >= pp; zbv: pp > 1, vpp == 2",
+          _schedule_fail, _schedule_why, False),
+    _Rule("duplicate", "canonical form: pp == 1 keeps only schedule 1f1b with vpp 1; tp == 1 keeps only sp=True",
+          lambda c: ((c.pp == 1) & ((c.schedule != "1f1b") | (c.vpp != 1))) | ((c.tp == 1) & (not c.sp)),
+          _duplicate_why, False),
+)
+
+#: (name, one-line description) in evaluation order; a rejected candidate is counted
+#: under the first rule it fails.
+RULES: list[tuple[str, str]] = [(r.name, r.text) for r in _RULES]
+
+
+# --------------------------------------------------------------------------- space
+
+def load_space(path: str | Path) -> dict[str, object]:
+    """Read a space YAML file (``dim: value | [values] | auto``) and validate it.
+
+    Returns the mapping as written (merge CLI flags over it, then ``normalize_space``).
+    Malformed YAML, a non-mapping, an unknown dimension or a bad value raises NdplanError.
+    """
+    raw = read_mapping(Path(path), "space")
+    normalize_space(raw)
+    return raw
+
+
+def normalize_space(raw: Mapping | None) -> dict[str, tuple | None]:
+    """Validate a space: every dimension of DIMS -> tuple of allowed values, or None (auto).
+
+    Accepts scalars, lists/tuples, ``"auto"``/None, and comma-separated strings
+    (``"1,2,4"``, as CLI flags give them). Degrees and mbs are positive ints, zero in
+    0..3, recompute and schedule names, sp a bool. Idempotent.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise NdplanError("space", raw, "must be a mapping of dimension: value, [values] or auto")
+    out: dict[str, tuple | None] = dict.fromkeys(DIMS)
+    for key, value in raw.items():
+        name = str(key)
+        if name not in DIMS:
+            raise NdplanError("space", name, _unknown_dim_fix(name))
+        out[name] = _values(name, value)
+    return out
+
+
+def _unknown_dim_fix(name: str) -> str:
+    if name in _NOT_DIMS:
+        return f"{name} is a sweep argument ({_NOT_DIMS[name]}), not a space dimension"
+    close = difflib.get_close_matches(name.lower(), DIMS, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"unknown dimension; {hint}dimensions are {', '.join(DIMS)}"
+
+
+def _is_auto(value) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() == "auto")
+
+
+def _values(dim: str, value) -> tuple | None:
+    """One dimension's constraint as a tuple of checked values (None for auto)."""
+    if _is_auto(value):
+        return None
+    if isinstance(value, str) and "," in value:
+        value = [v for v in value.split(",") if v.strip()]
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise NdplanError(dim, value, "empty list; give at least one value or auto")
+    out = []
+    for item in items:
+        if _is_auto(item):
+            raise NdplanError(dim, value, "auto cannot sit inside a list; write `auto` alone")
+        v = _value(dim, item)
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+def _value(dim: str, item):
+    """Check and convert one value of ``dim``."""
+    if dim == "sp":
+        if isinstance(item, bool):
+            return item
+        if isinstance(item, str) and item.strip().lower() in ("true", "false"):
+            return item.strip().lower() == "true"
+        raise NdplanError(dim, item, "must be true or false")
+    if dim in ("recompute", "schedule"):
+        names = RECOMPUTE_MODES if dim == "recompute" else SCHEDULES + tuple(SCHEDULE_ALIASES)
+        s = item.strip().lower() if isinstance(item, str) else item
+        if s not in names:
+            close = difflib.get_close_matches(str(s), names, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise NdplanError(dim, item, f"{hint}must be one of {', '.join(names)} or auto")
+        return SCHEDULE_ALIASES.get(s, s)
+    if isinstance(item, str) and item.strip().lstrip("-").isdigit():
+        item = int(item)
+    if dim == "zero":
+        if isinstance(item, bool) or not isinstance(item, int) or item not in ZERO_STAGES:
+            raise NdplanError(dim, item, "must be 0, 1, 2 or 3 (or a list of them, or auto)")
+        return int(item)
+    if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
+        raise NdplanError(dim, item, "must be a positive integer (or a list of them, or auto)")
+    return item
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _check_args(gpus: int, seq: int, gbs: int) -> None:
+    for name, v in (("gpus", gpus), ("seq", seq), ("gbs", gbs)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise NdplanError(name, v, "must be a positive integer")
+
+
+def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None]) -> dict[str, tuple]:
+    """Values each dimension takes: the constraint, or the auto default (module docstring).
+
+    A listed degree that cannot divide gpus (dp, tp, pp, cp, and ep, etp through
+    dp*cp*tp) raises NdplanError.
+    """
+    divs = _divisors(gpus)
+    for dim in WORLD_DIMS + ("ep", "etp"):
+        for v in cons[dim] or ():
+            if gpus % v:
+                raise NdplanError(dim, v, f"does not divide --gpus {gpus}; choose from {', '.join(map(str, divs))}")
+    schedules = cons["schedule"] or SCHEDULES
+    L = model.num_hidden_layers
+    if any(s not in ONE_CHUNK_SCHEDULES for s in schedules):
+        auto_vpp = tuple(v for v in _divisors(L) if v == 1 or 2 * v <= L)
+    else:
+        auto_vpp = (1,)
+    auto = {
+        "ep": _divisors(math.gcd(model.num_experts, gpus)) if model.is_moe else (1,),
+        "etp": (1,), "vpp": auto_vpp, "mbs": AUTO_MBS, "zero": ZERO_STAGES,
+        "recompute": RECOMPUTE_MODES, "schedule": SCHEDULES, "sp": (True,),
+        **dict.fromkeys(WORLD_DIMS, divs),
+    }
+    return {d: cons[d] if cons[d] is not None else auto[d] for d in DIMS}
+
+
+# --------------------------------------------------------------------------- candidates
+
+@dataclass
+class Group:
+    """One categorical combination (one compiled kernel downstream) and its valid rows."""
+    schedule: str
+    vpp: int
+    recompute: str
+    zero: int
+    sp: bool
+    grid: dict[str, np.ndarray]
+    """GRID_KEYS -> read-only int64 arrays of equal length (axis 0: candidate row)."""
+
+    def __len__(self) -> int:
+        return len(self.grid["dp"])
+
+
+@dataclass
+class Candidates:
+    """All valid candidates, split into groups, and the count of every rejection."""
+    groups: list[Group]
+    generated: int
+    """Size of the raw product considered (factorizations x listed values of every other dim)."""
+    rejected: dict[str, int]
+    """Rule name -> candidates removed by it (first failing rule, RULES order); all rules present."""
+
+    @property
+    def valid(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+
+def _factorizations(gpus: int, dom: dict[str, tuple]) -> dict[str, np.ndarray]:
+    """All (dp, tp, pp, cp) from the domains with dp*tp*pp*cp == gpus, as int64 arrays."""
+    # axes: 0 dp, 1 tp, 2 pp (values from each domain); cp is what is left of gpus
+    dp, tp, pp = (a.ravel() for a in np.meshgrid(*(np.array(dom[d], dtype=np.int64) for d in ("dp", "tp", "pp")),
+                                                  indexing="ij"))
+    rest = dp * tp * pp
+    ok = gpus % rest == 0
+    cp = np.where(ok, gpus // np.where(ok, rest, 1), 0)
+    ok &= np.isin(cp, np.array(dom["cp"], dtype=np.int64))
+    if not ok.any():
+        fixed = ", ".join(f"{d}={list(dom[d])}" for d in WORLD_DIMS)
+        raise NdplanError("gpus", gpus, f"no dp*tp*pp*cp == {gpus} with {fixed}; relax a constraint")
+    return {"dp": dp[ok], "tp": tp[ok], "pp": pp[ok], "cp": cp[ok]}
+
+
+def _base_grid(gpus: int, dom: dict[str, tuple]) -> dict[str, np.ndarray]:
+    """Numeric rows: factorizations x ep x etp x mbs, flattened (axis 0: row)."""
+    fact = _factorizations(gpus, dom)
+    # axes of the product: 0 factorization index, 1 ep, 2 etp, 3 mbs
+    idx, ep, etp, mbs = (a.ravel() for a in np.meshgrid(
+        np.arange(len(fact["dp"])), *(np.array(dom[d], dtype=np.int64) for d in ("ep", "etp", "mbs")),
+        indexing="ij"))
+    return {**{d: fact[d][idx] for d in WORLD_DIMS}, "ep": ep, "etp": etp, "mbs": mbs}
+
+
+def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None = None) -> Candidates:
+    """Every candidate of the space that satisfies RULES, grouped by categorical knobs.
+
+    Raises NdplanError for a bad space, non-positive arguments, a listed degree that
+    cannot divide gpus, or constraints no factorization of gpus meets.
+    """
+    _check_args(gpus, seq, gbs)
+    dom = _domains(model, gpus, normalize_space(space))
+    base = _base_grid(gpus, dom)
+    n = len(base["dp"])
+    per_combo = len(dom["zero"]) * len(dom["recompute"])  # knobs in no rule: multiply counts
+    rejected = dict.fromkeys((r.name for r in _RULES), 0)
+    static: dict[str, np.ndarray] = {}
+    groups: list[Group] = []
+    for schedule, vpp, sp in itertools.product(dom["schedule"], dom["vpp"], dom["sp"]):
+        c = _Ctx(model=model, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, **base)
+        alive = np.ones(n, dtype=bool)
+        for rule in _RULES:
+            if not rule.static:
+                fails = rule.fails(c)
+            elif rule.name in static:
+                fails = static[rule.name]
+            else:
+                fails = static[rule.name] = rule.fails(c)
+            bad = alive & fails
+            rejected[rule.name] += int(bad.sum()) * per_combo
+            alive &= ~bad
+        if not alive.any():
+            continue
+        grid = {d: base[d][alive] for d in base}
+        grid["m"] = gbs // (grid["dp"] * grid["mbs"])
+        for a in grid.values():
+            a.flags.writeable = False
+        for zero, recompute in itertools.product(dom["zero"], dom["recompute"]):
+            groups.append(Group(schedule=schedule, vpp=vpp, recompute=recompute, zero=zero, sp=sp,
+                                grid=dict(grid)))  # own dict, shared read-only arrays
+    generated = n * len(dom["schedule"]) * len(dom["vpp"]) * len(dom["sp"]) * per_combo
+    return Candidates(groups=groups, generated=generated, rejected=rejected)
+
+
+def group_strategies(group: Group, seq: int, gbs: int, rows=None, engine: str = "megatron") -> list[Strategy]:
+    """``Strategy`` objects for some rows of a group (all rows when ``rows`` is None)."""
+    rows = range(len(group)) if rows is None else rows
+    g = group.grid
+    return [Strategy(dp=int(g["dp"][i]), tp=int(g["tp"][i]), pp=int(g["pp"][i]), cp=int(g["cp"][i]),
+                     ep=int(g["ep"][i]), etp=int(g["etp"][i]), vpp=group.vpp, mbs=int(g["mbs"][i]),
+                     gbs=gbs, seq=seq, zero=group.zero, sp=group.sp, recompute=group.recompute,
+                     schedule=group.schedule, engine=engine)
+            for i in rows]
+
+
+# --------------------------------------------------------------------------- why
+
+def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, point: Mapping) -> str | None:
+    """Why ``point`` is not a candidate: ``"<rule>: <explanation>"``, or None if it is one.
+
+    Missing dimensions take the space's value when it fixes one (its first listed value
+    when the default is not listed), else POINT_DEFAULTS; a missing dp is
+    gpus/(tp*pp*cp). A point that passes every rule but lies outside the space's values
+    gets ``"space: ..."`` (not a RULES name: generate never makes such a point).
+    """
+    _check_args(gpus, seq, gbs)
+    cons = normalize_space(space)
+    dom = _domains(model, gpus, cons)
+    given = normalize_space(point)
+    for dim, vals in given.items():
+        if vals is not None and len(vals) != 1:
+            raise NdplanError(dim, list(vals), "a point takes one value per dimension")
+    p = {}
+    for dim in DIMS[1:]:
+        if given[dim] is not None:
+            p[dim] = given[dim][0]
+        else:
+            default = POINT_DEFAULTS[dim]
+            p[dim] = default if default in dom[dim] else dom[dim][0]
+    rest = p["tp"] * p["pp"] * p["cp"]
+    if given["dp"] is None and gpus % rest:
+        return f"world: tp*pp*cp={p['tp']}*{p['pp']}*{p['cp']}={rest} does not divide gpus={gpus}"
+    p["dp"] = given["dp"][0] if given["dp"] is not None else gpus // rest
+    if p["dp"] * rest != gpus:
+        return f"world: dp*tp*pp*cp={p['dp']}*{p['tp']}*{p['pp']}*{p['cp']}={p['dp'] * rest} != gpus={gpus}"
+    c = _Ctx(model=model, seq=seq, gbs=gbs, **{d: p[d] for d in DEGREE_DIMS if d != "vpp"},
+             vpp=p["vpp"], schedule=p["schedule"], sp=p["sp"])
+    for rule in _RULES:
+        if bool(rule.fails(c)):
+            return f"{rule.name}: {rule.why(c)}"
+    for dim in DIMS:
+        if p[dim] not in dom[dim]:
+            how = "given" if cons[dim] is not None else "auto"
+            return (f"space: {dim}={p[dim]} is outside the {how} values of this sweep "
+                    f"({', '.join(map(str, dom[dim]))}); list it in the space")
+    return None

@@ -1,0 +1,265 @@
+"""Candidate space (ndplan.space): generate() against an independent brute-force oracle
+built on Strategy + Strategy.check, counts that add up, why() against generate's
+counts, a hypothesis property over the catalog, and one-line errors for bad spaces.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ndplan
+from ndplan.catalog.files import catalog_names
+from ndplan.errors import NdplanError
+from ndplan.space import (DIMS, RULES, generate, group_strategies, load_space, normalize_space, why)
+from ndplan.strategy import SCHEDULES, Strategy
+
+_SPECS = {}
+
+
+def spec(name):
+    if name not in _SPECS:
+        _SPECS[name] = ndplan.load_model(name)
+    return _SPECS[name]
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def rows_of(cands):
+    """Every valid candidate as a tuple in DIMS order."""
+    out = []
+    for g in cands.groups:
+        grid = g.grid
+        for i in range(len(g)):
+            out.append((*(int(grid[d][i]) for d in ("dp", "tp", "pp", "cp", "ep", "etp")), g.vpp,
+                        int(grid["mbs"][i]), g.zero, g.recompute, g.schedule, g.sp))
+    return out
+
+
+def oracle(model, gpus, seq, gbs, dom):
+    """Valid candidates by brute force: nested loops building Strategy(...) and calling
+    .check(), catching NdplanError, plus the canonical rule (pp == 1 keeps only 1f1b
+    with vpp 1; tp == 1 keeps only sp=True). ``dom`` lists each dimension's values;
+    world degrees and ep loop over all divisors of gpus, so they are supersets of what
+    generate enumerates."""
+    world = [w for w in itertools.product(divisors(gpus), repeat=4) if w[0] * w[1] * w[2] * w[3] == gpus]
+    valid = set()
+    for (dp, tp, pp, cp), ep, etp, vpp, mbs, zero, rec, sched, sp in itertools.product(
+            world, divisors(gpus), dom["etp"], dom["vpp"], dom["mbs"], dom["zero"], dom["recompute"],
+            dom["schedule"], dom["sp"]):
+        if pp == 1 and (sched != "1f1b" or vpp != 1) or tp == 1 and not sp:
+            continue
+        try:
+            Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
+                     zero=zero, recompute=rec, schedule=sched, sp=sp).check(model, gpus)
+        except NdplanError:
+            continue
+        valid.add((dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp))
+    return valid
+
+
+# (model, gpus, seq, gbs, space given to generate, oracle loop values for etp..sp).
+# Where the space says auto, the oracle loops over a superset of the auto values
+# (vpp over 1..num_hidden_layers) or the one value auto means (etp 1, sp True).
+ORACLE_CASES = [
+    pytest.param("llama3-8b", 8, 4096, 16,
+                 {"mbs": [1, 2], "sp": [True, False], "zero": 1, "recompute": "none"},
+                 {"etp": [1], "vpp": range(1, 33), "mbs": [1, 2], "zero": [1], "recompute": ["none"],
+                  "schedule": SCHEDULES, "sp": [True, False]}, id="llama3-8b-8gpu-auto-vpp"),
+    pytest.param("llama3-8b", 16, 2052, 32,
+                 {"mbs": [1, 2], "vpp": [1, 2, 4], "zero": [0, 3], "recompute": ["none", "full"]},
+                 {"etp": [1], "vpp": [1, 2, 4], "mbs": [1, 2], "zero": [0, 3], "recompute": ["none", "full"],
+                  "schedule": SCHEDULES, "sp": [True]}, id="llama3-8b-16gpu-seq2052"),
+    pytest.param("mixtral-8x7b", 16, 4096, 8,
+                 {"mbs": 1, "etp": [1, 2], "vpp": [1, 2, 3, 4], "zero": 1, "recompute": "selective"},
+                 {"etp": [1, 2], "vpp": [1, 2, 3, 4], "mbs": [1], "zero": [1], "recompute": ["selective"],
+                  "schedule": SCHEDULES, "sp": [True]}, id="mixtral-16gpu-etp"),
+    pytest.param("deepseek-v2-lite", 8, 4096, 12,
+                 {"mbs": 1, "sp": [True, False], "zero": 1, "recompute": "none"},
+                 {"etp": [1], "vpp": range(1, 28), "mbs": [1], "zero": [1], "recompute": ["none"],
+                  "schedule": SCHEDULES, "sp": [True, False]}, id="deepseek-v2-lite-8gpu-mla"),
+]
+
+
+@pytest.mark.parametrize("name,gpus,seq,gbs,space,dom", ORACLE_CASES)
+def test_generate_equals_brute_force_oracle(name, gpus, seq, gbs, space, dom):
+    model = spec(name)
+    cands = generate(model, gpus, seq, gbs, space)
+    rows = rows_of(cands)
+    assert len(rows) == len(set(rows)), "a candidate appears twice"
+    expected = oracle(model, gpus, seq, gbs, dom)
+    assert expected, "case too restrictive to test anything"
+    assert set(rows) == expected
+    assert cands.generated == cands.valid + sum(cands.rejected.values())
+
+
+def test_counts_add_up_and_name_every_rule():
+    cands = generate(spec("llama3-70b"), 1024, 8192, 1024)
+    assert list(cands.rejected) == [name for name, _ in RULES]
+    assert cands.generated == cands.valid + sum(cands.rejected.values())
+    assert cands.valid > 0 and cands.rejected["world"] == 0  # world holds by construction
+
+
+def test_group_arrays():
+    gbs = 64
+    cands = generate(spec("mixtral-8x7b"), 32, 4096, gbs, {"etp": [1, 2]})
+    keys = {g: i for i, g in enumerate((g.schedule, g.vpp, g.recompute, g.zero, g.sp) for g in cands.groups)}
+    assert len(keys) == len(cands.groups), "one group per categorical combination"
+    for g in cands.groups:
+        assert set(g.grid) == {"dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m"}
+        assert {len(a) for a in g.grid.values()} == {len(g)} and len(g) > 0
+        assert all(a.dtype.kind == "i" and not a.flags.writeable for a in g.grid.values())
+        assert (g.grid["m"] * g.grid["dp"] * g.grid["mbs"] == gbs).all()
+        assert (g.grid["dp"] * g.grid["tp"] * g.grid["pp"] * g.grid["cp"] == 32).all()
+
+
+# One point per rule, the rule named by why(); hand-checked against the model numbers
+# (llama3-8b: 32 layers, 32 heads, 8 kv heads; mixtral-8x7b: 8 experts; 16 GPUs, seq 2052, gbs 64;
+# dp = 16/(tp*pp*cp) when not given).
+WHY_TABLE = [
+    ("llama3-8b", {"dp": 2, "tp": 4}, "world"),                     # 2*4*1*1 = 8 != 16
+    ("llama3-8b", {"tp": 3}, "world"),                              # 3 does not divide 16
+    ("megatron-gpt-22b", {"tp": 16}, None),                         # 64 heads, MHA
+    ("qwen2.5-7b", {"tp": 8, "dp": 2}, "heads"),                    # 28 heads % 8
+    ("llama3-8b", {"tp": 16}, "kv_heads"),                          # 8 kv heads % 16
+    ("deepseek-v2-lite", {"tp": 16}, None),                         # MLA: no kv-heads rule; 16 heads
+    ("llama3-8b", {"tp": 2, "ep": 2}, "experts"),                   # dense model
+    ("mixtral-8x7b", {"tp": 1, "ep": 16}, "experts"),               # 8 experts % 16
+    ("mixtral-8x7b", {"tp": 1, "pp": 4, "ep": 8}, "experts"),       # dp*cp*tp = 4 % 8
+    ("llama3-8b", {"tp": 1, "pp": 3}, "world"),
+    ("llama3-8b", {"tp": 1, "pp": 4, "vpp": 2, "mbs": 8, "schedule": "interleaved"}, "schedule"),  # m=2 < pp
+    ("llama3-8b", {"tp": 1, "pp": 16, "vpp": 4, "schedule": "interleaved"}, "layers"),  # 64 > 32
+    ("llama3-8b", {"tp": 2, "cp": 8}, "seq"),                       # seq 2052 % 8
+    ("llama3-8b", {"tp": 1, "mbs": 3}, "batch"),                    # 16*3 does not divide 64
+    ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 2}, "schedule"),        # 1f1b with vpp 2
+    ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 2, "schedule": "interleaved"}, None),
+    ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 1, "schedule": "interleaved"}, "schedule"),
+    ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 4, "schedule": "zbv"}, "schedule"),
+    ("llama3-8b", {"tp": 2, "pp": 1, "schedule": "gpipe"}, "duplicate"),
+    ("llama3-8b", {"tp": 1, "pp": 2, "sp": False}, "duplicate"),
+    ("llama3-8b", {"tp": 2, "pp": 2, "sp": False}, None),
+]
+
+
+@pytest.mark.parametrize("name,point,rule", WHY_TABLE)
+def test_why_names_the_rule(name, point, rule):
+    space = {"sp": [True, False], "mbs": [1, 2, 3, 8], "ep": "auto"}
+    got = why(spec(name), 16, 2052, 64, space, point)
+    if rule is None:
+        assert got is None
+    else:
+        assert got is not None and got.split(":")[0] == rule, got
+        assert got.startswith(f"{rule}: ") and "\n" not in got
+
+
+def test_why_agrees_with_generate_counts():
+    """why() over every point of the product generate considers gives its counts."""
+    model, gpus, seq, gbs = spec("mixtral-8x7b"), 8, 4096, 8
+    space = {"ep": [1, 2, 8], "etp": [1, 2], "vpp": [1, 2, 3], "mbs": [1, 2], "zero": 1,
+             "recompute": "none", "sp": [True, False]}
+    cands = generate(model, gpus, seq, gbs, space)
+    tally = Counter()
+    valid = set(rows_of(cands))
+    for (dp, tp, pp, cp), ep, etp, vpp, mbs, sched, sp in itertools.product(
+            [w for w in itertools.product(divisors(gpus), repeat=4) if w[0] * w[1] * w[2] * w[3] == gpus],
+            [1, 2, 8], [1, 2], [1, 2, 3], [1, 2], SCHEDULES, [True, False]):
+        point = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, schedule=sched, sp=sp)
+        reason = why(model, gpus, seq, gbs, space, point)
+        tally[reason.split(":")[0] if reason else None] += 1
+        assert (reason is None) == ((dp, tp, pp, cp, ep, etp, vpp, mbs, 1, "none", sched, sp) in valid), reason
+    assert sum(tally.values()) == cands.generated
+    assert tally.pop(None) == cands.valid
+    assert tally == Counter({k: v for k, v in cands.rejected.items() if v})
+
+
+def test_why_outside_space():
+    model = spec("llama3-8b")
+    assert why(model, 8, 4096, 64, {"tp": 8}, {"tp": 4}).startswith("space: tp=4")
+    assert why(model, 8, 4096, 512, None, {"tp": 1, "mbs": 16}).startswith("space: mbs=16")
+    # a missing dimension takes the space's fixed value
+    assert why(model, 8, 4096, 64, {"tp": 8, "mbs": 4}, {}) is None
+
+
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(name=st.sampled_from(catalog_names("models")), gpus=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+       seq=st.sampled_from([1000, 2048, 4096]), gbs=st.sampled_from([1, 6, 32, 96, 512]))
+def test_every_candidate_is_a_valid_strategy(name, gpus, seq, gbs):
+    """All-auto space on a random catalog model: first, middle and last row of every
+    group build a Strategy that passes .check(model, gpus); counts add up."""
+    model = spec(name)
+    cands = generate(model, gpus, seq, gbs)
+    assert cands.generated == cands.valid + sum(cands.rejected.values())
+    for g in cands.groups:
+        for s, i in zip(group_strategies(g, seq, gbs, rows := sorted({0, len(g) // 2, len(g) - 1})), rows):
+            s.check(model, gpus)
+            assert s.m == g.grid["m"][i]
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_load_space_reads_yaml(tmp_path):
+    f = tmp_path / "space.yaml"
+    f.write_text("tp: 8\npp: [1, 2, 4]\nrecompute: auto\nschedule: dualpipe-v\n")
+    raw = load_space(f)
+    assert raw["tp"] == 8
+    norm = normalize_space(raw)
+    assert norm["tp"] == (8,) and norm["pp"] == (1, 2, 4) and norm["recompute"] is None
+    assert norm["schedule"] == ("zbv",) and norm["dp"] is None and set(norm) == set(DIMS)
+    assert normalize_space(norm) == norm
+    assert normalize_space({"pp": "1,2,4", "sp": "false", "recompute": ["full", "none"]})["pp"] == (1, 2, 4)
+
+
+@pytest.mark.parametrize("text,field,words", [
+    ("tp: [8\npp: 2\n", "space", ["malformed"]),
+    ("- tp\n- pp\n", "space", ["mapping"]),
+    ("tpp: 8\n", "space", ["tpp", "did you mean tp"]),
+    ("gbs: 512\n", "space", ["--gbs"]),
+    ("tp: -2\n", "tp", ["positive integer"]),
+    ("schedule: foo\n", "schedule", ["foo", "1f1b"]),
+    ("recompute: bar\n", "recompute", ["bar", "selective"]),
+    ("zero: 5\n", "zero", ["0, 1, 2 or 3"]),
+    ("sp: maybe\n", "sp", ["true or false"]),
+    ("pp: []\n", "pp", ["empty"]),
+    ("pp: [1, auto]\n", "pp", ["auto"]),
+])
+def test_load_space_errors(tmp_path, text, field, words):
+    f = tmp_path / "space.yaml"
+    f.write_text(text)
+    with pytest.raises(NdplanError) as e:
+        load_space(f)
+    assert e.value.field == field and str(e.value).startswith(f"{field}=")
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("space,field,words", [
+    ({"tp": 3}, "tp", ["tp=3", "does not divide --gpus 64", "1, 2, 4"]),
+    ({"ep": [2, 6]}, "ep", ["ep=6", "does not divide --gpus 64"]),
+    ({"tp": 8, "pp": 16, "cp": 2}, "gpus", ["no dp*tp*pp*cp"]),
+    ({"mbs": 0}, "mbs", ["positive integer"]),
+])
+def test_generate_errors(space, field, words):
+    with pytest.raises(NdplanError) as e:
+        generate(spec("llama3-70b"), 64, 4096, 512, space)
+    assert e.value.field == field
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_why_point_errors():
+    with pytest.raises(NdplanError, match="one value"):
+        why(spec("llama3-8b"), 8, 4096, 64, None, {"tp": [1, 2]})
+    with pytest.raises(NdplanError, match="did you mean"):
+        why(spec("llama3-8b"), 8, 4096, 64, None, {"tpp": 2})
+    with pytest.raises(NdplanError, match="gbs="):
+        generate(spec("llama3-8b"), 8, 4096, 0)
