@@ -48,3 +48,96 @@ def _compile(breakdown: Breakdown, args: tuple[sp.Symbol, ...]) -> Kernel:
 
 def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS) -> Kernel:
     return _compile(breakdown, tuple(args))
+
+
+# ----------------------------------------------------------------- on-disk kernel cache
+#
+# A sweep compiles one memory and one time kernel per categorical group (about 130 for a
+# dense model on 1024 devices). Building the SymPy Breakdown and lambdifying it costs
+# about 0.1 s each; the generated numpy source is cached on disk, keyed by everything
+# the expressions depend on (the ndplan formula sources, the model, the categorical
+# strategy fields, the argument names, the Python version), so a later run execs the
+# stored source and never touches SymPy.
+
+import hashlib
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+_SOURCES_DIGEST: str | None = None
+_MEMORY: dict[str, Kernel] = {}
+
+
+def cache_dir() -> Path:
+    """``$NDPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/ndplan/kernels`` (``~/.cache``)."""
+    env = os.environ.get("NDPLAN_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ndplan" / "kernels"
+
+
+def _sources_digest() -> str:
+    global _SOURCES_DIGEST
+    if _SOURCES_DIGEST is None:
+        h = hashlib.sha256(sys.version.encode())
+        for p in sorted(_PKG.rglob("*.py")):
+            h.update(p.relative_to(_PKG).as_posix().encode())
+            h.update(p.read_bytes())
+        _SOURCES_DIGEST = h.hexdigest()
+    return _SOURCES_DIGEST
+
+
+def _namespace() -> dict:
+    ns: dict = {}
+    exec("from numpy import *\nfrom functools import reduce\nimport numpy", ns)  # noqa: S102
+    return ns
+
+
+def _from_source(keys: list[str], args: tuple[str, ...], source: str) -> Kernel:
+    ns = _namespace()
+    exec(compile(source, "<ndplan-kernel>", "exec"), ns)  # noqa: S102
+    fn = ns["_lambdifygenerated"]
+    return Kernel(keys, tuple(sp.Symbol(a) for a in args), fn)
+
+
+def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS,
+                  use_disk: bool = True) -> Kernel:
+    """The kernel of ``build()``, compiled once per ``key`` (memory, then disk).
+
+    ``key`` must determine the Breakdown given the ndplan sources: e.g. (model repr,
+    categorical strategy fields, "time")."""
+    names = tuple(a.name for a in args)
+    digest = hashlib.sha256(json.dumps([_sources_digest(), repr(key), names]).encode()).hexdigest()[:32]
+    if digest in _MEMORY:
+        return _MEMORY[digest]
+    path = cache_dir() / f"{digest}.json"
+    kernel = None
+    if use_disk and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            kernel = _from_source(data["keys"], names, data["source"])
+        except (OSError, ValueError, KeyError, SyntaxError):
+            kernel = None  # a corrupt entry is rebuilt
+    if kernel is None:
+        bd = build()
+        exprs = [sp.sympify(t.expr) for t in bd]
+        free = set().union(*[e.free_symbols for e in exprs]) - set(args)
+        if free:
+            raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
+        fn = sp.lambdify(args, exprs, modules="numpy", cse=True)
+        source = inspect.getsource(fn)
+        kernel = _from_source(bd.keys(), names, source)
+        if use_disk:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"keys": bd.keys(), "source": source}))
+                tmp.replace(path)
+            except OSError:
+                pass  # a read-only cache only costs speed
+    _MEMORY[digest] = kernel
+    return kernel

@@ -1,0 +1,302 @@
+"""Exhaustive sweep: evaluate every candidate of a space through compiled kernels, drop
+what does not fit, rank the rest, and keep the Pareto front of memory vs step time.
+
+Per categorical group (space.Group: schedule, vpp, recompute, zero, sp) one memory
+kernel and one time kernel are compiled (cached on disk, kernels.cached_kernel) and
+called once on the group's arrays. The peak of a candidate is the maximum over the
+stages that can hold it (``PEAK_STAGES``); the top-k are then re-estimated stage by
+stage with ``estimate.estimate`` for their full breakdowns.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ndplan.catalog.hardware import Hardware
+from ndplan.catalog.model import ModelSpec
+from ndplan.engines import ENGINE_PROFILES
+from ndplan.errors import NdplanError
+from ndplan.estimate import Estimate, estimate, stage_breakdown
+from ndplan.formulas import flops as FL
+from ndplan.formulas.placement import leading_dense, symbolic_layout
+from ndplan.formulas.step import step_time
+from ndplan.kernels import cached_kernel
+from ndplan.space import GRID_KEYS, Candidates, Group, generate
+from ndplan.strategy import Strategy
+from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
+
+SORT_KEYS = ("time", "memory", "mfu")
+#: Columns of the candidate table, in order (axis 1 of ``Table.numeric``).
+CATEGORICAL = ("schedule", "vpp", "recompute", "zero", "sp")
+PEAK_STAGES = """Stages evaluated for the peak: 0 (embedding, most in-flight micro-batches),
+1, the first stage without leading dense layers, and pp-1 (head, loss). In-flight
+activations never grow with the stage index, every stage between holds the same layers,
+so the maximum over these is the maximum over all stages for the even splits a sweep
+generates (a property test holds it to estimate())."""
+
+
+@dataclass
+class Table:
+    """Evaluated candidates (axis 0: candidate)."""
+    grid: dict[str, np.ndarray]
+    """GRID_KEYS and CATEGORICAL columns."""
+    peak_bytes: np.ndarray
+    step_s: np.ndarray
+    time_terms: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.peak_bytes)
+
+    def take(self, idx) -> "Table":
+        return Table({k: v[idx] for k, v in self.grid.items()}, self.peak_bytes[idx], self.step_s[idx],
+                     {k: v[idx] for k, v in self.time_terms.items()})
+
+    def point(self, i: int) -> dict:
+        return {k: (v[i].item() if hasattr(v[i], "item") else v[i]) for k, v in self.grid.items()}
+
+
+@dataclass
+class SweepResult:
+    model: ModelSpec
+    hardware: Hardware
+    gpus: int
+    seq: int
+    gbs: int
+    mem_limit_bytes: int
+    candidates: Candidates
+    table: Table
+    """Every valid candidate (feasible or not), ranked: feasible first by the sort key."""
+    feasible: int
+    top: list[Estimate]
+    pareto: list[int]
+    """Indices into ``table`` of the memory/step-time Pareto front (feasible candidates)."""
+    flops_per_step: float
+    elapsed_s: float = 0.0
+    sort: str = "time"
+    base: dict = field(default_factory=dict)
+
+    @property
+    def infeasible(self) -> int:
+        return len(self.table) - self.feasible
+
+    def mfu(self, step_s) -> np.ndarray:
+        return self.flops_per_step / (np.asarray(step_s) * self.gpus * self.hardware.bf16_flop_per_s)
+
+    def strategy(self, i: int) -> Strategy:
+        return row_strategy(self.table.point(i), self.seq, self.gbs, self.base)
+
+    def to_json(self) -> dict:
+        t = self.table
+        return {
+            "model": self.model.name, "hardware": self.hardware.name, "gpus": self.gpus, "seq": self.seq,
+            "gbs": self.gbs, "mem_limit_bytes": self.mem_limit_bytes, "sort": self.sort,
+            "candidates": {"generated": self.candidates.generated,
+                           "rejected": sum(self.candidates.rejected.values()),
+                           "rejected_by_rule": dict(self.candidates.rejected),
+                           "infeasible": self.infeasible, "feasible": self.feasible},
+            "top": [e.to_json() for e in self.top],
+            "pareto": [{"strategy": self.strategy(i).as_dict(), "peak_bytes": int(t.peak_bytes[i]),
+                        "step_s": float(t.step_s[i]), "mfu": float(self.mfu(t.step_s[i]))} for i in self.pareto],
+        }
+
+
+def row_strategy(p: Mapping, seq: int, gbs: int, base: Mapping) -> Strategy:
+    return Strategy(dp=int(p["dp"]), tp=int(p["tp"]), pp=int(p["pp"]), cp=int(p["cp"]), ep=int(p["ep"]),
+                    etp=int(p["etp"]), vpp=int(p["vpp"]), mbs=int(p["mbs"]), gbs=gbs, seq=seq,
+                    zero=int(p["zero"]), sp=bool(p["sp"]), recompute=str(p["recompute"]),
+                    schedule=str(p["schedule"]), **base)
+
+
+def _structural(model: ModelSpec, strat: Strategy) -> tuple:
+    """What a group's SymPy Breakdowns depend on beyond the kernel arguments."""
+    key = (repr(model), strat.schedule, strat.vpp, strat.recompute, strat.zero, strat.sp, strat.engine,
+           strat.flash_attention, strat.order, strat.grad_dtype, strat.weight_dtype, strat.offload_optimizer)
+    if not symbolic_layout(model, strat):
+        key += ("pp", strat.pp)  # layer counts need a concrete pp
+    if ENGINE_PROFILES[strat.engine].cp_implies_sp and not strat.sp:
+        key += ("cp>1", strat.cp > 1)
+    return key
+
+
+def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping):
+    """Split a group's rows by structural key: [(key, representative Strategy, row index array)]."""
+    g = group.grid
+    n = len(group)
+    split = np.zeros(n, dtype=np.int64)
+    if leading_dense(model) is None:
+        split = split * 100000 + g["pp"]
+    if ENGINE_PROFILES[base.get("engine", "megatron")].cp_implies_sp and not group.sp:
+        split = split * 2 + (g["cp"] > 1)
+    out = []
+    for v in np.unique(split):
+        rows = np.nonzero(split == v)[0]
+        i = int(rows[0])
+        strat = row_strategy({**{k: g[k][i] for k in GRID_KEYS}, "vpp": group.vpp, "zero": group.zero,
+                              "sp": group.sp, "recompute": group.recompute, "schedule": group.schedule},
+                             seq, gbs, base)
+        out.append((_structural(model, strat), strat, rows))
+    return out
+
+
+def peak_stages(model: ModelSpec, pp: np.ndarray, vpp: int) -> list[np.ndarray]:
+    """Stage index arrays to evaluate (see PEAK_STAGES)."""
+    last = pp - 1
+    k = leading_dense(model) or 0
+    per_chunk = model.num_hidden_layers / (pp * vpp)
+    first_moe = np.minimum(np.ceil(k / per_chunk), last)
+    return [np.zeros_like(pp), np.minimum(1, last), first_moe, last]
+
+
+def evaluate_group(model: ModelSpec, hw: Hardware, group: Group, seq: int, gbs: int, base: Mapping,
+                   hw_values: Mapping) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """(peak bytes, step s, time terms) for every row of a group."""
+    n = len(group)
+    peak = np.empty(n)
+    terms: dict[str, np.ndarray] = {}
+    for key, strat, rows in _subgroups(model, group, seq, gbs, base):
+        g = {k: group.grid[k][rows].astype(float) for k in GRID_KEYS}
+        args = {**g, "vpp": float(group.vpp), "seq": float(seq), "nrec": 0.0}
+        if symbolic_layout(model, strat):
+            mk = cached_kernel(key + ("memory",), lambda s=strat: stage_breakdown(model, s))
+            stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp)
+            peak[rows] = np.max([_total(mk(**args, stage=st.astype(float))) for st in stage_sets], axis=0)
+        else:
+            pp = strat.pp
+            peak[rows] = np.max([_total(cached_kernel(key + ("memory", i), lambda s=strat, i=i: stage_breakdown(
+                model, s, i))(**args, stage=float(i))) for i in range(pp)], axis=0)
+        tk = cached_kernel(key + ("time",), lambda s=strat: step_time(model, model.symbols(), s),
+                           STRATEGY_SYMBOLS + HW_SYMBOLS)
+        out = tk(**args, stage=0.0, **hw_values)
+        for k, v in out.items():
+            terms.setdefault(k, np.empty(n))[rows] = v
+    step = np.sum(list(terms.values()), axis=0)
+    return np.ceil(peak), step, terms
+
+
+def _total(out: dict[str, np.ndarray]) -> np.ndarray:
+    return np.sum(list(out.values()), axis=0)
+
+
+def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: int, base: Mapping,
+             progress: Callable[[int], None] | None = None) -> Table:
+    """Peak memory and step time of every valid candidate."""
+    hw_values = hw.kernel_values(fp8=base.get("weight_dtype") == "fp8")
+    parts = []
+    for group in cands.groups:
+        peak, step, terms = evaluate_group(model, hw, group, seq, gbs, base, hw_values)
+        n = len(group)
+        grid = {k: group.grid[k] for k in GRID_KEYS}
+        grid |= {"schedule": np.full(n, group.schedule, dtype=object), "vpp": np.full(n, group.vpp),
+                 "recompute": np.full(n, group.recompute, dtype=object), "zero": np.full(n, group.zero),
+                 "sp": np.full(n, group.sp)}
+        parts.append(Table(grid, peak, step, terms))
+        if progress:
+            progress(1)
+    if not parts:
+        return Table({k: np.empty(0) for k in GRID_KEYS + CATEGORICAL}, np.empty(0), np.empty(0), {})
+    return Table({k: np.concatenate([p.grid[k] for p in parts]) for k in parts[0].grid},
+                 np.concatenate([p.peak_bytes for p in parts]), np.concatenate([p.step_s for p in parts]),
+                 {k: np.concatenate([p.time_terms[k] for p in parts]) for k in parts[0].time_terms})
+
+
+_SCHED_ORDER = {"1f1b": 0, "interleaved": 1, "zb-h1": 2, "zbv": 3, "gpipe": 4}
+_REC_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
+def rank(table: Table, fits: np.ndarray, sort: str) -> np.ndarray:
+    """Deterministic order: feasible first, then the sort key, then the degrees (ties)."""
+    if sort not in SORT_KEYS:
+        raise NdplanError("sort", sort, f"choose one of {', '.join(SORT_KEYS)}")
+    g = table.grid
+    primary = table.peak_bytes if sort == "memory" else table.step_s  # mfu ranks like time
+    secondary = table.step_s if sort == "memory" else table.peak_bytes
+    ties = [g["dp"], g["tp"], g["pp"], g["cp"], g["ep"], g["etp"], g["vpp"], g["mbs"], g["zero"],
+            np.array([_REC_ORDER[r] for r in g["recompute"]]), np.array([_SCHED_ORDER[s] for s in g["schedule"]]),
+            ~g["sp"].astype(bool)]
+    keys = ties[::-1] + [np.round(secondary, 12), np.round(primary, 12), ~fits]
+    return np.lexsort(keys)
+
+
+def pareto_front(peak: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Indices (ascending peak) of the points no other point beats on both peak and step."""
+    order = np.lexsort((step, peak))
+    best = math.inf
+    keep = []
+    for i in order:
+        if step[i] < best:
+            keep.append(i)
+            best = step[i]
+    return np.array(keep, dtype=np.int64)
+
+
+def mem_limit(hw: Hardware, limit: float | None) -> int:
+    """Per-device limit in bytes: HBM by default; a value <= 1 is a fraction of HBM,
+    larger values are GiB."""
+    if limit is None:
+        return hw.hbm_bytes
+    if limit <= 0:
+        raise NdplanError("mem_limit", limit, "give a fraction of HBM (0 < f <= 1) or GiB (> 1)")
+    return int(hw.hbm_bytes * limit) if limit <= 1 else int(limit * 2**30)
+
+
+def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: Mapping | None = None, *,
+          top: int = 10, sort: str = "time", limit: float | None = None, base: Mapping | None = None,
+          progress: Callable[[int, int], Callable[[int], None]] | None = None) -> SweepResult:
+    """Evaluate, filter, rank. ``base`` fixes the non-swept Strategy fields (engine,
+    flash_attention, order, grad_dtype, weight_dtype, offload_optimizer)."""
+    t0 = time.perf_counter()
+    if top < 0:
+        raise NdplanError("top", top, "must be >= 0")
+    base = dict(base or {})
+    cands = generate(model, gpus, seq, gbs, space)
+    tick = progress(len(cands.groups), cands.valid) if progress else None
+    table = evaluate(model, hw, cands, seq, gbs, base, tick)
+    cap = mem_limit(hw, limit)
+    fits = table.peak_bytes <= cap
+    order = rank(table, fits, sort)
+    table = table.take(order)
+    fits = fits[order]
+    feasible = int(fits.sum())
+    front = pareto_front(table.peak_bytes[:feasible], table.step_s[:feasible]) if feasible else np.empty(0, int)
+    front = np.sort(front)  # rank order
+    top_est = [estimate(model, hw, row_strategy(table.point(i), seq, gbs, base), gpus)
+               for i in range(min(top, feasible))]
+    flops = float(FL.model_flops_per_sequence(model, model.symbols(), seq)) * gbs
+    return SweepResult(model=model, hardware=hw, gpus=gpus, seq=seq, gbs=gbs, mem_limit_bytes=cap,
+                       candidates=cands, table=table, feasible=feasible, top=top_est,
+                       pareto=[int(i) for i in front], flops_per_step=flops,
+                       elapsed_s=time.perf_counter() - t0, sort=sort, base=base)
+
+
+def find_min_gpus(model: ModelSpec, hw: Hardware, seq: int, gbs: int, space: Mapping | None = None, *,
+                  limit: float | None = None, base: Mapping | None = None, max_nodes: int = 4096,
+                  sort: str = "time", top: int = 10) -> SweepResult:
+    """The sweep at the smallest whole-node device count with a feasible candidate:
+    doubling node counts until one fits, then every node count below it."""
+    node = hw.devices_per_node
+    seen: dict[int, SweepResult | None] = {}
+
+    def feasible_at(nodes: int) -> SweepResult | None:
+        if nodes not in seen:
+            try:
+                r = sweep(model, hw, nodes * node, seq, gbs, space, top=top, sort=sort, limit=limit, base=base)
+                seen[nodes] = r if r.feasible else None
+            except NdplanError:
+                seen[nodes] = None  # no candidate at this count (constraints cannot divide it)
+        return seen[nodes]
+
+    n = 1
+    while n <= max_nodes and feasible_at(n) is None:
+        n *= 2
+    if n > max_nodes:
+        raise NdplanError("gpus", max_nodes * node, f"nothing fits on up to {max_nodes} nodes of {node}; "
+                                                    "relax constraints or raise --mem-limit")
+    for k in range(max(1, n // 2 + 1), n):
+        if feasible_at(k) is not None:
+            return seen[k]
+    return seen[n]
