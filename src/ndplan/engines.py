@@ -80,6 +80,15 @@ class EngineProfile:
     saved for backward (per in-flight micro-batch)."""
     optimizer_step_temp_bytes: int = 0
     """Temporaries per local parameter during the optimizer step (no activations alive then)."""
+    recompute_count_per_stage: bool = False
+    """With VPP, a recompute layer count (``Strategy.recompute_layers``) is the total of the
+    whole stage, dealt one layer at a time to its chunks 0, 1, ..., vpp-1, 0, ... (each chunk
+    recomputes its first layers). False: the count applies to each chunk (Megatron
+    ``--recompute-num-layers`` counts layers per model chunk)."""
+    selective_needs_tp: bool = False
+    """Selective recompute takes effect only when SP splits the sequence over a TP group of
+    more than one device; with SP off (or tp = 1, where SP is a no-op) the selected layers
+    store what unselected layers store."""
 
 
 MEGATRON = EngineProfile(
@@ -134,7 +143,7 @@ MINDSPORE = EngineProfile(
     full_recompute_input_sliced=False,
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
-    optimizer_step_temp_bytes=8,
+    optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
@@ -156,6 +165,17 @@ MINDSPORE = EngineProfile(
         "optimizer_step": "AdamWeightDecay fp32 update temporaries, one set per local parameter (8 bytes), "
                           "alive only in the optimizer step: the measured flat dynamic floor of fully recomputed "
                           "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB)",
+        "recompute_counts": "MindFormers LayerSetting._alloc_recompute_layer (mindformers/models/utils.py): an int "
+                            "per stage in recompute/select_recompute is min(n, layers of the stage), allocated "
+                            "round-robin over the pp_interleave_num chunks; each chunk recomputes its first layers. "
+                            "Measured llama3/vp10 (select_recompute [10,8,6,4,2,0,0,0], 1 layer per chunk): the "
+                            "stage-to-stage dynamic step on stages 1-4 grows by the non-selected layers, which a "
+                            "per-chunk count (all 10 chunks selective) cannot show",
+        "selective_needs_tp": "measured: no_sp is identical to no_sp_norec to the MiB (tp=8, SP off), and llama3/dp "
+                              "and pp8_rank8 (tp=1, use_seq_parallel True) have the same dynamic step, 27593 MiB, "
+                              "on stages 0-5 although select_recompute is [10,8,6,4,2,0,0,0]; MemEst's MindFormers "
+                              "parser likewise zeroes the normOp/ffAct/gather terms only with SP. With tp=1 the SP "
+                              "layouts (dp*mp, 1) equal the non-SP ones",
         "reserve": "0: the measured MindSpore peaks (Static+Dynamic) contain no safety margin "
                    "(shared/validation/mindformers/README.md)",
     })

@@ -152,8 +152,6 @@ def _dropped(c: ActContext, name: str) -> bool:
     base = name.split("_", 1)[1] if name.startswith(("expert_", "shared_")) else name
     if base == "core":
         return "core" in c.eng.selective_drops
-    if c.eng.gathered_inputs_kept and not c.sp_flag:
-        return False  # MindSpore's selective ops act only with SP (measured: no_sp == no_sp_norec)
     return base in c.eng.selective_drops
 
 
@@ -169,6 +167,12 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
             keep["core"] = core_attention(spec, M, c, selective=True)
         elif "core" in keep and not c.flash and c.eng.score_bytes:
             keep["core"] = core_attention(spec, M, c, selective=True)
+        if c.eng.selective_needs_tp:
+            # selective acts only when SP splits over tp > 1 devices (EngineProfile.selective_needs_tp);
+            # gate = 0 at tp = 1, where the SP layout is the non-SP one
+            stored = sp.Add(*parts.values())
+            gate = sp.Min(c.t - 1, 1) if c.sp_flag else 0
+            return stored - gate * (stored - sp.Add(*keep.values()))
         parts = keep
     return sp.Add(*parts.values())
 

@@ -82,16 +82,28 @@ def weight_bytes(strat: Strategy, eng: EngineProfile) -> int:
     return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[strat.weight_dtype]
 
 
-def _chunk_activation(spec, M, ctx, strat, nd, nm, cast) -> sp.Expr:
+def chunk_recompute_count(eng: EngineProfile, strat: Strategy, chunk: int) -> sp.Expr:
+    """Layers of chunk ``chunk`` that a recompute count ``nrec`` covers (before clipping
+    to the chunk's layers). Per chunk by default; with ``eng.recompute_count_per_stage``
+    the stage's count is dealt one layer at a time to chunks 0..vpp-1, 0, ..., so chunk c
+    gets floor((nrec + vpp - 1 - c) / vpp) (exact for equal chunks; with uneven chunks a
+    full chunk's leftover is not passed on)."""
+    if eng.recompute_count_per_stage and strat.vpp > 1:
+        return sp.floor((S.nrec + strat.vpp - 1 - chunk) / strat.vpp)
+    return S.nrec
+
+
+def _chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers; ``cast``
-    adds the engine's per-micro-batch 16-bit weight cast (0 or 1)."""
+    adds the engine's per-micro-batch 16-bit weight cast (0 or 1); ``nrec`` is the
+    chunk's recompute count (chunk_recompute_count)."""
     act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode) + cast * A.ACT_BYTES * layer_params(spec, M, k)
            for k in ("dense", "moe") for mode in ("none", "selective", "full")}
     if strat.recompute_layers is None:
         return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
     mode = strat.recompute
-    rec_d = sp.Min(S.nrec, nd)  # the first N layers of the chunk (dense layers come first)
-    rec_m = sp.Min(S.nrec - rec_d, nm)
+    rec_d = sp.Min(nrec, nd)  # the first N layers of the chunk (dense layers come first)
+    rec_m = sp.Min(nrec - rec_d, nm)
     return (rec_d * act[("dense", mode)] + (nd - rec_d) * act[("dense", "none")]
             + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
 
@@ -141,7 +153,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     for c in range(strat.vpp):
         nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
         acts += inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * _chunk_activation(
-            spec, M, ctx, strat, nd, nm, cast)
+            spec, M, ctx, strat, nd, nm, cast, chunk_recompute_count(eng, strat, c))
     first, last = is_first(stage), head_device_flag(strat.schedule, stage, pp)
     hc = head_chunk(strat.schedule, strat.vpp)
     acts += first * inflight(strat.schedule, stage, 0, pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
