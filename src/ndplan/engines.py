@@ -58,7 +58,8 @@ class EngineProfile:
     (measured llama3/cp2_colai_norec: 305.6 MiB per layer per micro-batch with SP off
     matches the SP form, 4h + (12h + 4g + 8f)/tp bytes per token)."""
     full_recompute_input_sliced: bool = True
-    """Full recompute stores the layer input SP/TP-sliced."""
+    """Full recompute stores the layer input TP-sliced when SP is on (the user's SP switch: an
+    SP-like layout implied by CP, ``cp_implies_sp``, stays inside the layer)."""
     comm_buffer_sp_gather: bool = True
     """A transient SP all-gather output (2*s*b*h) on top of stored activations."""
     # --- static-memory choices ---
@@ -78,6 +79,10 @@ class EngineProfile:
     weight_cast_per_microbatch: bool = False
     """Without weight sharding, fp32 weights are cast to 16-bit per micro-batch and the cast is
     saved for backward (per in-flight micro-batch)."""
+    sharded_weights_cast_once: bool = False
+    """Weights stored wider than 16 bits and sharded (optimizer parallel): the 16-bit copy of
+    the stage's weights exists even when dp*cp = 1, as the cast output, made once per step and
+    shared by all micro-batches like the all-gather output (``gather_whole_stage``)."""
     optimizer_step_temp_bytes: int = 0
     """Temporaries per local parameter during the optimizer step (no activations alive then)."""
     recompute_count_per_stage: bool = False
@@ -140,10 +145,10 @@ MINDSPORE = EngineProfile(
     norm_input_bytes=4, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
     selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"),
     score_bytes=6, selective_score_bytes=2, selective_score_global=True, cp_implies_sp=True,
-    full_recompute_input_sliced=False,
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
     optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
+    sharded_weights_cast_once=True,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
@@ -158,7 +163,11 @@ MINDSPORE = EngineProfile(
                        "/tp); SwiGLU unfused (gate, up, SiLU output, product: 8 bytes per f); selective "
                        "recompute (default LLaMA ops + select_comm_recompute) recomputes the gathers, SiLU and "
                        "product; without flash attention the fp32 softmax + fp16 scores (6 bytes per s^2 "
-                       "element), 2 under selective; full recompute stores the unsliced layer input",
+                       "element), 2 under selective; full recompute stores the layer input, TP-sliced only under SP: "
+                       "llama3/fullrec (SP) stages 1-6 sit flat on the optimizer-step floor (8465 MiB), which "
+                       "an unsliced input (7 x 10 x 128 MiB on stage 1) would exceed; no_sp_fullrec stores "
+                       "135 MiB per layer per micro-batch (s*h*2 B, SP off) and cp2_colai_fullrec 70.8 MiB "
+                       "((s/cp)*h*2 B, not /tp although CP makes the in-layer tensors SP-like)",
         "static": "accu_grad in the parameter dtype, split over TP only; the input embedding is not sharded by "
                   "the optimizer-parallel group when vocab_emb_dp=False (measured: llama2/70b stage 0 embedding "
                   "125 MiB = V*h*2/tp; split over tp*cp only); optimizer-parallel gathers keep 16-bit copies of the stage's weights",
@@ -176,6 +185,14 @@ MINDSPORE = EngineProfile(
                               "on stages 0-5 although select_recompute is [10,8,6,4,2,0,0,0]; MemEst's MindFormers "
                               "parser likewise zeroes the normOp/ffAct/gather terms only with SP. With tp=1 the SP "
                               "layouts (dp*mp, 1) equal the non-SP ones",
+        "cast_once": "fp32 parameters with enable_parallel_optimizer and dp*cp = 1 (llama3 default, norec, "
+                     "n_kv_heads_64): every stage's dynamic memory exceeds the activation model by a flat "
+                     "3.4-3.7 GB, of which the 16-bit copy of the stage's weights (10 x 855.65M x 2 B / 8 = 2040 MiB) "
+                     "is the part explained; with OP on there is no per-micro-batch cast (no_op adds 204 MiB per "
+                     "layer per micro-batch, default does not), so the cast is made once and kept. With dp*cp > 1 "
+                     "the same copy is the all-gather output (llama2/70b AllGather row: 4080 MiB = 10 layers' "
+                     "fp16 weights / tp). The copy is freed before the optimizer step: cp2_colai_fullrec's flat "
+                     "stages sit at the optimizer floor without it",
         "reserve": "0: the measured MindSpore peaks (Static+Dynamic) contain no safety margin "
                    "(shared/validation/mindformers/README.md)",
     })

@@ -29,8 +29,9 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
 7. CP divides s (each rank keeps its sequence shard; ring/all-to-all peers' K, V are
    transient). SP divides the residual-stream tensors (norm inputs, linear inputs,
    dropout masks) by tp.
-8. Full recompute stores the layer input ``2*s*b*h / t_sp`` (Megatron stores the
-   SP-sharded input); the layer's activations are rebuilt one layer at a time in
+8. Full recompute stores the layer input ``2*s*b*h / t`` under SP, else unsliced
+   (Megatron stores the SP-sharded input; an SP-like layout that an engine derives from
+   CP does not reach the layer boundary); the layer's activations are rebuilt one layer at a time in
    backward (a transient term in memory.py).
 """
 
@@ -158,7 +159,8 @@ def _dropped(c: ActContext, name: str) -> bool:
 def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str, mode: str) -> sp.Expr:
     """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``."""
     if mode == "full":
-        return ACT_BYTES * c.s * c.b * M.h / (c.t_sp if c.eng.full_recompute_input_sliced else 1)
+        sliced = c.eng.full_recompute_input_sliced and c.sp_flag  # the user's SP, not CP's SP-like layout
+        return ACT_BYTES * c.s * c.b * M.h / (c.t if sliced else 1)
     parts = attention_parts(spec, M, c)
     parts |= {f"ffn.{k}": v for k, v in (moe_parts(spec, M, c) if kind == "moe" else mlp_parts(spec, M, c)).items()}
     if mode == "selective":

@@ -170,24 +170,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
                "chunk x in-flight micro-batches of the schedule (formulas/schedules.py)",
         note=f"{strat.recompute} recompute, schedule {strat.schedule}, vpp={strat.vpp}"))
 
-    logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
-    any_full = strat.recompute == "full"
-    kind = "moe" if spec.is_moe else "dense"
-    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
-    transient = sp.Max(logits, rebuilt) if any_full else logits
-    src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
-           f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
-           "its backward (its no-recompute activations)")
-    if eng.optimizer_step_temp_bytes:
-        # the optimizer step runs after the last backward, when no activations are alive:
-        # activations + transient = max(activation phase, optimizer-step temporaries)
-        step_tmp = off * eng.optimizer_step_temp_bytes * shard(1)
-        transient = sp.Max(transient, step_tmp - acts)
-        src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
-                f"activations ({eng.sources['optimizer_step']})")
-    terms.append(Term(key="mem.transient", expr=transient, unit="bytes", source=src,
-                      note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
-
+    gather = sp.Integer(0)
     if z >= eng.weights_sharded_from:
         if eng.gather_whole_stage:
             gather = A.ACT_BYTES * (dense + expert)
@@ -198,9 +181,34 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
             gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, big)
             what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
                     "(current + prefetched; FSDP2 default forward prefetch of one layer)")
-        terms.append(Term(key="mem.zero3_gather", expr=gather * sp.Min(dp_cp - 1, 1), unit="bytes",
-                          source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}",
-                          note="zero when dp*cp = 1"))
+        if eng.sharded_weights_cast_once and weight_b > A.ACT_BYTES:
+            note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
+        else:
+            gather = gather * sp.Min(dp_cp - 1, 1)
+            note = "zero when dp*cp = 1"
+        gather_term = Term(key="mem.zero3_gather", expr=gather, unit="bytes",
+                           source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
+
+    logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
+    any_full = strat.recompute == "full"
+    kind = "moe" if spec.is_moe else "dense"
+    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
+    transient = sp.Max(logits, rebuilt) if any_full else logits
+    src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
+           f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
+           "its backward (its no-recompute activations)")
+    if eng.optimizer_step_temp_bytes:
+        # the optimizer step runs after the last backward, when neither activations nor the
+        # gathered 16-bit weights are alive: activations + gather + transient =
+        # max(forward/backward phase, optimizer-step temporaries)
+        step_tmp = off * eng.optimizer_step_temp_bytes * shard(1)
+        transient = sp.Max(transient, step_tmp - acts - gather)
+        src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
+                f"activations and gathered weights ({eng.sources['optimizer_step']})")
+    terms.append(Term(key="mem.transient", expr=transient, unit="bytes", source=src,
+                      note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
+    if z >= eng.weights_sharded_from:
+        terms.append(gather_term)
     comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (strat.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
     terms.append(Term(
         key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
