@@ -37,6 +37,9 @@ class EngineProfile:
     # --- activation choices (formulas/activations.py) ---
     norm_input_bytes: int = 2
     """Bytes per element of the norm input saved for backward (4 when norms compute in fp32)."""
+    rope_inputs_kept: bool = False
+    """The rotary embedding saves its q and k inputs for backward (x*cos + rotate(x)*sin through
+    multiplies whose backward keeps both operands), beside the rotated q and k."""
     gathered_inputs_kept: bool = False
     """SP: the all-gathered norm outputs (QKV and FC1 inputs) are saved full-size, not re-gathered."""
     swiglu_bytes_per_f: int = 6
@@ -142,7 +145,7 @@ MINDSPORE = EngineProfile(
     weight_bytes=2, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=2,
     weights_sharded_from=1, grads_sharded_from=4, master_sharded_from=1,
     logits_bytes_per_element=8, gather_prefetch_layers=1, reserve_bytes=0,
-    norm_input_bytes=4, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
+    norm_input_bytes=2, rope_inputs_kept=True, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
     selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"),
     score_bytes=6, selective_score_bytes=2, selective_score_global=True, cp_implies_sp=True,
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
@@ -157,8 +160,14 @@ MINDSPORE = EngineProfile(
                   "all-gathered before use. Checked on shared/validation/mindformers llama2/70b stage 0: "
                   "params 2165 MiB, optimizer 8661 MiB (= 4x), accu_grad 4205 MiB (~ 2x, unsharded)",
         "logits": "fp32 logits (4) and the fp32 softmax kept for the gradient (4): 8 bytes per element",
-        "activations": "MindFormers LLaMA graph: norms in fp32 (layernorm_compute_type: float32) save a fp32 "
-                       "input; with SP the all-gathered norm outputs feeding QKV and FC1 are saved full-size "
+        "activations": "MindFormers LLaMA graph: each RMSNorm saves its 16-bit input (2 bytes; float32 "
+                       "layernorm_compute_type acts inside the norm): the unattributed 'other' row of the "
+                       "no-SP cases is 263 MiB per layer per micro-batch at tp=8 (no_sp_norec) and tp=1 (dp, "
+                       "pp8_rank8) alike, 2 norms x 2 B x s*h = 256 MiB (fp32 would be 512); the rotary "
+                       "embedding keeps q and k before rotation: the no-SP attention row exceeds q, k, v, the "
+                       "o_proj input and the gathered QKV input by (a+kv)*d*2 B per token /tp (no_sp_norec "
+                       "184 vs 164 MiB, dp 576 vs 418 MiB). Per layer per micro-batch this gives SP tp8 566 MiB "
+                       "(measured 575), no SP tp8 790 (799), tp1 2738 (2759); with SP the all-gathered norm outputs feeding QKV and FC1 are saved full-size "
                        "(the AllGather rows of the measured insight files: 4*h bytes per token per layer, not "
                        "/tp); SwiGLU unfused (gate, up, SiLU output, product: 8 bytes per f); selective "
                        "recompute (default LLaMA ops + select_comm_recompute) recomputes the gathers, SiLU and "

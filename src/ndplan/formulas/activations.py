@@ -29,6 +29,8 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
 7. CP divides s (each rank keeps its sequence shard; ring/all-to-all peers' K, V are
    transient). SP divides the residual-stream tensors (norm inputs, linear inputs,
    dropout masks) by tp.
+9. Engine option ``rope_inputs_kept``: the rotary embedding keeps q and k as they were
+   before rotation, beside the rotated copies the attention core saves.
 8. Full recompute stores the layer input ``2*s*b*h / t`` under SP, else unsliced
    (Megatron stores the SP-sharded input; an SP-like layout that an engine derives from
    CP does not reach the layer boundary); the layer's activations are rebuilt one layer at a time in
@@ -90,6 +92,8 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
         o_width = M.a * M.dv
     else:
         parts["qkv"] = ACT_BYTES * s * b * (M.a + 2 * M.kv) * M.d / t
+        if c.eng.rope_inputs_kept and not spec.learned_positions:
+            parts["rope_input"] = ACT_BYTES * s * b * (M.a + M.kv) * M.d / t  # q and k before rotation
         o_width = M.a * M.d
     parts["core"] = core_attention(spec, M, c)
     parts["o_input"] = ACT_BYTES * s * b * o_width / t
