@@ -66,6 +66,12 @@ class EngineProfile:
     comm_buffer_sp_gather: bool = True
     """A transient SP all-gather output (2*s*b*h) on top of stored activations."""
     # --- static-memory choices ---
+    attention_mask_bytes: int = 0
+    """Bytes per element of a persistent s x s causal attention mask (full sequence, also under
+    CP), one per pipeline chunk (0: the kernels build the mask on the fly)."""
+    rope_table_bytes: int = 0
+    """Bytes per element of persistent rotary cos and sin tables (s x head_dim each), one pair
+    per pipeline chunk (0: computed on the fly)."""
     grads_in_weight_dtype: bool = False
     """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
     grads_shard_tp_only: bool = False
@@ -151,7 +157,7 @@ MINDSPORE = EngineProfile(
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
     optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
-    sharded_weights_cast_once=True,
+    sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
@@ -194,6 +200,11 @@ MINDSPORE = EngineProfile(
                               "on stages 0-5 although select_recompute is [10,8,6,4,2,0,0,0]; MemEst's MindFormers "
                               "parser likewise zeroes the normOp/ffAct/gather terms only with SP. With tp=1 the SP "
                               "layouts (dp*mp, 1) equal the non-SP ones",
+        "graph_constants": "Static minus (parameters + optimizer states + accumulated gradients) is 137-140 MiB "
+                           "on every llama3 stage (s=8192) for any tp, cp or flash attention, 36-39 MiB for "
+                           "llama2 (s=4096, also at micro-batch size 8), and 274 / 686 / 1372 MiB with "
+                           "pp_interleave_num 2 / 5 / 10: an fp16 s x s causal mask (128 / 32 MiB) plus fp32 "
+                           "rotary cos and sin tables s x d (8 / 4 MiB), held by each pipeline chunk",
         "cast_once": "fp32 parameters with enable_parallel_optimizer and dp*cp = 1 (llama3 default, norec, "
                      "n_kv_heads_64): every stage's dynamic memory exceeds the activation model by a flat "
                      "3.4-3.7 GB, of which the 16-bit copy of the stage's weights (10 x 855.65M x 2 B / 8 = 2040 MiB) "

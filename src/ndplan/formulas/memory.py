@@ -25,7 +25,7 @@ from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 
-STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer")
+STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
 
 _SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimizer states, 2 adds "
                "gradients, 3 adds parameters, over the data-parallel group")
@@ -145,6 +145,15 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
              source=f"Adam m and v in fp32, {eng.optimizer_bytes} bytes/param; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
     ]
+
+    consts = eng.attention_mask_bytes * S.seq ** 2
+    if not spec.learned_positions:
+        consts += eng.rope_table_bytes * 2 * S.seq * M.d
+    terms.append(Term(key="mem.graph_constants", expr=strat.vpp * consts, unit="bytes",
+                      source=f"{eng.name}: persistent causal mask ({eng.attention_mask_bytes} bytes per s x s "
+                             f"element) and rotary cos/sin tables ({eng.rope_table_bytes} bytes per s x head_dim "
+                             f"element), one set per pipeline chunk ({eng.sources.get('graph_constants', 'none')})",
+                      note="full sequence, not split by cp"))
 
     ctx = act_context(spec, strat)
     pp = pp_expr(spec, strat)
