@@ -75,7 +75,8 @@ class EngineProfile:
     grads_in_weight_dtype: bool = False
     """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
     grads_shard_tp_only: bool = False
-    """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard)."""
+    """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard);
+    an input embedding that is not ZeRO-sharded keeps its (tp*cp) slice in the gradient too."""
     grads_without_accumulation: bool = True
     """A persistent gradient buffer exists even without micro-batch accumulation. MindSpore
     keeps ``accu_grad`` only when it accumulates (pp > 1 or several micro-batches): the
@@ -185,7 +186,9 @@ MINDSPORE = EngineProfile(
                        "((s/cp)*h*2 B, not /tp although CP makes the in-layer tensors SP-like)",
         "static": "accu_grad in the parameter dtype, split over TP only; the input embedding is not sharded by "
                   "the optimizer-parallel group when vocab_emb_dp=False (measured: llama2/70b stage 0 embedding "
-                  "125 MiB = V*h*2/tp; split over tp*cp only); optimizer-parallel gathers keep 16-bit copies of the stage's weights",
+                  "125 MiB = V*h*2/tp; split over tp*cp only), and its accu_grad is split over cp like the parameter "
+                  "(cp2_colai stage 0: 4331 = 4080 + V*h*4/(8*2); cp8_colai_no_tp_norec: 33141 = 32640 + "
+                  "V*h*4/8) while layer and head gradients are not; optimizer-parallel gathers keep 16-bit copies of the stage's weights",
         "optimizer_step": "AdamWeightDecay fp32 update temporaries, one set per local parameter (8 bytes), "
                           "alive only in the optimizer step: the measured flat dynamic floor of fully recomputed "
                           "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB)",

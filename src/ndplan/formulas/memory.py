@@ -127,7 +127,12 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     weight_b = weight_bytes(strat, eng)
     master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
     grad_b = (weight_b if eng.grads_in_weight_dtype else eng.grad_bytes_fp32) if strat.grad_dtype == "fp32" else 2
-    grads = dense + expert if eng.grads_shard_tp_only else shard(eng.grads_sharded_from)
+    if eng.grads_shard_tp_only:
+        # accumulated gradients take the shape of each parameter's model-parallel slice: the
+        # layers' TP slice, and the input embedding's (tp*cp) slice when it is not ZeRO-sharded
+        grads = dense + expert - (0 if eng.embedding_zero_sharded else emb * (1 - 1 / S.cp))
+    else:
+        grads = shard(eng.grads_sharded_from)
     if not eng.grads_without_accumulation:
         # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
         grads = grads * sp.Min(pp_expr(spec, strat) + S.m - 2, 1)
