@@ -89,6 +89,10 @@ class EngineProfile:
     weight_cast_per_microbatch: bool = False
     """Without weight sharding, fp32 weights are cast to 16-bit per micro-batch and the cast is
     saved for backward (per in-flight micro-batch)."""
+    backward_layer_workspace: bool = False
+    """During a layer's backward the gradients of its activations, about one micro-batch of that
+    layer's no-recompute activations, are alive beside the stored ones (exclusive with the loss
+    logits, like the layer that full recompute rebuilds)."""
     sharded_weights_cast_once: bool = False
     """Weights stored wider than 16 bits and sharded (optimizer parallel): the 16-bit copy of
     the stage's weights exists even when dp*cp = 1, as the cast output, made once per step and
@@ -158,7 +162,7 @@ MINDSPORE = EngineProfile(
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
     optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
-    sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4,
+    sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4, backward_layer_workspace=True,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
@@ -203,6 +207,11 @@ MINDSPORE = EngineProfile(
                               "on stages 0-5 although select_recompute is [10,8,6,4,2,0,0,0]; MemEst's MindFormers "
                               "parser likewise zeroes the normOp/ffAct/gather terms only with SP. With tp=1 the SP "
                               "layouts (dp*mp, 1) equal the non-SP ones",
+        "backward_workspace": "MemEst (huawei_paris memory_estimation/_bwd_overhead.py) adds one more copy of "
+                              "the stage's last layer at one micro-batch for 1F1B schedules. Measured: after the "
+                              "per-micro-batch activations, every middle stage keeps a flat excess of about one "
+                              "layer's activations: no_sp_norec 0.7-1.2 GB (layer 790 MiB), llama2/70b 0.5-0.7 GB "
+                              "(442 MiB), dp / pp8_rank8 (tp=1) 1.3-2.4 GB (2738 MiB)",
         "graph_constants": "Static minus (parameters + optimizer states + accumulated gradients) is 137-140 MiB "
                            "on every llama3 stage (s=8192) for any tp, cp or flash attention, 36-39 MiB for "
                            "llama2 (s=4096, also at micro-batch size 8), and 274 / 686 / 1372 MiB with "

@@ -2,7 +2,8 @@
 
 peak = static (weights + gradients + fp32 master + optimizer states)
      + activations (per-layer bytes x layers x in-flight micro-batches, per chunk)
-     + max(loss logits, one layer rebuilt by full recompute)   [exclusive transients]
+     + max(loss logits, one layer rebuilt by full recompute or, per engine, the
+           activation gradients of the layer in backward)   [exclusive transients]
      + ZeRO-3/FSDP all-gather buffers + communication buffers + framework reserve.
 
 Sharding groups (Megatron-Core; torchtitan's dp_shard_cp mesh): non-expert weights
@@ -204,13 +205,17 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
                            source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
 
     logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
-    any_full = strat.recompute == "full"
+    # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
+    # (engine option backward_layer_workspace) the gradients of any layer's activations
+    one_layer = strat.recompute == "full" or eng.backward_layer_workspace
     kind = "moe" if spec.is_moe else "dense"
-    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
-    transient = sp.Max(logits, rebuilt) if any_full else logits
+    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if one_layer else sp.Integer(0)
+    transient = sp.Max(logits, rebuilt) if one_layer else logits
     src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
            f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
            "its backward (its no-recompute activations)")
+    if eng.backward_layer_workspace:
+        src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
     if eng.optimizer_step_temp_bytes:
         # the optimizer step runs after the last backward, when neither activations nor the
         # gathered 16-bit weights are alive: activations + gather + transient =
