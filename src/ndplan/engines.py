@@ -155,7 +155,7 @@ MINDSPORE = EngineProfile(
     name="mindspore",
     weight_bytes=2, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=2,
     weights_sharded_from=1, grads_sharded_from=4, master_sharded_from=1,
-    logits_bytes_per_element=8, gather_prefetch_layers=1, reserve_bytes=0,
+    logits_bytes_per_element=12, gather_prefetch_layers=1, reserve_bytes=0,
     norm_input_bytes=2, rope_inputs_kept=True, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
     selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"),
     score_bytes=6, selective_score_bytes=2, selective_score_global=True, cp_implies_sp=True,
@@ -170,7 +170,10 @@ MINDSPORE = EngineProfile(
                   "enable_parallel_optimizer (our zero>=1) weights and moments are sharded over dp and "
                   "all-gathered before use. Checked on shared/validation/mindformers llama2/70b stage 0: "
                   "params 2165 MiB, optimizer 8661 MiB (= 4x), accu_grad 4205 MiB (~ 2x, unsharded)",
-        "logits": "fp32 logits (4) and the fp32 softmax kept for the gradient (4): 8 bytes per element",
+        "logits": "fp32 logits (4) and the fp32 softmax kept for the gradient (4), plus the fp32 gradient of the "
+                  "logits (4) that the loss backward creates while both are alive: 12 bytes per element. Measured: "
+                  "with 8 bytes every tp=8 llama3 last stage stayed 1.1-1.4 GB under (norec 1275 MiB, one more "
+                  "4-byte copy = 1002 MiB); llama2/70b (tp=4) 449 MiB under (4-byte copy 125 MiB)",
         "activations": "MindFormers LLaMA graph: each RMSNorm saves its 16-bit input (2 bytes; float32 "
                        "layernorm_compute_type acts inside the norm): the unattributed 'other' row of the "
                        "no-SP cases is 263 MiB per layer per micro-batch at tp=8 (no_sp_norec) and tp=1 (dp, "
