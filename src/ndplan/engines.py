@@ -47,6 +47,9 @@ class EngineProfile:
     down-projection input (2); an unfused graph also keeps the SiLU output (+2)."""
     selective_drops: tuple[str, ...] = ("core",)
     """Activation components the engine's selective recompute does not store."""
+    comm_recompute_keeps_shard: bool = False
+    """When selective recompute drops a kept all-gathered linear input (``gathered_inputs_kept``),
+    the all-gather is re-run in backward, so its SP-sharded input (2*s*b*h/tp) stays stored."""
     score_bytes: int = 0
     """Without flash attention: bytes per s x s score element saved (0 = Korthikanti's softmax +
     dropout accounting)."""
@@ -157,7 +160,7 @@ MINDSPORE = EngineProfile(
     weights_sharded_from=1, grads_sharded_from=4, master_sharded_from=1,
     logits_bytes_per_element=12, gather_prefetch_layers=1, reserve_bytes=0,
     norm_input_bytes=2, rope_inputs_kept=True, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
-    selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"),
+    selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"), comm_recompute_keeps_shard=True,
     score_bytes=6, selective_score_bytes=2, selective_score_global=True, cp_implies_sp=True,
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
@@ -210,6 +213,12 @@ MINDSPORE = EngineProfile(
                               "on stages 0-5 although select_recompute is [10,8,6,4,2,0,0,0]; MemEst's MindFormers "
                               "parser likewise zeroes the normOp/ffAct/gather terms only with SP. With tp=1 the SP "
                               "layouts (dp*mp, 1) equal the non-SP ones",
+        "comm_recompute": "select_comm_recompute (default pattern .*\\.norm) re-runs the norm-output all-gathers in "
+                          "backward, so the sharded norm outputs stay: llama3/default vs norec stage 0 (80 "
+                          "selective vs 80 plain layer-micro-batches) differ by AllGather -254, FFN -92 and "
+                          "attention +15.7 MiB per layer per micro-batch, i.e. the gathered inputs, SiLU output and "
+                          "product go while the attention_norm and ffn_norm outputs (2*h/tp bytes per token, 16 MiB "
+                          "each) stay",
         "backward_workspace": "MemEst (huawei_paris memory_estimation/_bwd_overhead.py) adds one more copy of "
                               "the stage's last layer at one micro-batch for 1F1B schedules. Measured: after the "
                               "per-micro-batch activations, every middle stage keeps a flat excess of about one "

@@ -169,6 +169,11 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
     parts |= {f"ffn.{k}": v for k, v in (moe_parts(spec, M, c) if kind == "moe" else mlp_parts(spec, M, c)).items()}
     if mode == "selective":
         keep = {k: v for k, v in parts.items() if not _dropped(c, k.removeprefix("ffn."))}
+        if c.eng.comm_recompute_keeps_shard and c.eng.gathered_inputs_kept and c.sp:
+            # the all-gather re-run in backward needs its SP-sharded input (the norm output)
+            for k in ("qkv_input", "ffn.fc1_input"):
+                if k in parts and k not in keep:
+                    keep[k] = ACT_BYTES * c.s * c.b * M.h / c.t_sp
         if "core" not in keep and not c.flash and c.eng.selective_score_bytes:
             keep["core"] = core_attention(spec, M, c, selective=True)
         elif "core" in keep and not c.flash and c.eng.score_bytes:
