@@ -39,19 +39,17 @@ Mapping of a MindFormers case to ndplan.Strategy (each rule is applied in
 * recompute (default rule, "max"):
     - recompute.full True                       -> recompute="full" (selective settings are
                                                    irrelevant: full covers every layer)
-    - recompute.full = per-stage list           -> recompute="full" (or "selective" if selective
-                                                   is True for the remaining layers),
-                                                   recompute_layers=N if all counts equal, else
-                                                   max(list) (note: over-recomputes the other stages)
+    - recompute.full = per-stage list           -> recompute="full", recompute_layers = the
+                                                   per-stage counts (one int if all equal). A flat
+                                                   list holds stage totals, which MindFormers
+                                                   (LayerSetting._alloc_recompute_layer) deals one
+                                                   layer at a time over the VPP chunks; the mindspore
+                                                   profile does the same (recompute_count_per_stage).
+                                                   A VPP list of lists -> per-stage sums (note)
     - recompute.selective True                  -> recompute="selective"
-    - recompute.selective = per-stage list      -> ndplan has no layer count for selective
-                                                   recompute: max(list) > 0 -> "selective" on all
-                                                   layers (note), max == 0 -> "none"
+    - recompute.selective = per-stage list      -> recompute="selective" with the per-stage
+                                                   counts as for full lists (max == 0 -> "none")
     - selective_comm only                       -> "none" (comm recompute is not modelled; note)
-  ``--per-stage-recompute`` replaces the max rule for vpp == 1 by one estimate per
-  distinct count, taking each stage's row from the run with that stage's own count;
-  a selective count 0 < n < layers-per-stage is linearly interpolated between the
-  "none" and "selective" rows (exact in ndplan's additive per-layer activation model).
 * layers_per_stage              <- only when parallel.layer_offset is non-zero:
                                    L/(pp*vpp) + offset per (chunk, stage), in model order
                                    (virtual stage v = chunk*pp + stage). offset is a list of
@@ -62,8 +60,8 @@ Mapping of a MindFormers case to ndplan.Strategy (each rule is applied in
                                    depend on it)
 Not modelled, noted per case: cp algorithm (ulysses vs colossalai), vocab_emb_dp=True
 (embedding/head replicated over TP), fine_grain_interleave, VPP less-memory mode,
-optimizer_weight_shard_size, the MindFormers default selective op set (ndplan "selective"
-= attention-core recompute).
+optimizer_weight_shard_size. (The MindFormers default selective op set, SiLU + product +
+comm-recomputed norm all-gathers, is the mindspore profile's ``selective_drops``.)
 
 Usage:
     python benchmarks/memory_validation.py [--verbose] [--json out.json]
@@ -227,12 +225,15 @@ def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tup
     """MindFormers per-stage layer counts (a list of pp ints, or with VPP a list of vpp
     lists) -> ndplan recompute_layers (per stage, applied to every chunk of the stage)."""
     rows = counts if isinstance(counts[0], list) else [counts]
-    per_stage = tuple(max(int(r[s]) for r in rows) for s in range(pp))
+    # a flat list is already the stage's count (MindFormers deals it over the VPP chunks,
+    # EngineProfile.recompute_count_per_stage); a VPP list of lists gives the stage total
+    per_stage = tuple(sum(int(r[s]) for r in rows) for s in range(pp))
     if max(per_stage) > layers:
         notes.append(f"recompute counts {list(per_stage)} clamped to {layers} layers (MindFormers clamps)")
         per_stage = tuple(min(x, layers) for x in per_stage)
-    if len(rows) > 1 and any(len(set(int(r[s]) for r in rows)) > 1 for s in range(pp)):
-        notes.append(f"VPP recompute lists {counts}: per stage the max over chunks {list(per_stage)}")
+    if len(rows) > 1:
+        notes.append(f"VPP recompute lists {counts}: per stage the total {list(per_stage)}, dealt "
+                     "round-robin over the chunks (the explicit per-chunk split is not kept)")
     return per_stage[0] if len(set(per_stage)) == 1 else per_stage
 
 

@@ -37,6 +37,9 @@ class EngineProfile:
     # --- activation choices (formulas/activations.py) ---
     norm_input_bytes: int = 2
     """Bytes per element of the norm input saved for backward (4 when norms compute in fp32)."""
+    rope_inputs_kept: bool = False
+    """The rotary embedding saves its q and k inputs for backward (x*cos + rotate(x)*sin through
+    multiplies whose backward keeps both operands), beside the rotated q and k."""
     gathered_inputs_kept: bool = False
     """SP: the all-gathered norm outputs (QKV and FC1 inputs) are saved full-size, not re-gathered."""
     swiglu_bytes_per_f: int = 6
@@ -44,6 +47,9 @@ class EngineProfile:
     down-projection input (2); an unfused graph also keeps the SiLU output (+2)."""
     selective_drops: tuple[str, ...] = ("core",)
     """Activation components the engine's selective recompute does not store."""
+    comm_recompute_keeps_shard: bool = False
+    """When selective recompute drops a kept all-gathered linear input (``gathered_inputs_kept``),
+    the all-gather is re-run in backward, so its SP-sharded input (2*s*b*h/tp) stays stored."""
     score_bytes: int = 0
     """Without flash attention: bytes per s x s score element saved (0 = Korthikanti's softmax +
     dropout accounting)."""
@@ -58,14 +64,22 @@ class EngineProfile:
     (measured llama3/cp2_colai_norec: 305.6 MiB per layer per micro-batch with SP off
     matches the SP form, 4h + (12h + 4g + 8f)/tp bytes per token)."""
     full_recompute_input_sliced: bool = True
-    """Full recompute stores the layer input SP/TP-sliced."""
+    """Full recompute stores the layer input TP-sliced when SP is on (the user's SP switch: an
+    SP-like layout implied by CP, ``cp_implies_sp``, stays inside the layer)."""
     comm_buffer_sp_gather: bool = True
     """A transient SP all-gather output (2*s*b*h) on top of stored activations."""
     # --- static-memory choices ---
+    attention_mask_bytes: int = 0
+    """Bytes per element of a persistent s x s causal attention mask (full sequence, also under
+    CP), one per pipeline chunk (0: the kernels build the mask on the fly)."""
+    rope_table_bytes: int = 0
+    """Bytes per element of persistent rotary cos and sin tables (s x head_dim each), one pair
+    per pipeline chunk (0: computed on the fly)."""
     grads_in_weight_dtype: bool = False
     """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
     grads_shard_tp_only: bool = False
-    """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard)."""
+    """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard);
+    an input embedding that is not ZeRO-sharded keeps its (tp*cp) slice in the gradient too."""
     grads_without_accumulation: bool = True
     """A persistent gradient buffer exists even without micro-batch accumulation. MindSpore
     keeps ``accu_grad`` only when it accumulates (pp > 1 or several micro-batches): the
@@ -78,8 +92,25 @@ class EngineProfile:
     weight_cast_per_microbatch: bool = False
     """Without weight sharding, fp32 weights are cast to 16-bit per micro-batch and the cast is
     saved for backward (per in-flight micro-batch)."""
+    backward_layer_workspace: bool = False
+    """During a layer's backward the gradients of its activations, about one micro-batch of that
+    layer's no-recompute activations, are alive beside the stored ones (exclusive with the loss
+    logits, like the layer that full recompute rebuilds)."""
+    sharded_weights_cast_once: bool = False
+    """Weights stored wider than 16 bits and sharded (optimizer parallel): the 16-bit copy of
+    the stage's weights exists even when dp*cp = 1, as the cast output, made once per step and
+    shared by all micro-batches like the all-gather output (``gather_whole_stage``)."""
     optimizer_step_temp_bytes: int = 0
     """Temporaries per local parameter during the optimizer step (no activations alive then)."""
+    recompute_count_per_stage: bool = False
+    """With VPP, a recompute layer count (``Strategy.recompute_layers``) is the total of the
+    whole stage, dealt one layer at a time to its chunks 0, 1, ..., vpp-1, 0, ... (each chunk
+    recomputes its first layers). False: the count applies to each chunk (Megatron
+    ``--recompute-num-layers`` counts layers per model chunk)."""
+    selective_needs_tp: bool = False
+    """Selective recompute takes effect only when SP splits the sequence over a TP group of
+    more than one device; with SP off (or tp = 1, where SP is a no-op) the selected layers
+    store what unselected layers store."""
     # --- time choices (formulas/step.py) ---
     overlap_grad_reduce: bool = True
     """ZeRO 0-2: the data-parallel gradient reduction runs under the last micro-batch's backward
@@ -137,14 +168,14 @@ MINDSPORE = EngineProfile(
     name="mindspore",
     weight_bytes=2, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=2,
     weights_sharded_from=1, grads_sharded_from=4, master_sharded_from=1,
-    logits_bytes_per_element=8, gather_prefetch_layers=1, reserve_bytes=0,
-    norm_input_bytes=4, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
-    selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"),
+    logits_bytes_per_element=12, gather_prefetch_layers=1, reserve_bytes=0,
+    norm_input_bytes=2, rope_inputs_kept=True, gathered_inputs_kept=True, swiglu_bytes_per_f=8,
+    selective_drops=("qkv_input", "fc1_input", "act_out", "down_input"), comm_recompute_keeps_shard=True,
     score_bytes=6, selective_score_bytes=2, selective_score_global=True, cp_implies_sp=True,
-    full_recompute_input_sliced=False,
     comm_buffer_sp_gather=False, grads_in_weight_dtype=True, grads_shard_tp_only=True,
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
-    optimizer_step_temp_bytes=8,
+    optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
+    sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4, backward_layer_workspace=True,
     sources={
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
@@ -152,20 +183,70 @@ MINDSPORE = EngineProfile(
                   "enable_parallel_optimizer (our zero>=1) weights and moments are sharded over dp and "
                   "all-gathered before use. Checked on shared/validation/mindformers llama2/70b stage 0: "
                   "params 2165 MiB, optimizer 8661 MiB (= 4x), accu_grad 4205 MiB (~ 2x, unsharded)",
-        "logits": "fp32 logits (4) and the fp32 softmax kept for the gradient (4): 8 bytes per element",
-        "activations": "MindFormers LLaMA graph: norms in fp32 (layernorm_compute_type: float32) save a fp32 "
-                       "input; with SP the all-gathered norm outputs feeding QKV and FC1 are saved full-size "
+        "logits": "fp32 logits (4) and the fp32 softmax kept for the gradient (4), plus the fp32 gradient of the "
+                  "logits (4) that the loss backward creates while both are alive: 12 bytes per element. Measured: "
+                  "with 8 bytes every tp=8 llama3 last stage stayed 1.1-1.4 GB under (norec 1275 MiB, one more "
+                  "4-byte copy = 1002 MiB); llama2/70b (tp=4) 449 MiB under (4-byte copy 125 MiB)",
+        "activations": "MindFormers LLaMA graph: each RMSNorm saves its 16-bit input (2 bytes; float32 "
+                       "layernorm_compute_type acts inside the norm): the unattributed 'other' row of the "
+                       "no-SP cases is 263 MiB per layer per micro-batch at tp=8 (no_sp_norec) and tp=1 (dp, "
+                       "pp8_rank8) alike, 2 norms x 2 B x s*h = 256 MiB (fp32 would be 512); the rotary "
+                       "embedding keeps q and k before rotation: the no-SP attention row exceeds q, k, v, the "
+                       "o_proj input and the gathered QKV input by (a+kv)*d*2 B per token /tp (no_sp_norec "
+                       "184 vs 164 MiB, dp 576 vs 418 MiB). Per layer per micro-batch this gives SP tp8 566 MiB "
+                       "(measured 575), no SP tp8 790 (799), tp1 2738 (2759); with SP the all-gathered norm outputs feeding QKV and FC1 are saved full-size "
                        "(the AllGather rows of the measured insight files: 4*h bytes per token per layer, not "
                        "/tp); SwiGLU unfused (gate, up, SiLU output, product: 8 bytes per f); selective "
                        "recompute (default LLaMA ops + select_comm_recompute) recomputes the gathers, SiLU and "
                        "product; without flash attention the fp32 softmax + fp16 scores (6 bytes per s^2 "
-                       "element), 2 under selective; full recompute stores the unsliced layer input",
+                       "element), 2 under selective; full recompute stores the layer input, TP-sliced only under SP: "
+                       "llama3/fullrec (SP) stages 1-6 sit flat on the optimizer-step floor (8465 MiB), which "
+                       "an unsliced input (7 x 10 x 128 MiB on stage 1) would exceed; no_sp_fullrec stores "
+                       "135 MiB per layer per micro-batch (s*h*2 B, SP off) and cp2_colai_fullrec 70.8 MiB "
+                       "((s/cp)*h*2 B, not /tp although CP makes the in-layer tensors SP-like)",
         "static": "accu_grad in the parameter dtype, split over TP only; the input embedding is not sharded by "
                   "the optimizer-parallel group when vocab_emb_dp=False (measured: llama2/70b stage 0 embedding "
-                  "125 MiB = V*h*2/tp; split over tp*cp only); optimizer-parallel gathers keep 16-bit copies of the stage's weights",
+                  "125 MiB = V*h*2/tp; split over tp*cp only), and its accu_grad is split over cp like the parameter "
+                  "(cp2_colai stage 0: 4331 = 4080 + V*h*4/(8*2); cp8_colai_no_tp_norec: 33141 = 32640 + "
+                  "V*h*4/8) while layer and head gradients are not; optimizer-parallel gathers keep 16-bit copies of the stage's weights",
         "optimizer_step": "AdamWeightDecay fp32 update temporaries, one set per local parameter (8 bytes), "
                           "alive only in the optimizer step: the measured flat dynamic floor of fully recomputed "
                           "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB)",
+        "recompute_counts": "MindFormers LayerSetting._alloc_recompute_layer (mindformers/models/utils.py): an int "
+                            "per stage in recompute/select_recompute is min(n, layers of the stage), allocated "
+                            "round-robin over the pp_interleave_num chunks; each chunk recomputes its first layers. "
+                            "Measured llama3/vp10 (select_recompute [10,8,6,4,2,0,0,0], 1 layer per chunk): the "
+                            "stage-to-stage dynamic step on stages 1-4 grows by the non-selected layers, which a "
+                            "per-chunk count (all 10 chunks selective) cannot show",
+        "selective_needs_tp": "measured: no_sp is identical to no_sp_norec to the MiB (tp=8, SP off), and llama3/dp "
+                              "and pp8_rank8 (tp=1, use_seq_parallel True) have the same dynamic step, 27593 MiB, "
+                              "on stages 0-5 although select_recompute is [10,8,6,4,2,0,0,0]; MemEst's MindFormers "
+                              "parser likewise zeroes the normOp/ffAct/gather terms only with SP. With tp=1 the SP "
+                              "layouts (dp*mp, 1) equal the non-SP ones",
+        "comm_recompute": "select_comm_recompute (default pattern .*\\.norm) re-runs the norm-output all-gathers in "
+                          "backward, so the sharded norm outputs stay: llama3/default vs norec stage 0 (80 "
+                          "selective vs 80 plain layer-micro-batches) differ by AllGather -254, FFN -92 and "
+                          "attention +15.7 MiB per layer per micro-batch, i.e. the gathered inputs, SiLU output and "
+                          "product go while the attention_norm and ffn_norm outputs (2*h/tp bytes per token, 16 MiB "
+                          "each) stay",
+        "backward_workspace": "MemEst (huawei_paris memory_estimation/_bwd_overhead.py) adds one more copy of "
+                              "the stage's last layer at one micro-batch for 1F1B schedules. Measured: after the "
+                              "per-micro-batch activations, every middle stage keeps a flat excess of about one "
+                              "layer's activations: no_sp_norec 0.7-1.2 GB (layer 790 MiB), llama2/70b 0.5-0.7 GB "
+                              "(442 MiB), dp / pp8_rank8 (tp=1) 1.3-2.4 GB (2738 MiB)",
+        "graph_constants": "Static minus (parameters + optimizer states + accumulated gradients) is 137-140 MiB "
+                           "on every llama3 stage (s=8192) for any tp, cp or flash attention, 36-39 MiB for "
+                           "llama2 (s=4096, also at micro-batch size 8), and 274 / 686 / 1372 MiB with "
+                           "pp_interleave_num 2 / 5 / 10: an fp16 s x s causal mask (128 / 32 MiB) plus fp32 "
+                           "rotary cos and sin tables s x d (8 / 4 MiB), held by each pipeline chunk",
+        "cast_once": "fp32 parameters with enable_parallel_optimizer and dp*cp = 1 (llama3 default, norec, "
+                     "n_kv_heads_64): every stage's dynamic memory exceeds the activation model by a flat "
+                     "3.4-3.7 GB, of which the 16-bit copy of the stage's weights (10 x 855.65M x 2 B / 8 = 2040 MiB) "
+                     "is the part explained; with OP on there is no per-micro-batch cast (no_op adds 204 MiB per "
+                     "layer per micro-batch, default does not), so the cast is made once and kept. With dp*cp > 1 "
+                     "the same copy is the all-gather output (llama2/70b AllGather row: 4080 MiB = 10 layers' "
+                     "fp16 weights / tp). The copy is freed before the optimizer step: cp2_colai_fullrec's flat "
+                     "stages sit at the optimizer floor without it",
         "reserve": "0: the measured MindSpore peaks (Static+Dynamic) contain no safety margin "
                    "(shared/validation/mindformers/README.md)",
     })

@@ -47,7 +47,8 @@ class Strategy:
     """Apply ``recompute`` only to the first N layers of each stage chunk, the others
     store everything (Megatron ``--recompute-method block --recompute-num-layers N``;
     MindFormers per-stage ``recompute``/``select_recompute`` lists). One int for every
-    stage, or one count per stage."""
+    stage, or one count per stage. With vpp > 1 the count is per chunk, or the stage's
+    total dealt over its chunks when the engine sets ``recompute_count_per_stage``."""
     schedule: str = "1f1b"
     engine: str = "megatron"
     flash_attention: bool = True

@@ -29,8 +29,11 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
 7. CP divides s (each rank keeps its sequence shard; ring/all-to-all peers' K, V are
    transient). SP divides the residual-stream tensors (norm inputs, linear inputs,
    dropout masks) by tp.
-8. Full recompute stores the layer input ``2*s*b*h / t_sp`` (Megatron stores the
-   SP-sharded input); the layer's activations are rebuilt one layer at a time in
+9. Engine option ``rope_inputs_kept``: the rotary embedding keeps q and k as they were
+   before rotation, beside the rotated copies the attention core saves.
+8. Full recompute stores the layer input ``2*s*b*h / t`` under SP, else unsliced
+   (Megatron stores the SP-sharded input; an SP-like layout that an engine derives from
+   CP does not reach the layer boundary); the layer's activations are rebuilt one layer at a time in
    backward (a transient term in memory.py).
 """
 
@@ -91,6 +94,8 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
         o_width = M.a * M.dv
     else:
         parts["qkv"] = ACT_BYTES * s * b * (M.a + 2 * M.kv) * M.d / t
+        if c.eng.rope_inputs_kept and not spec.learned_positions:
+            parts["rope_input"] = ACT_BYTES * s * b * (M.a + M.kv) * M.d / t  # q and k before rotation
         o_width = M.a * M.d
     parts["core"] = core_attention(spec, M, c)
     parts["o_input"] = ACT_BYTES * s * b * o_width / t
@@ -154,23 +159,33 @@ def _dropped(c: ActContext, name: str) -> bool:
     base = name.split("_", 1)[1] if name.startswith(("expert_", "shared_")) else name
     if base == "core":
         return "core" in c.eng.selective_drops
-    if c.eng.gathered_inputs_kept and not c.sp_flag:
-        return False  # MindSpore's selective ops act only with SP (measured: no_sp == no_sp_norec)
     return base in c.eng.selective_drops
 
 
 def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str, mode: str) -> sp.Expr:
     """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``."""
     if mode == "full":
-        return ACT_BYTES * c.s * c.b * M.h / (c.t_sp if c.eng.full_recompute_input_sliced else 1)
+        sliced = c.eng.full_recompute_input_sliced and c.sp_flag  # the user's SP, not CP's SP-like layout
+        return ACT_BYTES * c.s * c.b * M.h / (c.t if sliced else 1)
     parts = attention_parts(spec, M, c)
     parts |= {f"ffn.{k}": v for k, v in (moe_parts(spec, M, c) if kind == "moe" else mlp_parts(spec, M, c)).items()}
     if mode == "selective":
         keep = {k: v for k, v in parts.items() if not _dropped(c, k.removeprefix("ffn."))}
+        if c.eng.comm_recompute_keeps_shard and c.eng.gathered_inputs_kept and c.sp:
+            # the all-gather re-run in backward needs its SP-sharded input (the norm output)
+            for k in ("qkv_input", "ffn.fc1_input"):
+                if k in parts and k not in keep:
+                    keep[k] = ACT_BYTES * c.s * c.b * M.h / c.t_sp
         if "core" not in keep and not c.flash and c.eng.selective_score_bytes:
             keep["core"] = core_attention(spec, M, c, selective=True)
         elif "core" in keep and not c.flash and c.eng.score_bytes:
             keep["core"] = core_attention(spec, M, c, selective=True)
+        if c.eng.selective_needs_tp:
+            # selective acts only when SP splits over tp > 1 devices (EngineProfile.selective_needs_tp);
+            # gate = 0 at tp = 1, where the SP layout is the non-SP one
+            stored = sp.Add(*parts.values())
+            gate = sp.Min(c.t - 1, 1) if c.sp_flag else 0
+            return stored - gate * (stored - sp.Add(*keep.values()))
         parts = keep
     return sp.Add(*parts.values())
 

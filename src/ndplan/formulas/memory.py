@@ -2,7 +2,8 @@
 
 peak = static (weights + gradients + fp32 master + optimizer states)
      + activations (per-layer bytes x layers x in-flight micro-batches, per chunk)
-     + max(loss logits, one layer rebuilt by full recompute)   [exclusive transients]
+     + max(loss logits, one layer rebuilt by full recompute or, per engine, the
+           activation gradients of the layer in backward)   [exclusive transients]
      + ZeRO-3/FSDP all-gather buffers + communication buffers + framework reserve.
 
 Sharding groups (Megatron-Core; torchtitan's dp_shard_cp mesh): non-expert weights
@@ -25,7 +26,7 @@ from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 
-STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer")
+STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
 
 _SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimizer states, 2 adds "
                "gradients, 3 adds parameters, over the data-parallel group")
@@ -82,16 +83,28 @@ def weight_bytes(strat: Strategy, eng: EngineProfile) -> int:
     return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[strat.weight_dtype]
 
 
-def _chunk_activation(spec, M, ctx, strat, nd, nm, cast) -> sp.Expr:
+def chunk_recompute_count(eng: EngineProfile, strat: Strategy, chunk: int) -> sp.Expr:
+    """Layers of chunk ``chunk`` that a recompute count ``nrec`` covers (before clipping
+    to the chunk's layers). Per chunk by default; with ``eng.recompute_count_per_stage``
+    the stage's count is dealt one layer at a time to chunks 0..vpp-1, 0, ..., so chunk c
+    gets floor((nrec + vpp - 1 - c) / vpp) (exact for equal chunks; with uneven chunks a
+    full chunk's leftover is not passed on)."""
+    if eng.recompute_count_per_stage and strat.vpp > 1:
+        return sp.floor((S.nrec + strat.vpp - 1 - chunk) / strat.vpp)
+    return S.nrec
+
+
+def _chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers; ``cast``
-    adds the engine's per-micro-batch 16-bit weight cast (0 or 1)."""
+    adds the engine's per-micro-batch 16-bit weight cast (0 or 1); ``nrec`` is the
+    chunk's recompute count (chunk_recompute_count)."""
     act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode) + cast * A.ACT_BYTES * layer_params(spec, M, k)
            for k in ("dense", "moe") for mode in ("none", "selective", "full")}
     if strat.recompute_layers is None:
         return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
     mode = strat.recompute
-    rec_d = sp.Min(S.nrec, nd)  # the first N layers of the chunk (dense layers come first)
-    rec_m = sp.Min(S.nrec - rec_d, nm)
+    rec_d = sp.Min(nrec, nd)  # the first N layers of the chunk (dense layers come first)
+    rec_m = sp.Min(nrec - rec_d, nm)
     return (rec_d * act[("dense", mode)] + (nd - rec_d) * act[("dense", "none")]
             + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
 
@@ -115,7 +128,12 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     weight_b = weight_bytes(strat, eng)
     master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
     grad_b = (weight_b if eng.grads_in_weight_dtype else eng.grad_bytes_fp32) if strat.grad_dtype == "fp32" else 2
-    grads = dense + expert if eng.grads_shard_tp_only else shard(eng.grads_sharded_from)
+    if eng.grads_shard_tp_only:
+        # accumulated gradients take the shape of each parameter's model-parallel slice: the
+        # layers' TP slice, and the input embedding's (tp*cp) slice when it is not ZeRO-sharded
+        grads = dense + expert - (0 if eng.embedding_zero_sharded else emb * (1 - 1 / S.cp))
+    else:
+        grads = shard(eng.grads_sharded_from)
     if not eng.grads_without_accumulation:
         # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
         grads = grads * sp.Min(pp_expr(spec, strat) + S.m - 2, 1)
@@ -134,6 +152,15 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
              note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
     ]
 
+    consts = eng.attention_mask_bytes * S.seq ** 2
+    if not spec.learned_positions:
+        consts += eng.rope_table_bytes * 2 * S.seq * M.d
+    terms.append(Term(key="mem.graph_constants", expr=strat.vpp * consts, unit="bytes",
+                      source=f"{eng.name}: persistent causal mask ({eng.attention_mask_bytes} bytes per s x s "
+                             f"element) and rotary cos/sin tables ({eng.rope_table_bytes} bytes per s x head_dim "
+                             f"element), one set per pipeline chunk ({eng.sources.get('graph_constants', 'none')})",
+                      note="full sequence, not split by cp"))
+
     ctx = act_context(spec, strat)
     pp = pp_expr(spec, strat)
     cast = int(eng.weight_cast_per_microbatch and z < eng.weights_sharded_from and weight_b > A.ACT_BYTES)
@@ -141,7 +168,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     for c in range(strat.vpp):
         nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
         acts += inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * _chunk_activation(
-            spec, M, ctx, strat, nd, nm, cast)
+            spec, M, ctx, strat, nd, nm, cast, chunk_recompute_count(eng, strat, c))
     first, last = is_first(stage), head_device_flag(strat.schedule, stage, pp)
     hc = head_chunk(strat.schedule, strat.vpp)
     acts += first * inflight(strat.schedule, stage, 0, pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
@@ -158,24 +185,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
                "chunk x in-flight micro-batches of the schedule (formulas/schedules.py)",
         note=f"{strat.recompute} recompute, schedule {strat.schedule}, vpp={strat.vpp}"))
 
-    logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
-    any_full = strat.recompute == "full"
-    kind = "moe" if spec.is_moe else "dense"
-    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if any_full else sp.Integer(0)
-    transient = sp.Max(logits, rebuilt) if any_full else logits
-    src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
-           f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
-           "its backward (its no-recompute activations)")
-    if eng.optimizer_step_temp_bytes:
-        # the optimizer step runs after the last backward, when no activations are alive:
-        # activations + transient = max(activation phase, optimizer-step temporaries)
-        step_tmp = off * eng.optimizer_step_temp_bytes * shard(1)
-        transient = sp.Max(transient, step_tmp - acts)
-        src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
-                f"activations ({eng.sources['optimizer_step']})")
-    terms.append(Term(key="mem.transient", expr=transient, unit="bytes", source=src,
-                      note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
-
+    gather = sp.Integer(0)
     if z >= eng.weights_sharded_from:
         if eng.gather_whole_stage:
             gather = A.ACT_BYTES * (dense + expert)
@@ -186,9 +196,38 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
             gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, big)
             what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
                     "(current + prefetched; FSDP2 default forward prefetch of one layer)")
-        terms.append(Term(key="mem.zero3_gather", expr=gather * sp.Min(dp_cp - 1, 1), unit="bytes",
-                          source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}",
-                          note="zero when dp*cp = 1"))
+        if eng.sharded_weights_cast_once and weight_b > A.ACT_BYTES:
+            note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
+        else:
+            gather = gather * sp.Min(dp_cp - 1, 1)
+            note = "zero when dp*cp = 1"
+        gather_term = Term(key="mem.zero3_gather", expr=gather, unit="bytes",
+                           source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
+
+    logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
+    # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
+    # (engine option backward_layer_workspace) the gradients of any layer's activations
+    one_layer = strat.recompute == "full" or eng.backward_layer_workspace
+    kind = "moe" if spec.is_moe else "dense"
+    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if one_layer else sp.Integer(0)
+    transient = sp.Max(logits, rebuilt) if one_layer else logits
+    src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
+           f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
+           "its backward (its no-recompute activations)")
+    if eng.backward_layer_workspace:
+        src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
+    if eng.optimizer_step_temp_bytes:
+        # the optimizer step runs after the last backward, when neither activations nor the
+        # gathered 16-bit weights are alive: activations + gather + transient =
+        # max(forward/backward phase, optimizer-step temporaries)
+        step_tmp = off * eng.optimizer_step_temp_bytes * shard(1)
+        transient = sp.Max(transient, step_tmp - acts - gather)
+        src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
+                f"activations and gathered weights ({eng.sources['optimizer_step']})")
+    terms.append(Term(key="mem.transient", expr=transient, unit="bytes", source=src,
+                      note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
+    if z >= eng.weights_sharded_from:
+        terms.append(gather_term)
     comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (strat.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
     terms.append(Term(
         key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
