@@ -12,6 +12,7 @@ import sys
 import click
 
 from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
+from ndplan.cli_sweep import register as register_sweep
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate as run_estimate
 from ndplan.strategy import ENGINES, RECOMPUTE_MODES, SCHEDULES, Strategy
@@ -142,6 +143,8 @@ def main():
       ndplan models
       ndplan estimate -m llama3-70b -H h100-sxm --gpus 64 --tp 8 --pp 2 --gbs 64 --seq 8192
       ndplan explain  -m llama3-8b --dp 8 --term mem.activations --symbolic
+      ndplan sweep    -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024
+      ndplan compare  -m llama2-70b -H a100-80gb --gpus 64 --gbs 128 "dp=4,tp=8,pp=2" "dp=8,tp=8,pp=1"
     """
 
 
@@ -264,6 +267,8 @@ def hardware(as_json):
                    f"{r['intra_node_gb_per_s']:>4g}/{r['inter_node_gb_per_s']:g} GB/s intra/inter  "
                    f"{r['devices_per_node']}/node  {r['display_name']}{flag}")
 
+
+register_sweep(main, library_errors, parse_overrides)
 
 if __name__ == "__main__":
     main()

@@ -42,8 +42,14 @@ def _compile(breakdown: Breakdown, args: tuple[sp.Symbol, ...]) -> Kernel:
     free = set().union(*[e.free_symbols for e in exprs]) - set(args)
     if free:
         raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-    fn = sp.lambdify(args, exprs, modules="numpy", cse=True)
-    return Kernel([t.key for t in breakdown], args, fn)
+    return Kernel([t.key for t in breakdown], args, _lambdify(args, exprs))
+
+
+def _lambdify(args, exprs):
+    """lambdify with common-subexpression elimination; evaluation is off while CSE
+    rebuilds the trees (re-evaluating every Max/Min costs 3x the whole compile)."""
+    with sp.evaluate(False):
+        return sp.lambdify(args, exprs, modules="numpy", cse=True)
 
 
 def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS) -> Kernel:
@@ -68,6 +74,9 @@ from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
+#: Modules whose code decides a kernel's expressions (the CLI and reports do not).
+_EXPR_MODULES = ("formulas", "catalog", "engines.py", "symbols.py", "strategy.py", "terms.py", "kernels.py",
+                 "estimate.py", "sweep.py")
 _MEMORY: dict[str, Kernel] = {}
 
 
@@ -85,6 +94,8 @@ def _sources_digest() -> str:
     if _SOURCES_DIGEST is None:
         h = hashlib.sha256(sys.version.encode())
         for p in sorted(_PKG.rglob("*.py")):
+            if p.relative_to(_PKG).parts[0] not in _EXPR_MODULES:
+                continue
             h.update(p.relative_to(_PKG).as_posix().encode())
             h.update(p.read_bytes())
         _SOURCES_DIGEST = h.hexdigest()
@@ -128,7 +139,7 @@ def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Sy
         free = set().union(*[e.free_symbols for e in exprs]) - set(args)
         if free:
             raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-        fn = sp.lambdify(args, exprs, modules="numpy", cse=True)
+        fn = _lambdify(args, exprs)
         source = inspect.getsource(fn)
         kernel = _from_source(bd.keys(), names, source)
         if use_disk:

@@ -37,6 +37,8 @@ def fmt_count(n: float) -> str:
 
 def fmt_seconds(t: float) -> str:
     t = float(t)
+    if abs(t) < 5e-10:
+        return "0 s"
     if t >= 1:
         return f"{t:.3f} s"
     if t >= 1e-3:
