@@ -1,0 +1,183 @@
+"""Sweep: its vectorized peak/step equal estimate() stage by stage, its ranking is
+deterministic, its Pareto front equals a brute-force oracle, find-min-gpus equals a
+linear scan, and time kernels equal their SymPy expressions."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import sympy as sp
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ndplan import symbols as S
+from ndplan.catalog import load_hardware, load_model
+from ndplan.cli import main
+from ndplan.estimate import estimate
+from ndplan.formulas.step import step_time
+from ndplan.kernels import compile_breakdown
+from ndplan.sweep import find_min_gpus, pareto_front, row_strategy, sweep
+
+H100 = load_hardware("h100-sxm")
+SMALL_SPACE = {"mbs": [1, 2], "zero": [1, 3], "recompute": ["none", "full"]}
+
+
+@pytest.fixture(scope="module")
+def llama8b_64():
+    return sweep(load_model("llama3-8b"), H100, 64, 8192, 256, SMALL_SPACE, top=3)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["llama3-8b", "mixtral-8x7b", "deepseek-v2-lite", "qwen3-30b-a3b", "llama2-13b"]),
+       gpus=st.sampled_from([8, 16, 32]), seed=st.integers(0, 10_000))
+def test_sweep_rows_equal_estimate(name, gpus, seed):
+    """Peak over PEAK_STAGES == max over every stage of estimate(); step time equal."""
+    model = load_model(name)
+    space = {"mbs": [1, 2], "zero": [1, 3], "recompute": ["none", "selective", "full"]}
+    r = sweep(model, H100, gpus, 4096, 64, space, top=0)
+    rng = random.Random(seed)
+    for i in rng.sample(range(len(r.table)), min(3, len(r.table))):
+        strat = r.strategy(i)
+        e = estimate(model, H100, strat, gpus)
+        assert r.table.peak_bytes[i] == pytest.approx(e.peak_bytes, rel=1e-9, abs=2), strat
+        assert r.table.step_s[i] == pytest.approx(e.step_s, rel=1e-9), strat
+
+
+def test_json_is_deterministic():
+    """Same input, byte-identical JSON (ranking ties broken by the degrees)."""
+    args = ["sweep", "-m", "llama3-8b", "-H", "a100-80gb", "--gpus", "16", "--gbs", "64", "--seq", "4096",
+            "--mbs", "1,2", "--json", "--top", "3"]
+    a = CliRunner().invoke(main, args)
+    b = CliRunner().invoke(main, args)
+    assert a.exit_code == 0, a.output
+    assert a.output == b.output
+    data = json.loads(a.output)
+    assert set(data["candidates"]) >= {"generated", "rejected", "infeasible", "feasible"}
+    c = data["candidates"]
+    assert c["generated"] == c["rejected"] + c["infeasible"] + c["feasible"]
+    top = data["top"][0]
+    assert set(top) >= {"strategy", "memory", "time", "fits"}
+    assert top["time"]["step_s"] > 0 and 0 < top["time"]["mfu"] < 1
+    assert data["pareto"] and all(p["peak_bytes"] > 0 for p in data["pareto"])
+
+
+def test_ranking_sorted_and_feasible_first(llama8b_64):
+    r = llama8b_64
+    f = r.feasible
+    assert f > 0
+    assert np.all(r.table.peak_bytes[:f] <= r.mem_limit_bytes)
+    assert np.all(r.table.peak_bytes[f:] > r.mem_limit_bytes)
+    assert np.all(np.diff(r.table.step_s[:f]) >= -1e-9)  # ties (to 1e-12 s) ordered by memory, then degrees
+    assert r.top[0].step_s == pytest.approx(r.table.step_s[0])
+
+
+def test_pareto_equals_brute_force(llama8b_64):
+    r = llama8b_64
+    peak, step = r.table.peak_bytes[:r.feasible], r.table.step_s[:r.feasible]
+    oracle = set()
+    for i in range(len(peak)):
+        dominated = np.any(((peak <= peak[i]) & (step < step[i])) | ((peak < peak[i]) & (step <= step[i])))
+        if not dominated:
+            oracle.add((peak[i], step[i]))
+    got = {(peak[i], step[i]) for i in r.pareto}
+    assert got == oracle
+    assert len(pareto_front(peak, step)) == len(r.pareto)
+
+
+def test_find_min_gpus_equals_linear_scan():
+    model = load_model("llama3-70b")
+    space = {"recompute": ["none", "full"], "zero": [1, 3], "mbs": [1]}
+    r = find_min_gpus(model, H100, 4096, 64, space, top=1)
+    first = None
+    for nodes in range(1, 17):
+        try:
+            s = sweep(model, H100, nodes * 8, 4096, 64, space, top=0)
+        except Exception:
+            continue
+        if s.feasible:
+            first = nodes * 8
+            break
+    assert r.gpus == first
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["llama3-8b", "mixtral-8x7b", "deepseek-v2-lite", "megatron-gpt-22b"]),
+       schedule=st.sampled_from(["1f1b", "interleaved", "zb-h1", "zbv"]),
+       recompute=st.sampled_from(["none", "selective", "full"]), zero=st.sampled_from([0, 1, 3]),
+       dp=st.sampled_from([1, 2, 8]), tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2]),
+       mbs=st.sampled_from([1, 2]), seed=st.integers(0, 1000))
+def test_time_kernel_equals_subs(name, schedule, recompute, zero, dp, tp, cp, mbs, seed):
+    """The compiled time kernel equals expr.subs at the point, term by term."""
+    model = load_model(name)
+    vpp = {"interleaved": 2, "zbv": 2}.get(schedule, 1)
+    pp = 3 if model.num_hidden_layers % 6 == 0 and model.num_hidden_layers % 4 else 2
+    if model.num_hidden_layers % (pp * vpp):
+        pp = 1 if schedule in ("1f1b", "zb-h1") else pp
+    if model.num_hidden_layers % (pp * vpp):
+        return
+    ep = 2 if model.is_moe and (dp * cp * tp) % 2 == 0 else 1
+    try:
+        strat = row_strategy({"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": 1, "vpp": vpp, "mbs": mbs,
+                              "zero": zero, "sp": True, "recompute": recompute, "schedule": schedule},
+                             4096, dp * mbs * max(pp, 2) * 2, {})
+        strat.check(model)
+    except Exception:
+        return
+    bd = step_time(model, model.symbols(), strat)
+    hw = load_hardware(random.Random(seed).choice(["h100-sxm", "a100-80gb", "ascend-910b"])).kernel_values()
+    point = {S.dp: dp, S.tp: tp, S.pp: pp, S.vpp: vpp, S.cp: cp, S.ep: ep, S.etp: 1, S.mbs: mbs, S.m: strat.m,
+             S.seq: 4096, S.nrec: 0, S.stage: 0}
+    point |= {S.BY_NAME[k]: v for k, v in hw.items()}
+    out = compile_breakdown(bd, S.STRATEGY_SYMBOLS + S.HW_SYMBOLS)(**{k.name: v for k, v in point.items()})
+    for t in bd:
+        ref = float(sp.sympify(t.expr).subs(point))
+        assert float(out[t.key]) == pytest.approx(ref, rel=1e-9, abs=1e-12), t.key
+
+
+def test_cli_sweep_errors_exit_2(tmp_path):
+    bad = tmp_path / "space.yaml"
+    bad.write_text("tp: [1, 2\n")
+    cases = [
+        ["--space", str(bad)],
+        ["--tpp", "2"],
+        ["--tp", "3"],
+        ["--schedule", "foo"],
+        ["--mem-limit", "-1"],
+    ]
+    for extra in cases:
+        res = CliRunner().invoke(main, ["sweep", "-m", "llama3-8b", "--gpus", "64", "--gbs", "64", *extra])
+        assert res.exit_code == 2, (extra, res.output)
+        assert "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["sweep", "-m", "llama3-8b", "--gpus", "64", "--gbs", "64", "--space", str(bad)])
+    assert "space" in res.output
+
+
+def test_nothing_fits_names_the_smallest_need():
+    res = CliRunner().invoke(main, ["sweep", "-m", "llama3-70b", "-H", "a100-80gb", "--gpus", "8", "--gbs", "8",
+                                    "--zero", "0", "--recompute", "none"])
+    assert res.exit_code == 1
+    assert "nothing fits" in res.output and "smallest peak" in res.output and "mem." in res.output
+
+
+def test_why_names_rule_or_rank():
+    base = ["sweep", "-m", "llama3-70b", "-H", "a100-80gb", "--gpus", "64", "--gbs", "128", "--mbs", "1,2"]
+    res = CliRunner().invoke(main, base + ["--why", "tp=3"])
+    assert res.exit_code == 0 and "rule world" in res.output
+    res = CliRunner().invoke(main, base + ["--why", "dp=8,tp=8,pp=1"])
+    assert "ranks #" in res.output or "infeasible by memory" in res.output
+    res = CliRunner().invoke(main, base + ["--why", "dp=64,tp=1,pp=1,zero=0"])
+    assert "infeasible by memory" in res.output
+
+
+def test_compare_marks_differing_terms():
+    res = CliRunner().invoke(main, ["compare", "-m", "llama2-70b", "-H", "a100-80gb", "--gpus", "64", "--gbs", "128",
+                                    "dp=4,tp=8,pp=2", "dp=8,tp=8,pp=1,recompute=full", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    diff = set(data["differing_terms"])
+    assert "time.recompute" in diff and "time.pp_bubble" in diff and "mem.activations (max)" in diff
+    assert "mem.reserve (max)" not in diff
