@@ -16,6 +16,7 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
+from ndplan.engines import EngineProfile
 from ndplan.formulas import flops as FL
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
@@ -118,8 +119,13 @@ def _stage_rows(bds: list[Breakdown], values: list[dict[str, np.ndarray]], stage
     return rows
 
 
-def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | None = None) -> Estimate:
-    """Per-stage peak memory of ``strat`` for ``model`` on ``hardware``."""
+def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | None = None,
+             engine: EngineProfile | None = None) -> Estimate:
+    """Per-stage peak memory and step time of ``strat`` for ``model`` on ``hardware``.
+
+    ``engine`` replaces ``ENGINE_PROFILES[strat.engine]`` in the time model only (e.g. the
+    same engine with a stated ``--tp-comm-overlap``: ``dataclasses.replace(MEGATRON,
+    overlap_tp_comm=True)``); memory always uses the named profile."""
     strat.check(model, gpus)
     point = {k.name: v for k, v in strategy_point(strat).items()}
     stages = np.arange(strat.pp)
@@ -138,7 +144,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     M = model.symbols()
     host = host_memory(model, M, strat, sp.Integer(0))
     host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
-    tbd = step_time(model, M, strat)
+    tbd = step_time(model, M, strat, engine)
     ref_stage = 0 if strat.schedule == "zbv" else strat.pp - 1  # the head's stage (formulas/step.py)
     tvals = compile_breakdown(tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
         **(point | {"nrec": strategy_point(strat, ref_stage)[S.nrec]}), stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))

@@ -10,14 +10,22 @@ experts use Megatron's expert mesh, where tp becomes etp, cp folds into the
 expert-data-parallel degree edp = dp*cp*tp/(ep*etp), and ep keeps its place.
 
 Link. Inside a node: ``bw_intra * eff_intra`` bytes/s and ``lat_intra`` per step;
-across nodes every device drives its own NIC: ``bw_inter * eff_inter`` and
-``lat_inter`` (the hierarchical bottleneck of a ring that leaves the node).
+across nodes every device drives its own NIC (``bw_inter * eff_inter``, ``lat_inter``).
+A collective that leaves the node runs on all the NICs its members in the node own
+(NCCL multi-rail: one ring/channel per NIC, each carrying 1/n_in of the buffer). With
+n_in = min(n, node * n / span) group members per node, a ring over n ranks crosses into
+each node once per channel, so a node receives the ring's (n-1)/n * B (all-gather;
+twice that for all-reduce) through n_in NICs: the inter-node bus bandwidth is
+``n_in * bw_inter * eff_inter`` (nccl-tests on DGX A100, 8 x 200 Gb/s: multi-node
+all-reduce busbw approaches the node's 8 x 25 GB/s, not one NIC's 25 GB/s). A group
+with one member per node (stride >= node, e.g. DP over tp = 8) keeps one NIC: n_in = 1.
 
 Cost of one collective over n ranks, B = bytes of the full (unsharded) buffer
 (Thakur, Rabenseifner and Gropp 2005; NCCL's ``busbw`` convention):
 
 * all-reduce (ring): 2*(n-1)/n * B / bw + 2*(n-1) * lat
 * all-gather, reduce-scatter: (n-1)/n * B / bw + (n-1) * lat
+  (bw: ``bandwidth(span, n)``, multi-rail across nodes)
 * all-to-all of B bytes per rank: the (n_in - 1)/n share to peers in the node at intra
   bandwidth and the (n - n_in)/n share to other nodes at NIC bandwidth, concurrently:
   max of the two, + (n-1) * lat, with n_in = min(n, node/stride) group members per node.
@@ -78,8 +86,17 @@ def _intra(sp_: sp.Expr):
     return sp_ <= S.node
 
 
-def bandwidth(group_span: sp.Expr) -> sp.Expr:
-    return sp.Piecewise((S.bw_intra * S.eff_intra, _intra(group_span)), (S.bw_inter * S.eff_inter, True))
+def members_per_node(n, group_span) -> sp.Expr:
+    """Group members inside one node: n ranks at stride span/n, node/stride of them per node
+    (at least 1, at most n)."""
+    return vmin(n, vmax(1, S.node * n / group_span))
+
+
+def bandwidth(group_span: sp.Expr, n=1) -> sp.Expr:
+    """Bus bandwidth of a group of ``n`` ranks spanning ``group_span`` consecutive ranks: the
+    device's intra-node link, or across nodes the NICs of the members per node (multi-rail)."""
+    inter = S.bw_inter * S.eff_inter * (members_per_node(n, group_span) if n != 1 else 1)
+    return sp.Piecewise((S.bw_intra * S.eff_intra, _intra(group_span)), (inter, True))
 
 
 def latency(group_span: sp.Expr) -> sp.Expr:
@@ -87,12 +104,12 @@ def latency(group_span: sp.Expr) -> sp.Expr:
 
 
 def all_reduce(n, nbytes, group_span) -> sp.Expr:
-    return 2 * (n - 1) / n * nbytes / bandwidth(group_span) + 2 * (n - 1) * latency(group_span)
+    return 2 * (n - 1) / n * nbytes / bandwidth(group_span, n) + 2 * (n - 1) * latency(group_span)
 
 
 def all_gather(n, nbytes, group_span) -> sp.Expr:
     """Also the cost of a reduce-scatter of the same full buffer."""
-    return (n - 1) / n * nbytes / bandwidth(group_span) + (n - 1) * latency(group_span)
+    return (n - 1) / n * nbytes / bandwidth(group_span, n) + (n - 1) * latency(group_span)
 
 
 def all_to_all(n, nbytes, group_stride) -> sp.Expr:
