@@ -7,7 +7,9 @@ Notebook API (see README):
     >>> hw = ndplan.load_hardware("h100-sxm")
     >>> strat = ndplan.Strategy(dp=8, tp=1, pp=1, mbs=1, gbs=64, seq=8192)
     >>> est = ndplan.estimate(model, hw, strat)
-    >>> est.peak_bytes
+    >>> est.peak_bytes, est.step_s, est.mfu
+    >>> res = ndplan.sweep(model, hw, gpus=64, seq=8192, gbs=512)   # exhaustive search
+    >>> ndplan.step_time(model, model.symbols(), strat)["time.tp_comm"].expr   # a closed form
 """
 
 from ndplan.errors import NdplanError
@@ -16,6 +18,9 @@ from ndplan.strategy import Strategy
 from ndplan.estimate import estimate, stage_breakdown, Estimate
 from ndplan.terms import Term, Breakdown
 from ndplan.kernels import compile_breakdown
+from ndplan.formulas.step import step_time
+from ndplan.sweep import sweep, SweepResult
+from ndplan import hooks
 
 __all__ = [
     "NdplanError",
@@ -32,5 +37,9 @@ __all__ = [
     "Term",
     "Breakdown",
     "compile_breakdown",
+    "step_time",
+    "sweep",
+    "SweepResult",
+    "hooks",
 ]
 __version__ = "0.1.0"

@@ -211,6 +211,7 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
     Examples:
       ndplan explain -m llama3-8b --dp 8 --seq 8192
       ndplan explain -m llama3-70b --tp 8 --pp 4 --gbs 64 --term mem.activations --symbolic --latex
+      ndplan explain -m llama3-70b -H h100-sxm --tp 8 --pp 4 --gbs 64 --term time.tp_comm
     """
     from ndplan.explain import explain as run_explain
     model, hw, strat, gpus = build(kw)
@@ -218,13 +219,13 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
         stage = run_estimate(model, hw, strat, gpus).peak_stage
     elif not 0 <= stage < strat.pp:
         raise NdplanError("stage", stage, f"must be in 0..{strat.pp - 1}")
-    items = run_explain(model, strat, stage=stage, symbolic=symbolic, term=term)
+    items = run_explain(model, strat, stage=stage, symbolic=symbolic, term=term, hardware=hw)
     if as_json:
         click.echo(json.dumps([vars(i) for i in items], indent=2))
         return
     for it in items:
-        val = fmt_bytes(it.value) if it.unit == "bytes" else (
-            fmt_count(it.value) + f" ({int(it.value):,})" if it.unit == "count" else f"{it.value:g} {it.unit}")
+        val = (fmt_bytes(it.value) if it.unit == "bytes" else fmt_count(it.value) + f" ({int(it.value):,})"
+               if it.unit == "count" else fmt_seconds(it.value) if it.unit == "s" else f"{it.value:g} {it.unit}")
         click.echo(f"{it.key} = {val}   [{it.unit}; {it.note}]" if it.note else f"{it.key} = {val}   [{it.unit}]")
         click.echo(f"  = {it.latex if latex else it.formula}")
         click.echo(f"  source: {it.source}")

@@ -8,6 +8,7 @@ recompute FLOPs. tokens_per_s is per device."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,16 +17,29 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import EngineProfile
+from ndplan.engines import ENGINE_PROFILES, EngineProfile
 from ndplan.formulas import flops as FL
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
 from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
-from ndplan.kernels import compile_breakdown
+from ndplan.kernels import cached_kernel
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
 from ndplan.strategy import Strategy
 from ndplan.terms import Breakdown
+
+
+def structural_key(model: ModelSpec, strat: Strategy) -> tuple:
+    """What the memory and time Breakdowns of ``strat`` depend on beyond the kernel
+    arguments: the key of their compiled kernels (kernels.cached_kernel)."""
+    key = (repr(model), strat.schedule, strat.vpp, strat.recompute, strat.zero, strat.sp, strat.engine,
+           strat.flash_attention, strat.order, strat.grad_dtype, strat.weight_dtype, strat.offload_optimizer,
+           strat.layers_per_stage, strat.recompute_layers is not None)
+    if not symbolic_stage_ok(model, strat):
+        key += ("pp", strat.pp)  # layer counts need a concrete pp
+    if ENGINE_PROFILES[strat.engine].cp_implies_sp and not strat.sp:
+        key += ("cp>1", strat.cp > 1)
+    return key
 
 
 def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
@@ -61,8 +75,17 @@ class Estimate:
     """Model FLOPs per step (MFU numerator)."""
     hardware_flops_per_step: float = 0.0
     """Model + recompute FLOPs per step (HFU numerator)."""
-    breakdowns: list[Breakdown] = field(repr=False, default_factory=list)
-    time_breakdown: Breakdown | None = field(repr=False, default=None)
+    _breakdowns: list = field(repr=False, default_factory=list)
+    _time_breakdown: object = field(repr=False, default=None)
+
+    @property
+    def breakdowns(self) -> list[Breakdown]:
+        """Memory Breakdown per stage (built on demand: kernels may come from the cache)."""
+        return [b() for b in self._breakdowns]
+
+    @property
+    def time_breakdown(self) -> Breakdown:
+        return self._time_breakdown()
 
     @property
     def step_s(self) -> float:
@@ -108,10 +131,10 @@ class Estimate:
         }
 
 
-def _stage_rows(bds: list[Breakdown], values: list[dict[str, np.ndarray]], stages) -> list[dict]:
+def _stage_rows(values: list[dict[str, np.ndarray]], stages) -> list[dict]:
     rows = []
-    for i, (bd, vals) in enumerate(zip(bds, values)):
-        terms = {k: int(np.ceil(float(vals[k]))) for k in bd.keys()}
+    for i, vals in enumerate(values):
+        terms = {k: int(np.ceil(float(v))) for k, v in vals.items()}
         static = sum(terms[k] for k in STATIC_KEYS)
         total = sum(terms.values())
         rows.append({"stage": int(stages[i]), "peak_bytes": total, "static_bytes": static,
@@ -131,22 +154,23 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     stages = np.arange(strat.pp)
     if isinstance(strat.recompute_layers, tuple):
         point["nrec"] = np.asarray(strat.recompute_layers, dtype=float)  # one count per stage
+    key = structural_key(model, strat)
     if symbolic_stage_ok(model, strat):
-        bd = stage_breakdown(model, strat)
-        out = compile_breakdown(bd)(**point, stage=stages)
+        bd = lambda: stage_breakdown(model, strat)  # noqa: E731
+        out = cached_kernel(key + ("memory",), bd)(**point, stage=stages)
         bds = [bd] * strat.pp
         values = [{k: v[i] for k, v in out.items()} for i in range(strat.pp)]
     else:
-        bds = [stage_breakdown(model, strat, int(i)) for i in stages]
-        values = [compile_breakdown(b)(**(point | {"nrec": np.asarray(point["nrec"]).reshape(-1)[
+        bds = [functools.partial(stage_breakdown, model, strat, int(i)) for i in stages]
+        values = [cached_kernel(key + ("memory", int(i)), b)(**(point | {"nrec": np.asarray(point["nrec"]).reshape(-1)[
             i if np.ndim(point["nrec"]) else 0]}), stage=float(i)) for b, i in zip(bds, stages)]
-    rows = _stage_rows(bds, values, stages)
+    rows = _stage_rows(values, stages)
     M = model.symbols()
     host = host_memory(model, M, strat, sp.Integer(0))
     host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
-    tbd = step_time(model, M, strat, engine)
+    tbd = functools.partial(step_time, model, M, strat, engine)
     ref_stage = 0 if strat.schedule == "zbv" else strat.pp - 1  # the head's stage (formulas/step.py)
-    tvals = compile_breakdown(tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
+    tvals = cached_kernel(key + ("time", repr(engine)), tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
         **(point | {"nrec": strategy_point(strat, ref_stage)[S.nrec]}), stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
     time_terms = {k: float(v) for k, v in tvals.items()}
     flops = float(FL.model_flops_per_sequence(model, M, strat.seq)) * strat.gbs
@@ -155,4 +179,4 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
                     params_total=int(P.params_total(model, M)),
                     params_active=int(P.params_active(model, M)) if model.is_moe else None,
                     host_bytes=host_bytes, time_terms=time_terms, flops_per_step=flops,
-                    hardware_flops_per_step=flops + rec, breakdowns=bds, time_breakdown=tbd)
+                    hardware_flops_per_step=flops + rec, _breakdowns=bds, _time_breakdown=tbd)

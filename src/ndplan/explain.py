@@ -14,7 +14,9 @@ from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.estimate import strategy_point, symbolic_stage_ok
 from ndplan.formulas import params as P
+from ndplan.catalog.hardware import Hardware
 from ndplan.formulas.memory import stage_memory
+from ndplan.formulas.step import step_time
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
@@ -58,7 +60,9 @@ class Explained:
 
 
 def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool = False,
-            term: str | None = None) -> list[Explained]:
+            term: str | None = None, hardware: Hardware | None = None) -> list[Explained]:
+    """Every Term (parameters, memory of ``stage``, and with ``hardware`` the step-time
+    Terms) with its closed form and its value at the strategy."""
     concrete = spec.symbols()
     M = ModelSymbols.symbolic() if symbolic else concrete
     model_subs = M.as_subs(concrete) if symbolic else {}
@@ -68,6 +72,13 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
     bd = bd.plus([Term(key="mem.peak", expr=mem.total("mem."), unit="bytes",
                        source="sum of the mem.* terms above", note=f"stage {stage}")])
     point = strategy_point(strat, stage) | {S.stage: stage}
+    if hardware is not None:
+        ref = 0 if strat.schedule == "zbv" else strat.pp - 1  # the head's stage (formulas/step.py)
+        tbd = step_time(spec, M, strat)
+        bd = bd.plus(tbd.terms).plus([Term(key="time.step", expr=tbd.total("time."), unit="s",
+                                           source="sum of the time.* terms above", note="one training step")])
+        point |= {S.BY_NAME[k]: v for k, v in hardware.kernel_values(fp8=strat.weight_dtype == "fp8").items()}
+        point[S.nrec] = strategy_point(strat, ref)[S.nrec]
     keys = bd.keys()
     if term is not None:
         if term not in keys:
@@ -77,7 +88,8 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
     out = []
     for t in bd:
         expr = sp.sympify(t.expr)
-        value = expr.subs(model_subs).subs(point)
+        exact = {k: (sp.Float(v, 30) if isinstance(v, float) else sp.Integer(v)) for k, v in point.items()}
+        value = expr.xreplace(model_subs).xreplace(exact).evalf(30)
         out.append(Explained(key=t.key, formula=sp.sstr(expr), latex=sp.latex(expr), value=float(value),
                              unit=t.unit, source=t.source, note=t.note))
     return out

@@ -10,6 +10,7 @@ stage with ``estimate.estimate`` for their full breakdowns.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES
 from ndplan.errors import NdplanError
-from ndplan.estimate import Estimate, estimate, stage_breakdown
+from ndplan.estimate import Estimate, estimate, stage_breakdown, structural_key
 from ndplan.formulas import flops as FL
 from ndplan.formulas.placement import leading_dense, symbolic_layout
 from ndplan.formulas.step import step_time
@@ -33,11 +34,12 @@ from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
 SORT_KEYS = ("time", "memory", "mfu")
 #: Columns of the candidate table, in order (axis 1 of ``Table.numeric``).
 CATEGORICAL = ("schedule", "vpp", "recompute", "zero", "sp")
-PEAK_STAGES = """Stages evaluated for the peak: 0 (embedding, most in-flight micro-batches),
-1, the first stage without leading dense layers, and pp-1 (head, loss). In-flight
-activations never grow with the stage index, every stage between holds the same layers,
-so the maximum over these is the maximum over all stages for the even splits a sweep
-generates (a property test holds it to estimate())."""
+PEAK_STAGES = """Stages evaluated for the peak: 0 (embedding, most in-flight micro-batches), pp-1
+(head, loss) and, for models whose first k layers are dense, the first stage holding no
+dense layer. In-flight activations never grow with the stage index and the stages in
+between hold the same layers as one of these, so their maximum is the maximum over all
+stages for the even splits a sweep generates (tests/test_sweep.py holds it to
+estimate())."""
 
 
 @dataclass
@@ -112,17 +114,6 @@ def row_strategy(p: Mapping, seq: int, gbs: int, base: Mapping) -> Strategy:
                     schedule=str(p["schedule"]), **base)
 
 
-def _structural(model: ModelSpec, strat: Strategy) -> tuple:
-    """What a group's SymPy Breakdowns depend on beyond the kernel arguments."""
-    key = (repr(model), strat.schedule, strat.vpp, strat.recompute, strat.zero, strat.sp, strat.engine,
-           strat.flash_attention, strat.order, strat.grad_dtype, strat.weight_dtype, strat.offload_optimizer)
-    if not symbolic_layout(model, strat):
-        key += ("pp", strat.pp)  # layer counts need a concrete pp
-    if ENGINE_PROFILES[strat.engine].cp_implies_sp and not strat.sp:
-        key += ("cp>1", strat.cp > 1)
-    return key
-
-
 def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping):
     """Split a group's rows by structural key: [(key, representative Strategy, row index array)]."""
     g = group.grid
@@ -139,7 +130,7 @@ def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping
         strat = row_strategy({**{k: g[k][i] for k in GRID_KEYS}, "vpp": group.vpp, "zero": group.zero,
                               "sp": group.sp, "recompute": group.recompute, "schedule": group.schedule},
                              seq, gbs, base)
-        out.append((_structural(model, strat), strat, rows))
+        out.append((structural_key(model, strat), strat, rows))
     return out
 
 
@@ -147,9 +138,11 @@ def peak_stages(model: ModelSpec, pp: np.ndarray, vpp: int) -> list[np.ndarray]:
     """Stage index arrays to evaluate (see PEAK_STAGES)."""
     last = pp - 1
     k = leading_dense(model) or 0
-    per_chunk = model.num_hidden_layers / (pp * vpp)
-    first_moe = np.minimum(np.ceil(k / per_chunk), last)
-    return [np.zeros_like(pp), np.minimum(1, last), first_moe, last]
+    stages = [np.zeros_like(pp), last]
+    if 0 < k < model.num_hidden_layers:
+        per_chunk = model.num_hidden_layers / (pp * vpp)
+        stages.append(np.minimum(np.ceil(k / per_chunk), last).astype(pp.dtype))
+    return stages
 
 
 def evaluate_group(model: ModelSpec, hw: Hardware, group: Group, seq: int, gbs: int, base: Mapping,
@@ -164,22 +157,26 @@ def evaluate_group(model: ModelSpec, hw: Hardware, group: Group, seq: int, gbs: 
         if symbolic_layout(model, strat):
             mk = cached_kernel(key + ("memory",), lambda s=strat: stage_breakdown(model, s))
             stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp)
-            peak[rows] = np.max([_total(mk(**args, stage=st.astype(float))) for st in stage_sets], axis=0)
+            peak[rows] = functools.reduce(np.maximum, [_total(mk(**args, stage=st.astype(float))) for st in stage_sets])
         else:
             pp = strat.pp
-            peak[rows] = np.max([_total(cached_kernel(key + ("memory", i), lambda s=strat, i=i: stage_breakdown(
-                model, s, i))(**args, stage=float(i))) for i in range(pp)], axis=0)
+            peak[rows] = functools.reduce(np.maximum, [_total(cached_kernel(
+                key + ("memory", i), lambda s=strat, i=i: stage_breakdown(model, s, i))(**args, stage=float(i)))
+                for i in range(pp)])
         tk = cached_kernel(key + ("time",), lambda s=strat: step_time(model, model.symbols(), s),
                            STRATEGY_SYMBOLS + HW_SYMBOLS)
         out = tk(**args, stage=0.0, **hw_values)
         for k, v in out.items():
             terms.setdefault(k, np.empty(n))[rows] = v
-    step = np.sum(list(terms.values()), axis=0)
-    return np.ceil(peak), step, terms
+    return np.ceil(peak), _total(terms), terms
 
 
 def _total(out: dict[str, np.ndarray]) -> np.ndarray:
-    return np.sum(list(out.values()), axis=0)
+    vals = iter(out.values())
+    total = np.array(next(vals), dtype=float)
+    for v in vals:
+        total += v
+    return total
 
 
 def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: int, base: Mapping,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES, EngineProfile
@@ -236,7 +237,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
         note="transient"))
     terms.append(Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
                       source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device"))
-    return Breakdown(tuple(terms))
+    return hooks.apply(Breakdown(tuple(terms)), spec, strat)
 
 
 def host_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage) -> sp.Expr:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES, EngineProfile
@@ -251,7 +252,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
     opt = 0 if strat.offload_optimizer else optimizer_bytes_per_param(eng, strat) * shard / (S.hbm * S.eff_hbm)
 
     m = S.m
-    scope = "bottleneck-free reference: the stage that holds the head"
+    scope = "one device of the stage holding the head (the slowest stage of an even split)"
     T = lambda key, expr, src, note=scope: Term(key=key, expr=expr, unit="s", source=src, note=note)  # noqa: E731
     terms = [
         T("time.compute", m * (ref["F"] + ref["B"] + ref["W"]),
@@ -272,4 +273,4 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
         T("time.optimizer", opt, "Adam step streaming "
           f"{optimizer_bytes_per_param(eng, strat)} bytes per local parameter at HBM bandwidth"),
     ]
-    return Breakdown(tuple(terms))
+    return hooks.apply(Breakdown(tuple(terms)), spec, strat)

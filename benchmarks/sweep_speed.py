@@ -1,0 +1,112 @@
+"""Sweep speed: candidate evaluations per second, end-to-end sweep time from the shell,
+and candidates / wall time per device count. Prints figures and ratios; asserts nothing.
+
+1. Evaluation rate (one core): the memory kernel (4 candidate stages) and the time kernel
+   of one Llama-3-70B group, on 1,000,000 rows, vs a plain Python loop calling the same
+   generated formulas one candidate at a time (same run, same process).
+2. `ndplan sweep -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024` from the
+   shell: cold (empty kernel cache) and warm (cached), Python start-up included.
+3. Candidates and wall time for 8 ... 16384 devices (warm kernels).
+
+Run: python benchmarks/sweep_speed.py [--skip-cold]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: numpy elementwise ops are single-threaded anyway
+
+import argparse  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ndplan import load_hardware, load_model  # noqa: E402
+from ndplan.estimate import stage_breakdown, structural_key  # noqa: E402
+from ndplan.formulas.step import step_time  # noqa: E402
+from ndplan.kernels import cached_kernel  # noqa: E402
+from ndplan.space import Group, generate  # noqa: E402
+from ndplan.sweep import evaluate_group, row_strategy, sweep  # noqa: E402
+from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS  # noqa: E402
+
+N_ROWS = 1_000_000
+N_LOOP = 3_000
+
+
+def evaluation_rate() -> None:
+    model, hw = load_model("llama3-70b"), load_hardware("h100-sxm")
+    cands = generate(model, 1024, 8192, 1024, {"schedule": "1f1b", "recompute": "selective", "zero": 1})
+    g = cands.groups[0]
+    reps = -(-N_ROWS // len(g))
+    big = Group(schedule=g.schedule, vpp=g.vpp, recompute=g.recompute, zero=g.zero, sp=g.sp,
+                grid={k: np.tile(v, reps)[:N_ROWS] for k, v in g.grid.items()})
+    hwv = hw.kernel_values()
+    evaluate_group(model, hw, g, 8192, 1024, {}, hwv)  # compile (or load) the group's kernels
+    t0 = time.perf_counter()
+    peak, step, _ = evaluate_group(model, hw, big, 8192, 1024, {}, hwv)  # the sweep's own code path
+    vec_s = time.perf_counter() - t0
+
+    # baseline: the same generated formulas, called one candidate at a time from Python
+    strat = row_strategy({**{k: g.grid[k][0] for k in g.grid}, "vpp": g.vpp, "zero": g.zero, "sp": g.sp,
+                          "recompute": g.recompute, "schedule": g.schedule}, 8192, 1024, {})
+    key = structural_key(model, strat)
+    fm = cached_kernel(key + ("memory",), lambda: stage_breakdown(model, strat))
+    ft = cached_kernel(key + ("time",), lambda: step_time(model, model.symbols(), strat), STRATEGY_SYMBOLS + HW_SYMBOLS)
+    t0 = time.perf_counter()
+    for i in range(N_LOOP):
+        row = {k: float(v[i]) for k, v in big.grid.items()} | {"vpp": 1.0, "seq": 8192.0, "nrec": 0.0}
+        pp = int(row["pp"])
+        best = max(sum(fm._fn(*[row[a.name] if a.name != "stage" else float(st) for a in fm.args]))
+                   for st in {0, pp - 1})
+        s = sum(ft._fn(*[row[a.name] if a.name in row else (0.0 if a.name == "stage" else hwv[a.name])
+                         for a in ft.args]))
+        assert abs(s - step[i]) <= 1e-9 * s and abs(np.ceil(best) - peak[i]) <= 1e-6 * best + 2
+    loop_s = time.perf_counter() - t0
+    vec_rate, loop_rate = N_ROWS / vec_s, N_LOOP / loop_s
+    print("1. evaluation rate: peak memory (max over stages) + step time, one Llama-3-70B group, one core")
+    print(f"   sweep kernels      : {N_ROWS:,} candidates in {vec_s:.3f} s = {vec_rate:,.0f} candidates/s")
+    print(f"   plain Python loop  : {N_LOOP:,} candidates in {loop_s:.3f} s = {loop_rate:,.0f} candidates/s")
+    print(f"   ratio              : {vec_rate / loop_rate:,.0f}x   (target >= 2,000,000 candidates/s)")
+
+
+def shell_sweep(skip_cold: bool) -> None:
+    exe = shutil.which("ndplan") or f"{sys.executable} -m ndplan.cli"
+    cmd = f"{exe} sweep -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024 --json"
+    print("\n2. from the shell:", cmd.replace(exe, "ndplan"))
+    with tempfile.TemporaryDirectory() as cache:
+        env = os.environ | {"NDPLAN_CACHE_DIR": cache}
+        runs = ([] if skip_cold else ["cold (empty kernel cache)"]) + ["warm (cached kernels)"] * 3
+        if skip_cold:
+            subprocess.run(cmd, shell=True, env=env, stdout=subprocess.DEVNULL, check=True)
+        for label in runs:
+            t0 = time.perf_counter()
+            subprocess.run(cmd, shell=True, env=env, stdout=subprocess.DEVNULL, check=True)
+            print(f"   {label:<26} {time.perf_counter() - t0:6.2f} s   (target <= 3 s warm)")
+
+
+def per_device_count() -> None:
+    model, hw = load_model("llama3-70b"), load_hardware("h100-sxm")
+    print("\n3. Llama-3-70B on H100, seq 8192, gbs 1024, all dimensions auto (kernels warm)")
+    print(f"   {'devices':>7} {'generated':>11} {'valid':>8} {'feasible':>9} {'groups':>7} {'wall s':>7}")
+    for gpus in (8, 64, 512, 4096, 16384):
+        gbs = max(1024, gpus // 8)
+        sweep(model, hw, gpus, 8192, gbs, top=1)  # compile anything new
+        t0 = time.perf_counter()
+        r = sweep(model, hw, gpus, 8192, gbs, top=1)
+        wall = time.perf_counter() - t0
+        print(f"   {gpus:>7} {r.candidates.generated:>11,} {r.candidates.valid:>8,} {r.feasible:>9,} "
+              f"{len(r.candidates.groups):>7} {wall:>7.2f}" + ("" if gbs == 1024 else f"   (gbs {gbs})"))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-cold", action="store_true", help="skip the cold-cache shell run (about a minute)")
+    a = ap.parse_args()
+    evaluation_rate()
+    shell_sweep(a.skip_cold)
+    per_device_count()
