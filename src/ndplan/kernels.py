@@ -20,7 +20,7 @@ from ndplan.symbols import STRATEGY_SYMBOLS
 from ndplan.terms import Breakdown
 
 
-CHUNK_ROWS = 8192
+CHUNK_ROWS = 16384
 """Rows per pass of a 1-D kernel call (see Kernel._chunked)."""
 
 
@@ -43,7 +43,7 @@ class Kernel:
 
     def _chunked(self, arrays: list[np.ndarray], n: int) -> dict[str, np.ndarray]:
         """Evaluate CHUNK_ROWS rows at a time: the temporaries of a long elementwise
-        chain then stay in cache (measured 3.7x faster on 1M rows than one pass)."""
+        chain then stay in cache (measured 3-4x faster on 1M rows than one pass)."""
         out = {k: np.empty(n) for k in self.keys}
         for lo in range(0, n, CHUNK_ROWS):
             hi = min(n, lo + CHUNK_ROWS)

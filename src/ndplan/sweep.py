@@ -124,9 +124,10 @@ def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping
     if ENGINE_PROFILES[base.get("engine", "megatron")].cp_implies_sp and not group.sp:
         split = split * 2 + (g["cp"] > 1)
     out = []
-    for v in np.unique(split):
-        rows = np.nonzero(split == v)[0]
-        i = int(rows[0])
+    values = np.unique(split)
+    for v in values:
+        rows = np.nonzero(split == v)[0] if len(values) > 1 else slice(None)  # one subgroup: no copies
+        i = int(np.nonzero(split == v)[0][0]) if len(values) > 1 else 0
         strat = row_strategy({**{k: g[k][i] for k in GRID_KEYS}, "vpp": group.vpp, "zero": group.zero,
                               "sp": group.sp, "recompute": group.recompute, "schedule": group.schedule},
                              seq, gbs, base)
@@ -152,23 +153,30 @@ def evaluate_group(model: ModelSpec, hw: Hardware, group: Group, seq: int, gbs: 
     peak = np.empty(n)
     terms: dict[str, np.ndarray] = {}
     for key, strat, rows in _subgroups(model, group, seq, gbs, base):
-        g = {k: group.grid[k][rows].astype(float) for k in GRID_KEYS}
-        args = {**g, "vpp": float(group.vpp), "seq": float(seq), "nrec": 0.0}
-        if symbolic_layout(model, strat):
-            mk = cached_kernel(key + ("memory",), lambda s=strat: stage_breakdown(model, s))
-            stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp)
-            peak[rows] = functools.reduce(np.maximum, [_total(mk(**args, stage=st.astype(float))) for st in stage_sets])
-        else:
-            pp = strat.pp
-            peak[rows] = functools.reduce(np.maximum, [_total(cached_kernel(
-                key + ("memory", i), lambda s=strat, i=i: stage_breakdown(model, s, i))(**args, stage=float(i)))
-                for i in range(pp)])
-        tk = cached_kernel(key + ("time",), lambda s=strat: step_time(model, model.symbols(), s),
-                           STRATEGY_SYMBOLS + HW_SYMBOLS)
-        out = tk(**args, stage=0.0, **hw_values)
-        for k, v in out.items():
+        p_, t_ = _evaluate_rows(model, group, key, strat, rows, seq, hw_values)
+        if isinstance(rows, slice):  # the whole group: keep the kernels' own output arrays
+            return np.ceil(p_), _total(t_), t_
+        peak[rows] = p_
+        for k, v in t_.items():
             terms.setdefault(k, np.empty(n))[rows] = v
     return np.ceil(peak), _total(terms), terms
+
+
+def _evaluate_rows(model, group, key, strat, rows, seq, hw_values):
+    """(peak bytes, time terms) of the rows ``rows`` of a group, one structural key."""
+    g = {k: group.grid[k][rows].astype(float) for k in GRID_KEYS}
+    args = {**g, "vpp": float(group.vpp), "seq": float(seq), "nrec": 0.0}
+    if symbolic_layout(model, strat):
+        mk = cached_kernel(key + ("memory",), lambda s=strat: stage_breakdown(model, s))
+        stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp)
+        peak = functools.reduce(np.maximum, [_total(mk(**args, stage=st.astype(float))) for st in stage_sets])
+    else:
+        peak = functools.reduce(np.maximum, [_total(cached_kernel(
+            key + ("memory", i), lambda s=strat, i=i: stage_breakdown(model, s, i))(**args, stage=float(i)))
+            for i in range(strat.pp)])
+    tk = cached_kernel(key + ("time",), lambda s=strat: step_time(model, model.symbols(), s),
+                       STRATEGY_SYMBOLS + HW_SYMBOLS)
+    return peak, tk(**args, stage=0.0, **hw_values)
 
 
 def _total(out: dict[str, np.ndarray]) -> np.ndarray:
