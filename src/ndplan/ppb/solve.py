@@ -136,7 +136,8 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     deadline = t0 + cfg.time_limit_s
     sc = scale_instance(inst, cfg.scale)
     pm = PPBModel(inst, sc, exact=cfg.exact)
-    pm.hint(hint or greedy_hint(inst))
+    start_plan = hint or greedy_hint(inst)
+    pm.hint(start_plan)
     first = replace(cfg, time_limit_s=cfg.time_limit_s * FIRST_PASS_SHARE)
     status, solver, _ = _run(pm, first)
     unit = cfg.scale.time_s / pm.divisor
@@ -144,6 +145,11 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
         if status == "UNKNOWN":
             left = deadline - time.perf_counter()
             status, solver, _ = _run(pm, replace(cfg, time_limit_s=max(left, 0.01)))
+        if status == "UNKNOWN" and max(stage_memory_bytes(inst, start_plan)) <= inst.pipeline.budget_bytes:
+            # no solution found in time (large DAG models): the hint plan fits, return it
+            obj = evaluate(inst, start_plan, cfg)
+            return Solution(status="FEASIBLE", plan=start_plan, objective_s=obj,
+                            bound_s=min(solver.BestObjectiveBound() * unit, obj), wall_s=time.perf_counter() - t0)
         if status not in ("OPTIMAL", "FEASIBLE"):
             return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
     best = (status, pm.plan(solver), solver.ObjectiveValue(), solver.BestObjectiveBound())
