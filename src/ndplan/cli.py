@@ -12,6 +12,7 @@ import sys
 import click
 
 from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
+from ndplan.cli_balance import register as register_balance
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate as run_estimate
@@ -151,8 +152,10 @@ def main():
 @main.command()
 @strategy_options
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON (schema in DESIGN.md).")
+@click.option("--export-layers", type=click.Path(dir_okay=False), default=None,
+              help="Write the per-layer description for `ndplan balance` (YAML, or JSON by extension).")
 @library_errors
-def estimate(as_json, **kw):
+def estimate(as_json, export_layers, **kw):
     """Per-stage peak memory of one strategy, with every term.
 
     \b
@@ -162,6 +165,8 @@ def estimate(as_json, **kw):
     """
     model, hw, strat, gpus = build(kw)
     est = run_estimate(model, hw, strat, gpus)
+    if export_layers:
+        _export_layers(export_layers, model, hw, strat)
     if as_json:
         click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
         return
@@ -186,6 +191,19 @@ def estimate(as_json, **kw):
     click.echo(f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage} of {hw.hbm_gib:g} GiB HBM: {verdict}"
                + (f"; host {fmt_bytes(est.host_bytes)} per device" if est.host_bytes else ""))
     click.echo(time_summary(est))
+
+
+def _export_layers(path: str, model, hw, strat) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from ndplan.ppb.export import layers_from_model
+    from ndplan.ppb.instance import layers_to_doc
+    layers, meta = layers_from_model(model, hw, strat)
+    doc = layers_to_doc(layers, meta)
+    text = json.dumps(doc, indent=2) if path.endswith(".json") else yaml.safe_dump(doc, sort_keys=False)
+    Path(path).write_text(text)
 
 
 def time_summary(est) -> str:
@@ -270,6 +288,7 @@ def hardware(as_json):
 
 
 register_sweep(main, library_errors, parse_overrides)
+register_balance(main, library_errors)
 
 if __name__ == "__main__":
     main()

@@ -196,6 +196,15 @@ def _why_report(r: SweepResult, model, space, text: str) -> str:
             f"the smallest needs {fmt_bytes(t.peak_bytes[low])} ({_row_label(t.point(low))})")
 
 
+def _print_balanced(r: SweepResult, to_stderr: bool) -> None:
+    from ndplan.ppb.rerank import rerank
+    click.echo("balanced (ndplan balance on each top candidate with pp > 1), re-ranked:", err=to_stderr)
+    for i, b in enumerate(rerank(r.top, r.mem_limit_bytes), 1):
+        tag = f"not balanced (pp={b.estimate.strategy.pp}, {b.estimate.strategy.schedule})" if b.solution is None else f"{b.solution.status}, was {fmt_seconds(b.estimate.step_s)}"
+        click.echo(f"{i:>3}. {fmt_seconds(b.step_s):<10} {_row_label(b.estimate.strategy.as_dict())}  [{tag}]",
+                   err=to_stderr)
+
+
 def register(main: click.Group, library_errors, parse_overrides) -> None:
     @main.command("sweep")
     @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
@@ -216,9 +225,10 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
     @click.option("--find-min-gpus", is_flag=True, help="Find the fewest whole nodes on which something fits.")
     @click.option("--json", "as_json", is_flag=True, help="JSON: candidates, top (estimate schema), pareto.")
     @click.option("--csv", "as_csv", is_flag=True, help="CSV of every evaluated candidate, ranked.")
+    @click.option("--balance", is_flag=True, help="Balance the top candidates with pp > 1 (ndplan balance) and re-rank.")
     @library_errors
     def sweep_cmd(model, hardware, gpus, seq, gbs, space_file, mem_limit, top, sort, why_point, find_min_gpus,
-                  as_json, as_csv, **kw):
+                  as_json, as_csv, balance, **kw):
         """Evaluate every valid strategy, drop what does not fit, rank the rest.
 
         Exit code 0 with results, 1 when nothing fits (the report says why), 2 for bad input.
@@ -245,6 +255,8 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
                       progress=None if (as_json or as_csv) else _progress)
         if why_point:
             click.echo(_why_report(r, m, space, why_point), err=as_json or as_csv)
+        if balance:
+            _print_balanced(r, as_json or as_csv)
         if as_json:
             click.echo(json.dumps(r.to_json(), indent=2))
         elif as_csv:

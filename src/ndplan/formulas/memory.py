@@ -65,6 +65,17 @@ def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tu
     return dense, expert, first * emb_d
 
 
+def device_params(pieces: list[P.Piece]) -> tuple[sp.Expr, sp.Expr]:
+    """(non-expert, expert) parameters of ``pieces`` on one device (TP/EP-split, not ZeRO-sharded)."""
+    return _per_device(pieces, S.tp, S.ep * S.etp)
+
+
+def weight_cast(strat: Strategy, eng: EngineProfile) -> int:
+    """1 when the engine casts wide unsharded weights to 16 bits every micro-batch, else 0."""
+    return int(eng.weight_cast_per_microbatch and strat.zero < eng.weights_sharded_from
+               and weight_bytes(strat, eng) > A.ACT_BYTES)
+
+
 def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
     """Parameters of one layer of ``kind`` on one device (TP/EP-split, not ZeRO-sharded)."""
     d, e = _per_device(P.layer_pieces(spec, M, kind), S.tp, S.ep * S.etp)
@@ -95,7 +106,7 @@ def chunk_recompute_count(eng: EngineProfile, strat: Strategy, chunk: int) -> sp
     return S.nrec
 
 
-def _chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
+def chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers; ``cast``
     adds the engine's per-micro-batch 16-bit weight cast (0 or 1); ``nrec`` is the
     chunk's recompute count (chunk_recompute_count)."""
@@ -110,22 +121,27 @@ def _chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr
             + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
 
 
-def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage,
-                 engine: EngineProfile | None = None) -> Breakdown:
-    """Peak memory Terms of one device of pipeline stage ``stage``."""
-    eng = engine or ENGINE_PROFILES[strat.engine]
+def _sharding(strat: Strategy, eng: EngineProfile, dense, expert, emb):
+    """shard(level): parameters one device keeps state for when ZeRO level >= ``level``
+    shards it: non-expert over dp*cp, experts over edp (the input embedding over cp only
+    when the engine does not ZeRO-shard it)."""
     dp_cp = S.dp * S.cp
     edp = S.dp * S.cp * S.tp / (S.ep * S.etp)
-    dense, expert, emb = stage_params(spec, M, strat, stage)
-    z = strat.zero
 
     def shard(level: int):
-        if z < level:
+        if strat.zero < level:
             return dense + expert
         if eng.embedding_zero_sharded:
             return dense / dp_cp + expert / edp
         return (dense - emb) / dp_cp + emb / S.cp + expert / edp
+    return shard
 
+
+def static_terms(spec: ModelSpec, strat: Strategy, eng: EngineProfile, dense, expert, emb=0) -> list[Term]:
+    """Weights, gradients, fp32 master and optimizer-state Terms (bytes) of ``dense``
+    non-expert and ``expert`` parameters on one device (``emb`` of them the input
+    embedding). stage_memory uses it for a stage; PPB's layer export for one layer."""
+    shard = _sharding(strat, eng, dense, expert, emb)
     weight_b = weight_bytes(strat, eng)
     master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
     grad_b = (weight_b if eng.grads_in_weight_dtype else eng.grad_bytes_fp32) if strat.grad_dtype == "fp32" else 2
@@ -140,7 +156,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
         grads = grads * sp.Min(pp_expr(spec, strat) + S.m - 2, 1)
     off = 0 if strat.offload_optimizer else 1
     scope = "one device of this stage"
-    terms = [
+    return [
         Term(key="mem.weights", expr=weight_b * shard(eng.weights_sharded_from), unit="bytes",
              source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}", note=scope),
         Term(key="mem.grads", expr=grad_b * grads, unit="bytes",
@@ -153,6 +169,19 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
              note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
     ]
 
+
+def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage,
+                 engine: EngineProfile | None = None) -> Breakdown:
+    """Peak memory Terms of one device of pipeline stage ``stage``."""
+    eng = engine or ENGINE_PROFILES[strat.engine]
+    dp_cp = S.dp * S.cp
+    dense, expert, emb = stage_params(spec, M, strat, stage)
+    z = strat.zero
+    terms = static_terms(spec, strat, eng, dense, expert, emb)
+    shard = _sharding(strat, eng, dense, expert, emb)
+    weight_b = weight_bytes(strat, eng)
+    off = 0 if strat.offload_optimizer else 1
+
     consts = eng.attention_mask_bytes * S.seq ** 2
     if not spec.learned_positions:
         consts += eng.rope_table_bytes * 2 * S.seq * M.d
@@ -164,11 +193,11 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
 
     ctx = act_context(spec, strat)
     pp = pp_expr(spec, strat)
-    cast = int(eng.weight_cast_per_microbatch and z < eng.weights_sharded_from and weight_b > A.ACT_BYTES)
+    cast = weight_cast(strat, eng)
     acts = sp.Integer(0)
     for c in range(strat.vpp):
         nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
-        acts += inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * _chunk_activation(
+        acts += inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * chunk_activation(
             spec, M, ctx, strat, nd, nm, cast, chunk_recompute_count(eng, strat, c))
     first, last = is_first(stage), head_device_flag(strat.schedule, stage, pp)
     hc = head_chunk(strat.schedule, strat.vpp)

@@ -75,3 +75,45 @@ def virtual_stage(schedule: str, stage, chunk, pp):
     if schedule == "zbv":
         return stage if chunk == 0 else 2 * pp - 1 - stage
     return chunk * pp + stage
+
+
+def op_order(schedule: str, stage: int, pp: int, vpp: int, m: int) -> list[tuple[str, int, int]]:
+    """(kind, chunk, micro-batch) ops in the order ``stage`` runs them; kind F is a
+    forward, B a whole backward (input and weight gradients). Ints only.
+
+    * gpipe: all forwards, then the backwards in reverse micro-batch order.
+    * 1f1b: min(pp - stage - 1, m) warm-up forwards, then one forward before each
+      backward, then the remaining backwards (so ``inflight`` = min(pp - stage, m)).
+    * interleaved (Megatron-LM ``forward_backward_pipelining_with_interleaving``): the
+      k-th forward runs chunk (k // pp) % vpp of micro-batch (k // (pp*vpp))*pp + k % pp,
+      the k-th backward chunk vpp - 1 - (k // pp) % vpp of the same micro-batch formula;
+      warm-up min(2*(pp-stage-1) + (vpp-1)*pp, m*vpp) forwards, then F/B pairs, then the
+      remaining backwards. The per-chunk split of the held micro-batches moves during the
+      steady state (chunk 0 refills while chunk vpp-1 drains); ``inflight`` gives the split
+      at the end of warm-up, the stage total is the same throughout.
+    zbv has no fixed order here (simulate.py replays it with a greedy rule).
+    """
+    if schedule == "gpipe":
+        return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in reversed(range(m))]
+    if schedule == "1f1b":
+        warm = min(pp - stage - 1, m)
+        ops = [("F", 0, j) for j in range(warm)]
+        for j in range(m):
+            if warm + j < m:
+                ops.append(("F", 0, warm + j))
+            ops.append(("B", 0, j))
+        return ops
+    if schedule != "interleaved":
+        raise ValueError(f"no fixed op order for {schedule!r}")
+    total = m * vpp
+
+    def mb(k):
+        return (k // (pp * vpp)) * pp + k % pp
+
+    fwd = [("F", (k // pp) % vpp, mb(k)) for k in range(total)]
+    bwd = [("B", vpp - 1 - (k // pp) % vpp, mb(k)) for k in range(total)]
+    warm = min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+    ops = fwd[:warm]
+    for i in range(total - warm):
+        ops += [fwd[warm + i], bwd[i]]
+    return ops + bwd[total - warm:]

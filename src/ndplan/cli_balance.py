@@ -1,0 +1,164 @@
+"""``ndplan balance``: thin command over ndplan.ppb (pipeline balancing with CP-SAT)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import yaml
+
+from ndplan.errors import NdplanError
+from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, load_layers
+from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
+from ndplan.ppb.scale import Scale, TIME_UNIT_S
+from ndplan.ppb.solve import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config, diagnose, evaluate, solve
+from ndplan.units import GIB, fmt_bytes, fmt_seconds
+
+
+def _budget(path: str, budget_gib, hardware, reserve_gib) -> int:
+    """Given budget, or the hardware's HBM minus the reserve (default: the layer file's overhead_bytes)."""
+    if budget_gib is not None:
+        return int(budget_gib * GIB)
+    doc = yaml.safe_load(Path(path).read_text()) if Path(path).exists() else {}
+    meta = doc if isinstance(doc, dict) else {}
+    if hardware is not None:
+        from ndplan.catalog import load_hardware
+        hbm = load_hardware(hardware).hbm_bytes
+    elif "hbm_bytes" in meta:
+        hbm = meta["hbm_bytes"]
+    else:
+        raise NdplanError("--budget-gib", None, "give --budget-gib, or --hardware (HBM minus --reserve-gib)")
+    reserve = reserve_gib * GIB if reserve_gib is not None else meta.get("overhead_bytes", 0)
+    return int(hbm - reserve)
+
+
+def _user_plan(inst: Instance, text: str | None, rec: str | None) -> Plan | None:
+    if text is None:
+        return None
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise NdplanError("--plan", text, "give layers per virtual stage, comma-separated, e.g. 21,20,20,21") from None
+    if len(sizes) != inst.pipeline.chunks or sum(sizes) != len(inst.layers) or min(sizes) < 1:
+        raise NdplanError("--plan", text, f"need {inst.pipeline.chunks} positive counts summing to {len(inst.layers)}")
+    bounds = [0]
+    for n in sizes:
+        bounds.append(bounds[-1] + n)
+    plan = uniform_plan(inst, rec or "none", tuple(bounds))
+    plan.check(inst)
+    return plan
+
+
+def _row(inst, plan, sim) -> list[dict]:
+    p = inst.pipeline
+    times, mems = stage_time_s(inst, plan), stage_memory_bytes(inst, plan)
+    rows = []
+    for v in range(p.chunks):
+        s, c = slot(p, v)
+        rows.append({"stage": s, "chunk": c, "layers": list(plan.layers(v)),
+                     "recompute": [plan.recompute[i] for i in plan.layers(v)],
+                     "time_s": sum(inst.layers[i].time_s(plan.recompute[i]) for i in plan.layers(v)),
+                     "stage_time_s": times[s], "peak_bytes": int(mems[s]), "simulated_peak_bytes": int(sim.peak_bytes[s]),
+                     "bubble_s": sim.bubble_s[s], "imbalance_s": sim.imbalance_s[s], "recompute_s": sim.recompute_s[s]})
+    return sorted(rows, key=lambda r: (r["stage"], r["chunk"]))
+
+
+def _ranges(layers: list[int]) -> str:
+    return f"{layers[0]}-{layers[-1]}" if layers else "-"
+
+
+def register(main: click.Group, library_errors) -> None:
+    @main.command("balance")
+    @click.option("--layers", "layers_file", required=True, type=click.Path(dir_okay=False),
+                  help="Layer description (ndplan-layers/1 JSON/YAML, or a SAPP layers_description file).")
+    @click.option("--pp", type=int, required=True, help="Pipeline stages.")
+    @click.option("--vpp", type=int, default=1, show_default=True, help="Chunks per stage.")
+    @click.option("--m", "m", type=int, required=True, help="Micro-batches per step.")
+    @click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="Default: 1f1b, interleaved if vpp>1.")
+    @click.option("--budget-gib", type=float, default=None, help="Per-device memory for static + activations.")
+    @click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib.")
+    @click.option("--reserve-gib", type=float, default=None, help="Default: the layer file's overhead_bytes.")
+    @click.option("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, show_default=True, help="CP-SAT seconds.")
+    @click.option("--workers", type=int, default=DEFAULT_WORKERS, show_default=True, help="CP-SAT workers.")
+    @click.option("--time-resolution-us", type=float, default=TIME_UNIT_S * 1e6, show_default=True)
+    @click.option("--exact", is_flag=True, help="Interleaved: optimise the exact DAG makespan (slower to prove).")
+    @click.option("--plan", "user_plan", default=None, help="A plan to compare: layers per virtual stage, e.g. 21,20,20,21.")
+    @click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan.")
+    @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here.")
+    @click.option("--json", "as_json", is_flag=True)
+    @library_errors
+    def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit, workers,
+                    time_resolution_us, exact, user_plan, plan_recompute, timeline, as_json):
+        """Stage-layer allocation and per-layer recompute that minimise step time under a memory budget.
+
+        \b
+        Example:
+          ndplan estimate -m llama3-70b --tp 8 --pp 4 --dp 2 --gbs 64 --export-layers l70.yaml
+          ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --json
+        """
+        from ndplan.ppb.forms import megatron, mindformers
+        from ndplan.ppb.simulate import simulate
+        from ndplan.ppb.svg import timeline_svg
+
+        layers = load_layers(layers_file)
+        for f, v in (("time-limit", time_limit), ("workers", workers), ("time-resolution-us", time_resolution_us)):
+            if v <= 0:
+                raise NdplanError(f"--{f}", v, "must be positive")
+        pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
+                        budget_bytes=_budget(layers_file, budget_gib, hardware, reserve_gib))
+        inst = Instance(layers=layers, pipeline=pipe)
+        cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6), exact=exact)
+        given = _user_plan(inst, user_plan, plan_recompute)
+        sol = solve(inst, cfg)
+        out = {"status": sol.status, "objective_s": sol.objective_s, "bound_s": sol.bound_s,
+               "solve_s": sol.wall_s, "budget_bytes": pipe.budget_bytes}
+        if sol.plan is None:
+            if sol.status == "INFEASIBLE":
+                d = diagnose(inst, cfg)
+                out |= {"infeasible": {"stage": d.stage, "overflow_bytes": d.overflow_bytes,
+                                       "min_budget_bytes": d.min_budget_bytes}}
+                if not as_json:
+                    raise NdplanError("budget", fmt_bytes(pipe.budget_bytes), d.message())
+            if as_json:
+                click.echo(json.dumps(out, indent=2))
+                return
+            raise NdplanError("--time-limit", time_limit, f"solver status {sol.status}: no plan found; raise it")
+        sim = simulate(inst, sol.plan)
+        out["simulated_step_s"] = sim.step_s
+        out["stages"] = _row(inst, sol.plan, sim)
+        base = {"even_none": uniform_plan(inst, "none"), "even_selective": uniform_plan(inst, "selective"),
+                "even_full": uniform_plan(inst, "full")}
+        if given is not None:
+            base["user"] = given
+        comparisons = {}
+        for name, plan in base.items():
+            fits = max(stage_memory_bytes(inst, plan)) <= pipe.budget_bytes
+            t = evaluate(inst, plan, cfg)
+            comparisons[name] = {"objective_s": t, "fits": fits, "gain": (t - sol.objective_s) / t if t else 0.0,
+                                 "simulated_step_s": simulate(inst, plan).step_s}
+        out["baselines"] = comparisons
+        out["mindformers"] = mindformers(inst, sol.plan)
+        out["megatron"] = megatron(inst, sol.plan)
+        if timeline:
+            Path(timeline).write_text(timeline_svg(sim, f"{pipe.schedule} pp={pp} vpp={vpp} m={m}"))
+            out["timeline"] = timeline
+        if as_json:
+            click.echo(json.dumps(out, indent=2))
+            return
+        gap = f", gap {sol.gap:.2%}" if sol.gap else ""
+        click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)}{gap}; "
+                   f"replay {fmt_seconds(sim.step_s)}) in {sol.wall_s:.1f} s; budget {fmt_bytes(pipe.budget_bytes)}")
+        click.echo("stage chunk  layers      full sel  t/mb      peak        bubble    imbalance recompute")
+        for r in out["stages"]:
+            click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {r['recompute'].count('full'):>4} "
+                       f"{r['recompute'].count('selective'):>3}  {fmt_seconds(r['time_s']):<9} "
+                       f"{fmt_bytes(r['peak_bytes']):<11} {fmt_seconds(r['bubble_s']):<9} "
+                       f"{fmt_seconds(r['imbalance_s']):<9} {fmt_seconds(r['recompute_s'])}")
+        for name, c in comparisons.items():
+            click.echo(f"vs {name:<13} {fmt_seconds(c['objective_s']):<10} "
+                       f"{'fits' if c['fits'] else 'does not fit'}; gain {c['gain']:+.1%}")
+        click.echo(f"MindFormers: {json.dumps(out['mindformers'])}")
+        click.echo("Megatron-LM: " + " ".join(out["megatron"]["args"]))
+        for n in out["megatron"]["notes"]:
+            click.echo(f"  note: {n}")

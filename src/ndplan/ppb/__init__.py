@@ -1,0 +1,10 @@
+"""Pipeline balancing (PPB): stage-layer allocation and per-layer recomputation.
+
+instance.py  layer description + pipeline configuration (validated), file formats
+scale.py     integer scaling (time resolution, memory rounded up) in one place
+model.py     CP-SAT builder, one ``_add_*`` method per constraint family
+solve.py     Config / Solution, baselines, infeasibility diagnosis
+simulate.py  discrete-event replay of a plan, independent of the CP-SAT model
+forms.py     MindFormers / Megatron-LM forms of a plan
+svg.py       hand-written SVG timeline
+"""

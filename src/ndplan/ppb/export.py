@@ -1,0 +1,106 @@
+"""Layer description of a model at a strategy, from the symbolic model (``ndplan
+estimate --export-layers FILE``): the same Terms the estimate uses, evaluated per layer.
+
+Per layer and micro-batch (formulas/step.py ``_layer`` / ``_head``): forward_s = F + half
+the layer's exposed TP/CP/EP communication, backward_input_s = B + the other half,
+backward_weight_s = W, recompute_s[mode] = R under that mode. Static bytes: weights,
+grads, master and optimizer states of the layer's parameters (memory.static_terms).
+Activations: memory.chunk_activation of one layer per mode (the estimate's formula,
+incl. an engine's per-micro-batch weight cast), the embedding's and head's own pieces.
+Per-step and per-stage constants that no layer carries (pipeline/DP communication, the
+optimizer step, reserve, graph constants, loss/recompute transients, gather and comm
+buffers) are not layers: ``overhead_bytes`` (the largest over stages) is written beside
+the layers so that ``ndplan balance`` can take it off the device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.hardware import Hardware
+from ndplan.catalog.model import ModelSpec
+from ndplan.engines import ENGINE_PROFILES
+from ndplan.estimate import estimate, strategy_point
+from ndplan.formulas import activations as A
+from ndplan.formulas import params as P
+from ndplan.formulas.memory import act_context, chunk_activation, device_params, static_terms, weight_cast
+from ndplan.formulas.step import _head, _layer
+from ndplan.ppb.instance import MODES, Layer
+from ndplan.strategy import Strategy
+
+OVERHEAD_KEYS = ("mem.reserve", "mem.graph_constants", "mem.transient", "mem.comm_buffers", "mem.zero3_gather")
+"""Per-stage memory Terms that belong to no layer."""
+
+
+def _value(expr, point) -> float:
+    return float(sp.sympify(expr).subs(point))
+
+
+def _static(spec, strat, eng, pieces, point, emb=False) -> int:
+    dense, expert = device_params(pieces)
+    terms = static_terms(spec, strat, eng, dense, expert, dense if emb else 0)
+    return int(round(sum(_value(t.expr, point) for t in terms)))
+
+
+def _times(parts: dict, point) -> tuple[float, float, float]:
+    comm = _value(parts["tp"] + parts["cp"] + parts["ep"], point) / 2
+    return _value(parts["F"], point) + comm, _value(parts["B"], point) + comm, _value(parts["W"], point)
+
+
+def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[tuple[Layer, ...], dict]:
+    """(ordered layers, meta) of ``spec`` under ``strat`` on ``hw``."""
+    eng = ENGINE_PROFILES[strat.engine]
+    M = spec.symbols()
+    point = dict(strategy_point(strat)) | {S.stage: 0}
+    point |= {S.BY_NAME[k]: v for k, v in hw.kernel_values(fp8=strat.weight_dtype == "fp8").items()}
+    cast = weight_cast(strat, eng)
+    modes = {m: dataclasses.replace(strat, recompute=m, recompute_layers=None) for m in MODES}
+    ctx = {m: act_context(spec, s) for m, s in modes.items()}
+
+    def decoder(kind: str, name: str, extra_static=None) -> Layer:
+        per = {m: _layer(spec, M, modes[m], ctx[m], kind, eng) for m in MODES}
+        f, b, w = _times(per["none"], point)
+        nd, nm = (1, 0) if kind == "dense" else (0, 1)
+        act = {m: int(round(_value(chunk_activation(spec, M, ctx[m], modes[m], nd, nm, cast), point))) for m in MODES}
+        static = _static(spec, strat, eng, extra_static or P.layer_pieces(spec, M, kind), point)
+        return Layer(name=name, kind=kind, forward_s=f, backward_input_s=b, backward_weight_s=w, static_bytes=static,
+                     activation_bytes=act, recompute_s={m: _value(per[m]["R"], point) for m in MODES[1:]})
+
+    c = ctx[strat.recompute]
+    emb_pieces = P.embedding_pieces(spec, M)
+    layers = [Layer(name="embedding", kind="embedding", forward_s=0.0, backward_input_s=0.0, backward_weight_s=0.0,
+                    static_bytes=_static(spec, strat, eng, emb_pieces, point, emb=True),
+                    activation_bytes={"none": int(round(_value(A.embedding_activation(spec, M, c), point)))})]
+    cache: dict[str, Layer] = {}
+    for kind in spec.layer_kinds:
+        if kind not in cache:
+            cache[kind] = decoder(kind, f"decoder.{kind}")
+        layers.append(cache[kind])
+    head = _head(spec, M, c)
+    f, b, w = _times(head, point)
+    # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
+    # (memory.stage_params); under zbv the head sits on stage 0
+    tied_copy = strat.pp > 1 and strat.schedule != "zbv"
+    head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point)
+    head_layer = Layer(name="head", kind="head", forward_s=f, backward_input_s=b, backward_weight_s=w,
+                       static_bytes=head_static,
+                       activation_bytes={"none": int(round(_value(A.head_activation(spec, M, c), point)))})
+    for k in range(spec.mtp_layers):
+        mtp_kind = "moe" if spec.is_moe else "dense"
+        base = decoder(mtp_kind, f"mtp.{k}", extra_static=P.mtp_pieces(spec, M))
+        layers.append(dataclasses.replace(
+            base, kind="mtp", forward_s=base.forward_s + head_layer.forward_s,
+            backward_input_s=base.backward_input_s + head_layer.backward_input_s,
+            backward_weight_s=base.backward_weight_s + head_layer.backward_weight_s,
+            activation_bytes={m: a + head_layer.activation_bytes["none"] for m, a in base.activation_bytes.items()}))
+    layers.append(head_layer)
+    est = estimate(spec, hw, strat)
+    overhead = max(sum(row["terms"].get(k, 0) for k in OVERHEAD_KEYS) for row in est.per_stage)
+    meta = {"model": spec.name, "hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "overhead_bytes": int(overhead),
+            "strategy": strat.as_dict(),
+            "note": "per micro-batch on one device; overhead_bytes = per-stage memory no layer carries "
+                    "(reserve, graph constants, transients, buffers), the largest over stages"}
+    return tuple(layers), meta

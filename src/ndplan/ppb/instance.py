@@ -1,0 +1,278 @@
+"""PPB instance: ordered layers with per-recompute-mode time and memory, plus the
+pipeline configuration.
+
+A layer (one entry of the expanded, ordered list) carries, per micro-batch on one device:
+
+* ``forward_s`` F, ``backward_input_s`` B (activation gradient), ``backward_weight_s``
+  W (weight gradient; zero-bubble schedules run it apart from B),
+* ``static_bytes``: weights + gradients + master + optimizer share on its device,
+* ``activation_bytes[mode]``: bytes kept for backward per micro-batch under each
+  recompute mode it offers (``none`` always; ``selective``/``full`` when meaningful),
+* ``recompute_s[mode]``: the extra forward time the mode costs in backward
+  (``none`` -> 0).
+
+Layer files (JSON or YAML), format ``ndplan-layers/1``::
+
+    format: ndplan-layers/1
+    layers:
+      - {name: embedding, kind: embedding, forward_s: .., backward_input_s: ..,
+         backward_weight_s: .., static_bytes: .., activation_bytes: {none: ..}}
+      - {name: decoder, kind: dense, count: 80, ...,                      # repeated block
+         activation_bytes: {none: .., selective: .., full: ..},
+         recompute_s: {selective: .., full: ..}}
+
+MindSpore SAPP ``layers_description`` files are accepted too (see ``from_sapp``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ndplan.errors import NdplanError
+from ndplan.units import MIB
+
+MODES = ("none", "selective", "full")
+"""Recompute modes, least to most recomputation."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbv")
+"""Schedules PPB balances (zb-h1 is not offered: its W placement is not replayed)."""
+FORMAT = "ndplan-layers/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    name: str
+    """Layer name (repeated blocks share it)."""
+    kind: str
+    """embedding, dense, moe, mtp, head, or any label."""
+    forward_s: float
+    """Forward time per micro-batch, seconds."""
+    backward_input_s: float
+    """Input-gradient backward per micro-batch, seconds."""
+    backward_weight_s: float
+    """Weight-gradient backward per micro-batch, seconds."""
+    static_bytes: int
+    """Weights + grads + master + optimizer share on one device, bytes."""
+    activation_bytes: dict
+    """Recompute mode -> bytes kept per micro-batch."""
+    recompute_s: dict = field(default_factory=dict)
+    """Recompute mode -> extra forward seconds per micro-batch (none: 0)."""
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(m for m in MODES if m in self.activation_bytes)
+
+    def time_s(self, mode: str) -> float:
+        """F + B + W + recompute of one micro-batch under ``mode``."""
+        return self.forward_s + self.backward_input_s + self.backward_weight_s + self.recompute_s.get(mode, 0.0)
+
+    def __post_init__(self):
+        where = f"layers[{self.name}]"
+        for f in ("forward_s", "backward_input_s", "backward_weight_s", "static_bytes"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise NdplanError(f"{where}.{f}", v, "must be a number >= 0")
+        if "none" not in self.activation_bytes:
+            raise NdplanError(f"{where}.activation_bytes", dict(self.activation_bytes),
+                              "needs at least the 'none' mode (bytes kept without recompute)")
+        for mode, v in list(self.activation_bytes.items()) + list(self.recompute_s.items()):
+            if mode not in MODES:
+                raise NdplanError(f"{where}.recompute mode", mode, f"must be one of {', '.join(MODES)}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise NdplanError(f"{where}[{mode}]", v, "must be a number >= 0")
+        for mode in self.recompute_s:
+            if mode not in self.activation_bytes:
+                raise NdplanError(f"{where}.recompute_s", mode, "give activation_bytes for the same mode")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    pp: int
+    """Pipeline stages."""
+    vpp: int = 1
+    """Chunks per stage (2 for zbv)."""
+    m: int
+    """Micro-batches per step."""
+    schedule: str = "1f1b"
+    budget_bytes: int
+    """Per-device memory available for static + activations, bytes."""
+
+    def __post_init__(self):
+        for f in ("pp", "vpp", "m"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise NdplanError(f, v, "must be a positive integer")
+        if self.schedule not in SCHEDULES:
+            raise NdplanError("schedule", self.schedule, f"PPB balances {', '.join(SCHEDULES)}")
+        if self.schedule in ("gpipe", "1f1b") and self.vpp != 1:
+            raise NdplanError("vpp", self.vpp, f"{self.schedule} has one chunk per stage; use vpp=1")
+        if self.schedule == "zbv" and self.vpp != 2:
+            raise NdplanError("vpp", self.vpp, "zbv runs two chunks (a V) per stage; use vpp=2")
+        if self.schedule == "interleaved" and (self.vpp < 2 or self.m % self.pp):
+            raise NdplanError("m" if self.vpp >= 2 else "vpp", self.m if self.vpp >= 2 else self.vpp,
+                              "interleaved needs vpp >= 2 and m a multiple of pp (Megatron-LM rule)")
+        if self.budget_bytes <= 0:
+            raise NdplanError("budget_bytes", self.budget_bytes, "must be positive; lower --reserve-gib or set --budget-gib")
+
+    @property
+    def chunks(self) -> int:
+        """Virtual stages (model slices in layer order) = pp * vpp."""
+        return self.pp * self.vpp
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instance:
+    layers: tuple[Layer, ...]
+    """Ordered layers, repeated blocks expanded."""
+    pipeline: Pipeline
+
+    def __post_init__(self):
+        if len(self.layers) < self.pipeline.chunks:
+            raise NdplanError("pp", self.pipeline.pp, f"pp*vpp={self.pipeline.chunks} chunks exceed the "
+                                                      f"{len(self.layers)} layers; lower pp or vpp")
+
+
+# ---------------------------------------------------------------- file formats
+
+def _number(d: dict, key: str, where: str, default=None):
+    if key not in d:
+        if default is not None:
+            return default
+        raise NdplanError(f"{where}.{key}", None, "missing; every layer needs it (see ndplan balance --help)")
+    return d[key]
+
+
+def layer_from_dict(d: dict, where: str) -> Layer:
+    if not isinstance(d, dict):
+        raise NdplanError(where, d, "each layer must be a mapping")
+    act = _number(d, "activation_bytes", where)
+    if not isinstance(act, dict):
+        raise NdplanError(f"{where}.activation_bytes", act, "give a mapping mode -> bytes, e.g. {none: 1.2e9}")
+    rec = d.get("recompute_s", {}) or {}
+    if not isinstance(rec, dict):
+        raise NdplanError(f"{where}.recompute_s", rec, "give a mapping mode -> seconds, e.g. {full: 0.01}")
+    try:
+        return Layer(name=str(d.get("name", where)), kind=str(d.get("kind", "layer")),
+                     forward_s=_number(d, "forward_s", where), backward_input_s=_number(d, "backward_input_s", where),
+                     backward_weight_s=_number(d, "backward_weight_s", where),
+                     static_bytes=_number(d, "static_bytes", where),
+                     activation_bytes=dict(act), recompute_s={k: v for k, v in rec.items() if k != "none"})
+    except TypeError as e:  # unexpected value types inside dicts
+        raise NdplanError(where, d, f"bad layer entry ({e})") from None
+
+
+def _expand(entries: list, where: str, make) -> tuple[Layer, ...]:
+    out = []
+    for i, d in enumerate(entries):
+        count = d.get("count", 1) if isinstance(d, dict) else 1
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise NdplanError(f"{where}[{i}].count", count, "must be a positive integer")
+        out.extend([make(d, f"{where}[{i}]")] * count)
+    if not out:
+        raise NdplanError(where, entries, "no layers given")
+    return tuple(out)
+
+
+def layers_from_doc(doc) -> tuple[Layer, ...]:
+    """Layers of a parsed layer file: ndplan format or MindSpore SAPP ``layers_description``."""
+    if not isinstance(doc, dict):
+        raise NdplanError("layer file", type(doc).__name__, f"top level must be a mapping with 'layers' ({FORMAT})")
+    if "layers_description" in doc:
+        return from_sapp(doc)
+    if "layers" not in doc:
+        raise NdplanError("layers", None, f"missing; give a '{FORMAT}' file or a SAPP file with layers_description")
+    if not isinstance(doc["layers"], list):
+        raise NdplanError("layers", doc["layers"], "must be a list of layer mappings")
+    return _expand(doc["layers"], "layers", layer_from_dict)
+
+
+def load_layers(path: str | Path) -> tuple[Layer, ...]:
+    """Read a JSON or YAML layer file."""
+    p = Path(path)
+    if not p.exists():
+        raise NdplanError("layers file", str(p), "does not exist")
+    text = p.read_text()
+    try:
+        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise NdplanError("layers file", str(p), f"cannot parse: {str(e).splitlines()[0]}") from None
+    return layers_from_doc(doc)
+
+
+def layers_to_doc(layers: tuple[Layer, ...], meta: dict | None = None) -> dict:
+    """The ndplan file form, runs of identical layers folded into ``count``."""
+    out: list[dict] = []
+    prev = None
+    for layer in layers:
+        if layer == prev:
+            out[-1]["count"] = out[-1].get("count", 1) + 1
+            continue
+        prev = layer
+        out.append({"name": layer.name, "kind": layer.kind, "forward_s": layer.forward_s,
+                    "backward_input_s": layer.backward_input_s, "backward_weight_s": layer.backward_weight_s,
+                    "static_bytes": layer.static_bytes, "activation_bytes": dict(layer.activation_bytes),
+                    "recompute_s": {k: v for k, v in layer.recompute_s.items() if k != "none"}})
+    return {"format": FORMAT, **(meta or {}), "layers": out}
+
+
+# ------------------------------------------------------------ MindSpore SAPP
+
+SAPP_MEMORY_KEYS = {"none": "memory_activation", "selective": "memory_select_rec", "full": "memory_recompute"}
+"""SAPP activation keys per mode, MB per micro-batch (SAPP ``Recompute.JSON_MEMORY_NAME``)."""
+SAPP_TIME_KEYS = {"none": "backward_time", "selective": "select_rec_time", "full": "recompute_time"}
+"""SAPP backward-time keys per mode: backward including that mode's recompute."""
+SAPP_DEFAULT_COEF = {"none": 0.0, "selective": 0.04, "full": 0.5}
+"""SAPP fallback when a backward time is absent: backward = 2 x time x (1 + coef)
+(SAPP ``Recompute.DEFAULT_COEF``: selective 0.04, full 0.5)."""
+SAPP_TIME_UNIT_S = 1e-3
+"""SAPP profiles state times in milliseconds."""
+SAPP_WEIGHT_GRAD_SHARE = 0.5
+"""SAPP does not split backward into B and W; the weight-gradient GEMMs take as many
+FLOPs as the input-gradient ones (formulas/step.py: B = gemm + ..., W = gemm), so W is
+taken as half the no-recompute backward."""
+
+
+def _sapp_layer(d: dict, where: str) -> Layer:
+    if not isinstance(d, dict):
+        raise NdplanError(where, d, "each layers_description entry must be a mapping")
+    keys = ("time", "forward_time", "memory_parameter", *SAPP_TIME_KEYS.values(), *SAPP_MEMORY_KEYS.values())
+    for k in keys:
+        v = d.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise NdplanError(f"{where}.{k}", v, "must be a number >= 0 (SAPP: milliseconds, MB)")
+    t = _number(d, "time", where)
+    fwd = d.get("forward_time", t)
+    bwd = {mode: d.get(key, 2 * fwd * (1 + SAPP_DEFAULT_COEF[mode])) for mode, key in SAPP_TIME_KEYS.items()}
+    act = {mode: d[key] * MIB for mode, key in SAPP_MEMORY_KEYS.items() if key in d}
+    act.setdefault("none", 0)
+    w = SAPP_WEIGHT_GRAD_SHARE * bwd["none"]
+    rec = {m: max(bwd[m] - bwd["none"], 0) * SAPP_TIME_UNIT_S for m in act if m != "none"}
+    return Layer(name=str(d.get("name", where)), kind=str(d.get("type", "BODY")).lower(),
+                 forward_s=fwd * SAPP_TIME_UNIT_S, backward_input_s=(bwd["none"] - w) * SAPP_TIME_UNIT_S,
+                 backward_weight_s=w * SAPP_TIME_UNIT_S,
+                 static_bytes=int(_number(d, "memory_parameter", where, 0) * MIB),
+                 activation_bytes={k: int(v) for k, v in act.items()}, recompute_s=rec)
+
+
+def from_sapp(doc: dict) -> tuple[Layer, ...]:
+    """Layers of a SAPP ``layers_description`` (MindSpore SAPP pipeline balancing input).
+
+    Facts of that format: entries typed HEAD / BODY / TAIL with ``nb_layer`` repeats,
+    ``time`` the forward time (ms), optional ``backward_time`` / ``select_rec_time`` /
+    ``recompute_time`` (backward incl. the mode's recompute), ``memory_parameter``
+    (static MB) and ``memory_activation`` / ``memory_select_rec`` / ``memory_recompute``
+    (MB per micro-batch). Order: HEAD entries, BODY entries as listed, TAIL entries.
+    """
+    entries = doc["layers_description"]
+    if not isinstance(entries, list) or not entries:
+        raise NdplanError("layers_description", entries, "must be a non-empty list")
+    rank = {"HEAD": 0, "BODY": 1, "TAIL": 2}
+    for i, d in enumerate(entries):
+        if not isinstance(d, dict) or str(d.get("type", "BODY")).upper() not in rank:
+            raise NdplanError(f"layers_description[{i}].type", d.get("type") if isinstance(d, dict) else d,
+                              "must be HEAD, BODY or TAIL")
+    ordered = sorted(entries, key=lambda d: rank[str(d.get("type", "BODY")).upper()])
+    return _expand([dict(d, count=d.get("nb_layer", 1)) for d in ordered], "layers_description", _sapp_layer)

@@ -1,0 +1,99 @@
+"""A pipeline plan: contiguous layer ranges per virtual stage and a recompute mode per
+layer, with its per-stage time and memory in float units.
+
+Virtual stage v (0..pp*vpp-1) is the v-th model slice in layer order; it runs on
+(stage, chunk) given by ``schedules.virtual_stage`` (interleaved: v = chunk*pp + stage;
+zbv: chunk 0 of stage i is v = i, chunk 1 is v = 2*pp-1-i).
+
+Memory of stage i (the model's constraint and the memory model's table):
+    static_i + sum_c inflight(schedule, i, c, pp, vpp, m) * sum_{l in (i, c)} act_l[mode_l]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ndplan.errors import NdplanError
+from ndplan.formulas.schedules import inflight, virtual_stage
+from ndplan.ppb.instance import Instance, Pipeline
+
+
+@dataclass(frozen=True)
+class Plan:
+    bounds: tuple[int, ...]
+    """pp*vpp + 1 layer indices: virtual stage v holds layers bounds[v] .. bounds[v+1]-1."""
+    recompute: tuple[str, ...]
+    """Recompute mode of every layer."""
+
+    def layers(self, v: int) -> range:
+        return range(self.bounds[v], self.bounds[v + 1])
+
+    def check(self, inst: Instance) -> None:
+        """Order, contiguity (by construction), every slice non-empty, modes offered."""
+        L, V = len(inst.layers), inst.pipeline.chunks
+        b = self.bounds
+        if len(b) != V + 1 or b[0] != 0 or b[-1] != L or any(b[v + 1] <= b[v] for v in range(V)):
+            raise NdplanError("plan.bounds", list(b), f"need {V + 1} strictly increasing indices from 0 to {L}")
+        if len(self.recompute) != L:
+            raise NdplanError("plan.recompute", len(self.recompute), f"need one mode per layer ({L})")
+        for i, (layer, mode) in enumerate(zip(inst.layers, self.recompute)):
+            if mode not in layer.modes:
+                raise NdplanError(f"plan.recompute[{i}]", mode, f"layer {layer.name} offers {', '.join(layer.modes)}")
+
+
+def slot(p: Pipeline, v: int) -> tuple[int, int]:
+    """(stage, chunk) running virtual stage v."""
+    for s in range(p.pp):
+        for c in range(p.vpp):
+            if virtual_stage(p.schedule, s, c, p.pp) == v:
+                return s, c
+    raise ValueError(v)
+
+
+def chunk_time_s(inst: Instance, plan: Plan, v: int) -> dict[str, float]:
+    """F, B (+ recompute), W seconds of one micro-batch on virtual stage v."""
+    ls = [(inst.layers[i], plan.recompute[i]) for i in plan.layers(v)]
+    return {"F": sum(x.forward_s for x, _ in ls),
+            "B": sum(x.backward_input_s + x.recompute_s.get(m, 0.0) for x, m in ls),
+            "W": sum(x.backward_weight_s for x, _ in ls),
+            "R": sum(x.recompute_s.get(m, 0.0) for x, m in ls)}
+
+
+def stage_time_s(inst: Instance, plan: Plan) -> list[float]:
+    """Per-micro-batch seconds of every stage (all its chunks): F + B + W + recompute."""
+    p = inst.pipeline
+    out = [0.0] * p.pp
+    for v in range(p.chunks):
+        t = chunk_time_s(inst, plan, v)
+        out[slot(p, v)[0]] += t["F"] + t["B"] + t["W"]
+    return out
+
+
+def stage_memory_bytes(inst: Instance, plan: Plan) -> list[float]:
+    """Static + in-flight activations of every stage (the memory table)."""
+    p = inst.pipeline
+    out = [0.0] * p.pp
+    for v in range(p.chunks):
+        s, c = slot(p, v)
+        n = inflight(p.schedule, s, c, p.pp, p.vpp, p.m)
+        for i in plan.layers(v):
+            layer = inst.layers[i]
+            out[s] += layer.static_bytes + n * layer.activation_bytes[plan.recompute[i]]
+    return out
+
+
+def even_bounds(L: int, V: int) -> tuple[int, ...]:
+    """Even split: the first L mod V slices get one extra layer (Megatron-style)."""
+    q, r = divmod(L, V)
+    b = [0]
+    for v in range(V):
+        b.append(b[-1] + q + (v < r))
+    return tuple(b)
+
+
+def uniform_plan(inst: Instance, mode: str, bounds: tuple[int, ...] | None = None) -> Plan:
+    """Every layer at ``mode`` where it offers it (else its deepest offered mode below)."""
+    from ndplan.ppb.instance import MODES
+    rank = MODES.index(mode)
+    rec = tuple(max((m for m in layer.modes if MODES.index(m) <= rank), key=MODES.index) for layer in inst.layers)
+    return Plan(bounds=bounds or even_bounds(len(inst.layers), inst.pipeline.chunks), recompute=rec)

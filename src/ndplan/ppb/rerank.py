@@ -1,0 +1,45 @@
+"""``ndplan sweep --balance``: balance the pipeline of each top candidate with pp > 1 and
+re-rank by the balanced step time.
+
+Balanced step = PPB's step time (compute, recompute and exposed per-layer communication
+over the pipeline, from the exported layers) + the estimate's per-step terms that no
+layer carries (pipeline send/recv, data-parallel communication, optimizer step).
+The budget is the sweep's memory limit minus the per-stage overhead of the layer export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ndplan.estimate import Estimate
+from ndplan.ppb.export import layers_from_model
+from ndplan.ppb.instance import SCHEDULES, Instance, Pipeline
+from ndplan.ppb.solve import Config, Solution, solve
+
+PER_STEP_TERMS = ("time.pp_comm", "time.dp_comm", "time.optimizer")
+"""Estimate terms outside the per-layer pipeline work."""
+
+
+@dataclass(frozen=True)
+class Balanced:
+    estimate: Estimate
+    solution: Solution | None
+    """None when PPB does not apply (pp = 1 or a schedule PPB does not balance)."""
+    step_s: float
+    """Balanced step time (the estimate's own when PPB does not apply or finds no plan)."""
+
+
+def rerank(ests: list[Estimate], mem_limit_bytes: int, cfg: Config = Config()) -> list[Balanced]:
+    out = []
+    for e in ests:
+        s = e.strategy
+        if s.pp == 1 or s.schedule not in SCHEDULES:
+            out.append(Balanced(e, None, e.step_s))
+            continue
+        layers, meta = layers_from_model(e.model, e.hardware, s)
+        pipe = Pipeline(pp=s.pp, vpp=s.vpp, m=s.m, schedule=s.schedule,
+                        budget_bytes=max(int(mem_limit_bytes - meta["overhead_bytes"]), 1))
+        sol = solve(Instance(layers=layers, pipeline=pipe), cfg)
+        extra = sum(e.time_terms.get(k, 0.0) for k in PER_STEP_TERMS)
+        out.append(Balanced(e, sol, sol.objective_s + extra if sol.plan is not None else e.step_s))
+    return sorted(out, key=lambda b: b.step_s)

@@ -1,0 +1,163 @@
+"""Discrete-event replay of a plan under its schedule, written apart from the CP-SAT
+model: it knows each device's op order (or, for zbv, its greedy rule) and the data
+dependencies, and runs every op as soon as its device is free and its inputs exist.
+
+Ops per virtual stage v and micro-batch j (durations from the plan, per micro-batch):
+F (forward), B (input gradient + the layers' recompute) and W (weight gradient; fused
+into B except under zbv). Dependencies: F(v, j) after F(v-1, j); B(v, j) after
+B(v+1, j), the last virtual stage's B after its F; W(v, j) after B(v, j).
+
+Device orders: gpipe, 1f1b and interleaved run ``schedules.op_order`` (the schedule's
+definition, shared with the CP-SAT model as the in-flight table is); the replay's
+timing, memory accounting and zbv policy are its own.
+* zbv: greedy: a ready B first (latest chunk), then a ready F while the chunk holds
+  fewer micro-batches than the in-flight table allows (schedules.inflight), then W.
+
+Memory: a chunk's activations for micro-batch j are alive from the start of F(v, j)
+to the end of B(v, j) (as in the memory model, which frees at B).
+
+Idle split per stage s (busy = m t_s incl. recompute; idle = step - busy):
+recompute_s = m x its recompute seconds; bubble_s = the schedule's bubble for a
+perfectly balanced pipeline of the same total work (1f1b/gpipe (pp-1) tbar,
+interleaved (pp-1) tbar/vpp, zbv (pp-1) max(tbar - 3 Wbar, 0)/2, tbar = sum_s t_s/pp);
+imbalance_s = idle_s - bubble_s (negative when the stage idles less than a balanced one).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ndplan.formulas.schedules import inflight, op_order, virtual_stage
+from ndplan.ppb.instance import Instance
+from ndplan.ppb.plan import Plan, chunk_time_s, slot
+
+
+@dataclass(frozen=True)
+class OpRun:
+    stage: int
+    kind: str
+    """F, B (incl. recompute; incl. W unless zbv) or W."""
+    v: int
+    mb: int
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class SimResult:
+    step_s: float
+    busy_s: list[float]
+    idle_s: list[float]
+    bubble_s: list[float]
+    imbalance_s: list[float]
+    recompute_s: list[float]
+    peak_bytes: list[float]
+    memory: list[list[tuple[float, float]]] = field(repr=False)
+    """Per stage: (time, bytes) after every change."""
+    ops: list[OpRun] = field(repr=False)
+
+
+def simulate(inst: Instance, plan: Plan) -> SimResult:
+    p = inst.pipeline
+    pp, vpp, m, V = p.pp, p.vpp, p.m, p.chunks
+    zb = p.schedule == "zbv"
+    times = [chunk_time_s(inst, plan, v) for v in range(V)]
+    dur = {}
+    for v, t in enumerate(times):
+        dur["F", v] = t["F"]
+        dur["B", v] = t["B"] + (0.0 if zb else t["W"])
+        dur["W", v] = t["W"]
+    act = [sum(inst.layers[i].activation_bytes[plan.recompute[i]] for i in plan.layers(v)) for v in range(V)]
+    static = [0.0] * pp
+    for v in range(V):
+        static[slot(p, v)[0]] += sum(inst.layers[i].static_bytes for i in plan.layers(v))
+    vs = lambda s, c: virtual_stage(p.schedule, s, c, pp)  # noqa: E731
+
+    done: dict[tuple[str, int, int], float] = {}
+
+    def ready(kind, v, j, now) -> bool:
+        if kind == "F":
+            need = ("F", v - 1, j) if v > 0 else None
+        elif kind == "B":
+            need = ("B", v + 1, j) if v < V - 1 else ("F", v, j)
+        else:
+            need = ("B", v, j)
+        return need is None or (need in done and done[need] <= now)
+
+    orders = None if zb else [[(k, vs(s, c), j) for k, c, j in op_order(p.schedule, s, pp, vpp, m)] for s in range(pp)]
+    pos = [0] * pp
+    held = {v: 0 for v in range(V)}  # micro-batches whose activations v holds
+    cap = {vs(s, c): inflight(p.schedule, s, c, pp, vpp, m) for s in range(pp) for c in range(vpp)}
+    todo = {s: {"F": [(vs(s, c), j) for c in range(vpp) for j in range(m)], "B": [], "W": []} for s in range(pp)}
+    started: set = set()
+
+    def pick(s, now):
+        if not zb:
+            if pos[s] < len(orders[s]) and ready(*orders[s][pos[s]], now):
+                pos[s] += 1
+                return orders[s][pos[s] - 1]
+            return None
+        cands = [("B", v, j) for v in (vs(s, 1), vs(s, 0)) for j in range(m)
+                 if ("B", v, j) not in started and ("F", v, j) in started and ready("B", v, j, now)]
+        if cands:
+            return min(cands, key=lambda o: (o[2], -o[1]))
+        cands = [("F", v, j) for v in (vs(s, 1), vs(s, 0)) for j in range(m)
+                 if ("F", v, j) not in started and held[v] < cap[v] and ready("F", v, j, now)]
+        if cands:
+            return min(cands, key=lambda o: (o[2], -o[1]))
+        cands = [("W", v, j) for v in (vs(s, 1), vs(s, 0)) for j in range(m)
+                 if ("W", v, j) not in started and ("B", v, j) in done and done["B", v, j] <= now]
+        return min(cands, key=lambda o: (o[2], -o[1])) if cands else None
+
+    n_ops = V * m * (3 if zb else 2)
+    busy_until = [0.0] * pp
+    events: list[tuple[float, int, tuple]] = []  # (end time, stage, op)
+    mem = [[(0.0, static[s])] for s in range(pp)]
+    cur = list(static)
+    runs: list[OpRun] = []
+    now = 0.0
+    idle = set(range(pp))
+    while len(done) < n_ops:
+        for s in sorted(idle):
+            op = pick(s, now)
+            if op is None:
+                continue
+            kind, v, j = op
+            started.add(op)
+            end = now + dur[kind, v]
+            if kind == "F":
+                held[v] += 1
+                cur[s] += act[v]
+                mem[s].append((now, cur[s]))
+            heapq.heappush(events, (end, s, op))
+            runs.append(OpRun(stage=s, kind=kind, v=v, mb=j, start_s=now, end_s=end))
+            idle.discard(s)
+            busy_until[s] = end
+        if not events:
+            raise RuntimeError(f"{p.schedule} replay deadlocked at t={now} with {n_ops - len(done)} ops left")
+        now = events[0][0]
+        while events and events[0][0] <= now:
+            end, s, op = heapq.heappop(events)
+            done[op] = end
+            kind, v, j = op
+            if kind == "B":
+                held[v] -= 1
+                cur[s] -= act[v]
+                mem[s].append((end, cur[s]))
+            idle.add(s)
+    step = max(r.end_s for r in runs)
+    busy = [sum(r.end_s - r.start_s for r in runs if r.stage == s) for s in range(pp)]
+    rec = [0.0] * pp
+    w_stage = [0.0] * pp
+    for v, t in enumerate(times):
+        rec[slot(p, v)[0]] += m * t["R"]
+        w_stage[slot(p, v)[0]] += t["W"]
+    tbar = sum(busy) / m / pp
+    wbar = sum(w_stage) / pp
+    factor = {"gpipe": tbar, "1f1b": tbar, "interleaved": tbar / vpp, "zbv": max(tbar - 3 * wbar, 0.0) / 2}
+    bubble = (pp - 1) * factor[p.schedule]
+    idle_s = [step - b for b in busy]
+    return SimResult(step_s=step, busy_s=busy, idle_s=idle_s, bubble_s=[bubble] * pp,
+                     imbalance_s=[i - bubble for i in idle_s], recompute_s=rec,
+                     peak_bytes=[max(b for _, b in series) for series in mem], memory=mem, ops=runs)

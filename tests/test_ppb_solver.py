@@ -1,0 +1,192 @@
+"""PPB solver: optimum equals a brute-force oracle, plans are valid, never worse than the
+even split, infeasible budgets are diagnosed, and the replay agrees with the objective."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ndplan.formulas.schedules import inflight, op_order, virtual_stage
+from ndplan.ppb.instance import MODES, Instance, Layer, Pipeline
+from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
+from ndplan.ppb.simulate import simulate
+from ndplan.ppb.solve import Config, diagnose, evaluate, solve
+
+MS = 1e-3  # test times are whole milliseconds: no rounding at the 1 us resolution
+MB = 2**20  # test memory is whole MiB: no rounding at the 1 MiB unit
+CFG = Config(time_limit_s=20)
+
+
+def layer(f, b, w, static, acts, recs, name="x"):
+    return Layer(name=name, kind="dense", forward_s=f * MS, backward_input_s=b * MS, backward_weight_s=w * MS,
+                 static_bytes=static * MB, activation_bytes={k: a * MB for k, a in acts.items()},
+                 recompute_s={k: r * MS for k, r in recs.items()})
+
+
+# ---------------------------------------------------------------- the oracle
+
+def oracle_time(inst: Instance, plan: Plan) -> float:
+    """Step time by the schedule's definition, written here apart from the model:
+    gpipe/1f1b/interleaved: longest path through the op DAG with each stage's order;
+    zbv: the closed form m t_max + (pp-1)/2 max(0, max_s t_s - 3 W_s)."""
+    p = inst.pipeline
+    V = p.chunks
+    F, B, W = [0.0] * V, [0.0] * V, [0.0] * V
+    for v in range(V):
+        for i in plan.layers(v):
+            x = inst.layers[i]
+            F[v] += x.forward_s
+            B[v] += x.backward_input_s + x.recompute_s.get(plan.recompute[i], 0.0)
+            W[v] += x.backward_weight_s
+    stage_of = {virtual_stage(p.schedule, s, c, p.pp): s for s in range(p.pp) for c in range(p.vpp)}
+    t = [sum(F[v] + B[v] + W[v] for v in range(V) if stage_of[v] == s) for s in range(p.pp)]
+    if p.schedule == "zbv":
+        u = max(0.0, max(t[s] - 3 * sum(W[v] for v in range(V) if stage_of[v] == s) for s in range(p.pp)))
+        return p.m * max(t) + (p.pp - 1) / 2 * u
+    # longest path: relax ops in a topological order (repeat until no change; tiny sizes)
+    end: dict = {}
+    orders = [[(k, virtual_stage(p.schedule, s, c, p.pp), j) for k, c, j in op_order(p.schedule, s, p.pp, p.vpp, p.m)]
+              for s in range(p.pp)]
+    pos = [0] * p.pp
+    while any(pos[s] < len(orders[s]) for s in range(p.pp)):
+        for s in range(p.pp):
+            while pos[s] < len(orders[s]):
+                k, v, j = orders[s][pos[s]]
+                dep = ("F", v - 1, j) if k == "F" and v > 0 else None
+                if k == "B":
+                    dep = ("B", v + 1, j) if v < V - 1 else ("F", v, j)
+                if dep is not None and dep not in end:
+                    break
+                prev = end[orders[s][pos[s] - 1]] if pos[s] else 0.0
+                dur = F[v] if k == "F" else B[v] + W[v]
+                end[(k, v, j)] = max(prev, end[dep] if dep else 0.0) + dur
+                pos[s] += 1
+    return max(end.values())
+
+
+def oracle_memory(inst: Instance, plan: Plan) -> list[float]:
+    p = inst.pipeline
+    mem = [0.0] * p.pp
+    for s in range(p.pp):
+        for c in range(p.vpp):
+            v = virtual_stage(p.schedule, s, c, p.pp)
+            n = inflight(p.schedule, s, c, p.pp, p.vpp, p.m)
+            for i in plan.layers(v):
+                mem[s] += inst.layers[i].static_bytes + n * inst.layers[i].activation_bytes[plan.recompute[i]]
+    return mem
+
+
+def brute_force(inst: Instance, exact: bool = False):
+    """(best time, best plan) over every contiguous split x recompute choice, or None."""
+    L, V = len(inst.layers), inst.pipeline.chunks
+    best = None
+    for cuts in itertools.combinations(range(1, L), V - 1):
+        bounds = (0, *cuts, L)
+        for rec in itertools.product(*(x.modes for x in inst.layers)):
+            plan = Plan(bounds=bounds, recompute=rec)
+            if max(oracle_memory(inst, plan)) > inst.pipeline.budget_bytes:
+                continue
+            if inst.pipeline.schedule == "interleaved" and not exact:
+                t = closed_interleaved(inst, plan)
+            else:
+                t = oracle_time(inst, plan)
+            if best is None or t < best[0] - 1e-12:
+                best = (t, plan)
+    return best
+
+
+def closed_interleaved(inst: Instance, plan: Plan) -> float:
+    p = inst.pipeline
+    t = [0.0] * p.pp
+    for v in range(p.chunks):
+        t[v % p.pp] += sum(inst.layers[i].time_s(plan.recompute[i]) for i in plan.layers(v))
+    return p.m * max(t) + (sum(t) - max(t)) / p.vpp
+
+
+@st.composite
+def instances(draw, schedule):
+    vpp = 2 if schedule in ("interleaved", "zbv") else 1
+    pp = 2
+    m = draw(st.sampled_from([2, 4])) if schedule == "interleaved" else draw(st.integers(1, 4))
+    n = draw(st.integers(pp * vpp, pp * vpp + (1 if vpp == 2 else 3)))
+    layers = []
+    for i in range(n):
+        modes = ["none"] + [mo for mo in MODES[1:] if draw(st.booleans())]
+        acts = {"none": draw(st.integers(0, 60))}
+        recs = {}
+        for mo in modes[1:]:
+            acts[mo] = draw(st.integers(0, acts["none"]))
+            recs[mo] = draw(st.integers(0, 5))
+        layers.append(layer(draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.integers(0, 6)),
+                            draw(st.integers(0, 40)), acts, recs, name=f"l{i}"))
+    budget = draw(st.integers(60, 400)) * MB
+    return Instance(layers=tuple(layers), pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=budget))
+
+
+SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved", "zbv"])
+@SLOW
+@given(data=st.data())
+def test_optimum_equals_brute_force(schedule, data):
+    inst = data.draw(instances(schedule))
+    want = brute_force(inst)
+    sol = solve(inst, CFG)
+    if want is None:
+        assert sol.status == "INFEASIBLE"
+        return
+    assert sol.status == "OPTIMAL"
+    assert sol.objective_s == pytest.approx(want[0], abs=1e-9)
+    sol.plan.check(inst)  # order, contiguity, non-empty slices, offered modes
+    assert max(oracle_memory(inst, sol.plan)) <= inst.pipeline.budget_bytes
+    assert (oracle_time(inst, sol.plan) if schedule != "interleaved" else closed_interleaved(inst, sol.plan)) \
+        == pytest.approx(sol.objective_s, abs=1e-9)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_exact_interleaved_equals_brute_force(data):
+    inst = data.draw(instances("interleaved"))
+    want = brute_force(inst, exact=True)
+    sol = solve(inst, Config(time_limit_s=20, exact=True))
+    if want is None:
+        assert sol.status == "INFEASIBLE"
+        return
+    assert sol.status == "OPTIMAL" and sol.objective_s == pytest.approx(want[0], abs=1e-9)
+
+
+def _llm(n_layers, pp, vpp, m, schedule, budget_gib):
+    emb = layer(1, 1, 1, 2000, {"none": 100}, {}, "embedding")
+    dec = layer(4, 4, 4, 1000, {"none": 800, "selective": 500, "full": 100}, {"selective": 1, "full": 4}, "decoder")
+    head = layer(6, 6, 6, 3000, {"none": 600}, {}, "head")
+    return Instance(layers=(emb,) + (dec,) * n_layers + (head,),
+                    pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * 2**30)))
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
+@pytest.mark.parametrize("budget_gib", [12, 30, 1000])
+def test_never_worse_than_even_split(schedule, vpp, budget_gib):
+    inst = _llm(14, 4, vpp, 8, schedule, budget_gib)
+    sol = solve(inst, CFG)
+    for mode in MODES:
+        even = uniform_plan(inst, mode)
+        if max(stage_memory_bytes(inst, even)) <= inst.pipeline.budget_bytes:
+            assert sol.objective_s <= evaluate(inst, even) + 1e-9
+
+
+def test_infeasible_budget_names_stage_and_smallest_budget():
+    inst = _llm(14, 4, 1, 8, "1f1b", 3)
+    assert solve(inst, CFG).status == "INFEASIBLE"
+    d = diagnose(inst, CFG)
+    assert d.overflow_bytes > 0 and 0 <= d.stage < 4
+    assert d.min_budget_bytes == inst.pipeline.budget_bytes + d.overflow_bytes
+    import dataclasses
+    fits = dataclasses.replace(inst, pipeline=dataclasses.replace(inst.pipeline, budget_bytes=d.min_budget_bytes))
+    assert solve(fits, CFG).status == "OPTIMAL"
+    short = dataclasses.replace(inst, pipeline=dataclasses.replace(inst.pipeline, budget_bytes=d.min_budget_bytes - MB))
+    assert solve(short, CFG).status == "INFEASIBLE"
+    assert "stage" in d.message() and "smallest budget" in d.message()
