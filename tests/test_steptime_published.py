@@ -106,6 +106,38 @@ def test_interleaved_timeline_makespan():
     assert _check_timeline(TIMELINE_INTERLEAVED, pp, vpp, m) == 15 == m * t + Fraction((pp - 1) * t, vpp)
 
 
+# pp = 2, m = 3, ZB-H1 (Qi et al. 2024 Fig. 3): B is the input gradient only, W the weight
+# gradient, F = B = W = 1; 1F1B's warm-up is kept and the Ws fill the cool-down.
+# (device, op, micro-batch, start, end)
+TIMELINE_ZBH1 = [
+    (0, "F", 1, 0, 1), (0, "F", 2, 1, 2), (0, "B", 1, 3, 4), (0, "F", 3, 4, 5), (0, "B", 2, 5, 6),
+    (0, "W", 1, 6, 7), (0, "B", 3, 7, 8), (0, "W", 2, 8, 9), (0, "W", 3, 9, 10),
+    (1, "F", 1, 1, 2), (1, "B", 1, 2, 3), (1, "F", 2, 3, 4), (1, "B", 2, 4, 5), (1, "F", 3, 5, 6),
+    (1, "B", 3, 6, 7), (1, "W", 1, 7, 8), (1, "W", 2, 8, 9), (1, "W", 3, 9, 10),
+]
+
+
+def test_zbh1_timeline_makespan():
+    """Makespan m*t + (pp-1)(F+B-W), the ZB-H1 bubble of step.py (1F1B's times (t-2W)/t)."""
+    pp, m, F, B, W = 2, 3, 1, 1, 1
+    end = {(d, op, mb): e for d, op, mb, _, e in TIMELINE_ZBH1}
+    assert len(end) == 3 * m * pp
+    for d, op, mb, st, e in TIMELINE_ZBH1:
+        assert e - st == 1
+        if op == "F" and d > 0:
+            assert st >= end[(d - 1, "F", mb)]
+        if op == "B":
+            assert st >= end[(d, "F", mb)] and (d == pp - 1 or st >= end[(d + 1, "B", mb)])
+        if op == "W":
+            assert st >= end[(d, "B", mb)]
+    for dev in range(pp):
+        spans = sorted((st, e) for d, _, _, st, e in TIMELINE_ZBH1 if d == dev)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    t = F + B + W
+    one_f_one_b_bubble = (pp - 1) * t
+    assert max(e for *_, e in TIMELINE_ZBH1) == 10 == m * t + one_f_one_b_bubble * Fraction(t - 2 * W, t)
+
+
 # ---------------------------------------------------------------- the same on step_time
 
 PIPE_KEYS = ("time.compute", "time.recompute", "time.tp_comm", "time.cp_comm", "time.ep_comm",
