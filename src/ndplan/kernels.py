@@ -63,8 +63,25 @@ def _compile(breakdown: Breakdown, args: tuple[sp.Symbol, ...]) -> Kernel:
 
 
 def _lambdify(args, exprs):
-    """lambdify with common-subexpression elimination (about 4x faster kernels)."""
-    return sp.lambdify(args, exprs, modules="numpy", cse=True)
+    """lambdify with common-subexpression elimination (about 4x faster kernels) and
+    Piecewise printed as nested numpy.where (4x faster than numpy.select)."""
+    printer = _WherePrinter({"fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True,
+                             "user_functions": {}})  # lambdify's own settings for its numpy printer
+    return sp.lambdify(args, exprs, modules="numpy", cse=True, printer=printer)
+
+
+from sympy.printing.numpy import NumPyPrinter  # noqa: E402
+
+
+class _WherePrinter(NumPyPrinter):
+    def _print_Piecewise(self, expr):
+        pieces = list(expr.args)
+        out = "nan"  # no branch holds: as numpy.select's default
+        if pieces[-1].cond == sp.true:
+            out = self._print(pieces.pop().expr)
+        for e, c in reversed(pieces):
+            out = f"{self._module_format(self._module + '.where')}({self._print(c)}, {self._print(e)}, {out})"
+        return out
 
 
 def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS) -> Kernel:
