@@ -13,6 +13,7 @@ import click
 
 from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
 from ndplan.cli_balance import register as register_balance
+from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate as run_estimate
@@ -154,19 +155,23 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON (schema in DESIGN.md).")
 @click.option("--export-layers", type=click.Path(dir_okay=False), default=None,
               help="Write the per-layer description for `ndplan balance` (YAML, or JSON by extension).")
+@emit_options
 @library_errors
-def estimate(as_json, export_layers, **kw):
+def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     """Per-stage peak memory of one strategy, with every term.
 
     \b
     Example:
       ndplan estimate -m llama3-70b -H h100-sxm --gpus 64 --tp 8 --pp 4 --gbs 128 \\
           --seq 8192 --recompute selective --json
+      ndplan estimate -m llama3-70b --gpus 64 --tp 8 --pp 4 --gbs 128 --emit megatron
     """
     model, hw, strat, gpus = build(kw)
-    est = run_estimate(model, hw, strat, gpus)
     if export_layers:
         _export_layers(export_layers, model, hw, strat)
+    if emit_cli(emit_fmt, emit_out, model, strat):
+        return
+    est = run_estimate(model, hw, strat, gpus)
     if as_json:
         click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
         return

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import yaml
 
+from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.errors import NdplanError
 from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, load_layers
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
@@ -68,6 +69,28 @@ def _ranges(layers: list[int]) -> str:
     return f"{layers[0]}-{layers[-1]}" if layers else "-"
 
 
+def _emit_balanced(path: str, inst: Instance, plan: Plan, fmt: str, out: str | None) -> bool:
+    """--emit the balanced plan with the strategy the layer file was exported at
+    (``ndplan estimate --export-layers``), pp/vpp/m/schedule from this command."""
+    import dataclasses
+
+    from ndplan.catalog import load_model
+    from ndplan.export import Balance
+    from ndplan.export.common import recompute_mode
+    from ndplan.strategy import Strategy
+    meta = yaml.safe_load(Path(path).read_text())
+    if not isinstance(meta, dict) or not isinstance(meta.get("strategy"), dict) or "model" not in meta:
+        raise NdplanError("--emit", fmt, "needs a layer file from `ndplan estimate --export-layers` (model, strategy)")
+    fields = {f.name for f in dataclasses.fields(Strategy)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["strategy"].items() if k in fields}
+    bal = Balance(inst, plan)
+    p = inst.pipeline
+    strat = Strategy(**given | {"pp": p.pp, "vpp": p.vpp, "schedule": p.schedule, "gbs": p.m * given["dp"] * given["mbs"],
+                                "layers_per_stage": bal.decoder_layers(), "recompute_layers": None,
+                                "recompute": recompute_mode(*bal.recompute_counts())})
+    return emit_cli(fmt, out, load_model(meta["model"]), strat, balance=bal)
+
+
 def register(main: click.Group, library_errors) -> None:
     @main.command("balance")
     @click.option("--layers", "layers_file", required=True, type=click.Path(dir_okay=False),
@@ -87,15 +110,17 @@ def register(main: click.Group, library_errors) -> None:
     @click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan.")
     @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here.")
     @click.option("--json", "as_json", is_flag=True)
+    @emit_options
     @library_errors
     def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit, workers,
-                    time_resolution_us, exact, user_plan, plan_recompute, timeline, as_json):
+                    time_resolution_us, exact, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out):
         """Stage-layer allocation and per-layer recompute that minimise step time under a memory budget.
 
         \b
         Example:
           ndplan estimate -m llama3-70b --tp 8 --pp 4 --dp 2 --gbs 64 --export-layers l70.yaml
           ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --json
+          ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --emit mindformers
         """
         from ndplan.ppb.forms import megatron, mindformers
         from ndplan.ppb.simulate import simulate
@@ -124,6 +149,8 @@ def register(main: click.Group, library_errors) -> None:
                 click.echo(json.dumps(out, indent=2))
                 return
             raise NdplanError("--time-limit", time_limit, f"solver status {sol.status}: no plan found; raise it")
+        if emit_fmt and _emit_balanced(layers_file, inst, sol.plan, emit_fmt, emit_out):
+            return
         sim = simulate(inst, sol.plan)
         out["simulated_step_s"] = sim.step_s
         out["stages"] = _row(inst, sol.plan, sim)

@@ -11,6 +11,7 @@ import click
 import numpy as np
 
 from ndplan.catalog import load_hardware, load_model
+from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.errors import NdplanError
 from ndplan.estimate import Estimate, estimate
 from ndplan.space import DIMS, RULES, load_space, normalize_space, why
@@ -205,6 +206,20 @@ def _print_balanced(r: SweepResult, to_stderr: bool) -> None:
                    err=to_stderr)
 
 
+def _emit(r: SweepResult, fmt: str, out: str | None, every: bool) -> bool:
+    """--emit the top-1 (or with --emit-all every top candidate as DIR/rank<i><suffix>);
+    True when the form went to stdout instead of the report."""
+    from pathlib import Path
+
+    from ndplan.export import SUFFIX
+    if not every:
+        return emit_cli(fmt, out, r.model, r.top[0].strategy)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for i, e in enumerate(r.top, 1):
+        emit_cli(fmt, str(Path(out) / f"rank{i}{SUFFIX[fmt]}"), r.model, e.strategy)
+    return False
+
+
 def register(main: click.Group, library_errors, parse_overrides) -> None:
     @main.command("sweep")
     @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
@@ -226,9 +241,11 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
     @click.option("--json", "as_json", is_flag=True, help="JSON: candidates, top (estimate schema), pareto.")
     @click.option("--csv", "as_csv", is_flag=True, help="CSV of every evaluated candidate, ranked.")
     @click.option("--balance", is_flag=True, help="Balance the top candidates with pp > 1 (ndplan balance) and re-rank.")
+    @emit_options
+    @click.option("--emit-all", is_flag=True, help="--emit every top candidate into the --emit-out directory.")
     @library_errors
     def sweep_cmd(model, hardware, gpus, seq, gbs, space_file, mem_limit, top, sort, why_point, find_min_gpus,
-                  as_json, as_csv, balance, **kw):
+                  as_json, as_csv, balance, emit_fmt, emit_out, emit_all, **kw):
         """Evaluate every valid strategy, drop what does not fit, rank the rest.
 
         Exit code 0 with results, 1 when nothing fits (the report says why), 2 for bad input.
@@ -239,7 +256,10 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
           ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --tp 1,2 --recompute none --json
           ndplan sweep -m llama3-70b -H a100-80gb --gpus 64 --gbs 64 --why "dp=8,tp=8,pp=1"
           ndplan sweep -m llama3-70b -H a100-80gb --gbs 256 --seq 4096 --find-min-gpus
+          ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --emit torchtitan --emit-all --emit-out configs/
         """
+        if emit_all and (emit_fmt is None or emit_out is None):
+            raise NdplanError("--emit-all", True, "give --emit FORMAT and --emit-out DIRECTORY too")
         m = load_model(model)
         hw = load_hardware(hardware).with_overrides(parse_overrides(kw.pop("overrides")))
         space = _space(space_file, kw)
@@ -257,7 +277,9 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
             click.echo(_why_report(r, m, space, why_point), err=as_json or as_csv)
         if balance:
             _print_balanced(r, as_json or as_csv)
-        if as_json:
+        if emit_fmt and r.feasible and _emit(r, emit_fmt, emit_out, emit_all):
+            pass
+        elif as_json:
             click.echo(json.dumps(r.to_json(), indent=2))
         elif as_csv:
             click.echo(_csv(r), nl=False)

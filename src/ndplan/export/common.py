@@ -1,0 +1,72 @@
+"""Shared pieces of the framework exporters: layers and recompute counts per virtual
+stage, the one-line "cannot express" error, and the header every form carries.
+
+Virtual stage v (0 .. pp*vpp-1) is the v-th model slice in layer order; it runs on
+(stage, chunk) given by ``formulas.schedules.virtual_stage`` (interleaved: v = chunk*pp
++ stage; zbv: the V). Counts are decoder layers only (embedding and head are not
+counted), as in ``Strategy.layers_per_stage`` and the frameworks' flags.
+"""
+
+from __future__ import annotations
+
+from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+from ndplan.formulas.schedules import virtual_stage
+from ndplan.ppb.plan import slot  # reads pp, vpp, schedule: a Strategy has them too
+from ndplan.strategy import Strategy
+
+
+def chunk_layers(model: ModelSpec, strat: Strategy, balance=None) -> tuple[int, ...]:
+    """Decoder layers of every virtual stage, in model order."""
+    if balance is not None:
+        return balance.decoder_layers()
+    if strat.layers_per_stage is not None:
+        return tuple(strat.layers_per_stage)
+    chunks = strat.pp * strat.vpp
+    return (model.num_hidden_layers // chunks,) * chunks
+
+
+def recompute_counts(model: ModelSpec, strat: Strategy, balance=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(fully, selectively) recomputed decoder layers of every virtual stage.
+
+    From the PPB plan when given; else ``strat.recompute`` on the first
+    ``recompute_layers`` layers of each chunk (one count, or one per stage), all
+    layers when it is None.
+    """
+    if balance is not None:
+        return balance.recompute_counts()
+    layers = chunk_layers(model, strat)
+    counts = []
+    for v, n in enumerate(layers):
+        rl = strat.recompute_layers
+        k = n if rl is None else min(n, rl[slot(strat, v)[0]] if isinstance(rl, tuple) else rl)
+        counts.append(0 if strat.recompute == "none" else k)
+    zero = (0,) * len(layers)
+    if strat.recompute == "full":
+        return tuple(counts), zero
+    return zero, tuple(counts)
+
+
+def recompute_mode(full, selective) -> str:
+    """The one mode a framework that takes a single switch should get: the deepest used."""
+    return "full" if max(full) else "selective" if max(selective) else "none"
+
+
+def per_stage(strat: Strategy, values) -> list:
+    """Values per virtual stage -> [stage] (vpp = 1) or [chunk][stage] (vpp > 1)."""
+    rows = [[values[virtual_stage(strat.schedule, s, c, strat.pp)] for s in range(strat.pp)]
+            for c in range(strat.vpp)]
+    return rows[0] if strat.vpp == 1 else rows
+
+
+def cannot(target: str, field: str, value, fix: str) -> NdplanError:
+    """The error for a strategy the target cannot express."""
+    return NdplanError(field, value, f"{target} cannot express this; {fix}")
+
+
+def header(target: str, model: ModelSpec, strat: Strategy, prefix: str = "# ") -> list[str]:
+    s = strat
+    return [f"{prefix}{target} form of an ndplan strategy for {model.name}",
+            f"{prefix}dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp} mbs={s.mbs} "
+            f"gbs={s.gbs} m={s.m} seq={s.seq} zero={s.zero} sp={'on' if s.sp else 'off'} "
+            f"recompute={s.recompute} schedule={s.schedule}"]

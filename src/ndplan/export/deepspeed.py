@@ -1,0 +1,71 @@
+"""DeepSpeed config JSON (``--emit deepspeed``).
+
+Key names are those of deepspeedai/DeepSpeed:deepspeed/runtime/config.py and
+deepspeed/runtime/constants.py (``train_batch_size``, ``train_micro_batch_size_per_gpu``,
+``gradient_accumulation_steps``, ``bf16.enabled``, ``pipeline`` with ``stages`` and
+``activation_checkpoint_interval`` from ``get_pipeline_config``),
+deepspeed/runtime/zero/config.py (``zero_optimization.stage``, ``offload_optimizer``
+with ``device``/``pin_memory``), deepspeed/runtime/activation_checkpointing/config.py
+(``activation_checkpointing.partition_activations``, ``contiguous_memory_optimization``,
+``cpu_checkpointing``) and deepspeed/runtime/tensor_parallel/config.py
+(``tensor_parallel.autotp_size``, AutoTP training).
+
+train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp
+= mbs x m x dp = gbs. Not expressible in the JSON (NdplanError, with the fix): context
+parallelism (DeepSpeed-Ulysses is set up in code), expert parallelism
+(``deepspeed.moe.layer.MoE(ep_size=...)`` in code), interleaving (vpp > 1) and
+schedules other than 1F1B (the pipeline engine's TrainSchedule), ZeRO 2/3 with pp > 1
+(the pipeline engine allows stage 0 or 1), uneven layers (``PipelineModule
+(partition_method=...)`` in code), selective or partial recompute (the JSON only tunes
+the checkpointing that the model code calls on whole layers).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ndplan.catalog.model import ModelSpec
+from ndplan.export.common import cannot, chunk_layers, recompute_counts
+from ndplan.strategy import Strategy
+
+TARGET = "DeepSpeed config JSON"
+
+
+def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
+    if s.cp > 1:
+        raise cannot(TARGET, "cp", s.cp, "DeepSpeed-Ulysses sequence parallelism is set up in code; use cp=1")
+    if s.ep > 1:
+        raise cannot(TARGET, "ep", s.ep, "set deepspeed.moe.layer.MoE(ep_size=...) in the model code; use ep=1 here")
+    if s.pp > 1 and (s.vpp > 1 or s.schedule != "1f1b"):
+        raise cannot(TARGET, "schedule", s.schedule, "the pipeline engine runs 1F1B with one chunk per stage")
+    if s.pp > 1 and s.zero >= 2:
+        raise cannot(TARGET, "zero", s.zero, "the pipeline engine supports ZeRO stage 0 or 1; use zero<=1 or pp=1")
+    if s.pp > 1 and len(set(layers)) > 1:
+        raise cannot(TARGET, "layers_per_stage", list(layers),
+                     "give PipelineModule(partition_method=...) in code; an even split here")
+    if s.offload_optimizer and s.zero == 0:
+        raise cannot(TARGET, "offload_optimizer", True, "ZeRO-Offload needs zero_optimization.stage >= 1")
+    if max(sel):
+        raise cannot(TARGET, "recompute", "selective", "DeepSpeed checkpoints whole layers; use none or full")
+    if max(full) and any(f < n for f, n in zip(full, layers)):
+        raise cannot(TARGET, "recompute_layers", list(full), "the JSON cannot pick layers; recompute all or none")
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    s = strat
+    layers = chunk_layers(model, s, balance)
+    full, sel = recompute_counts(model, s, balance)
+    _check(model, s, layers, full, sel)
+    zero = {"stage": s.zero}
+    if s.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    doc = {"train_batch_size": s.gbs, "train_micro_batch_size_per_gpu": s.mbs,
+           "gradient_accumulation_steps": s.m, "bf16": {"enabled": True}, "zero_optimization": zero}
+    if s.tp > 1:
+        doc["tensor_parallel"] = {"autotp_size": s.tp}
+    if s.pp > 1:
+        doc["pipeline"] = {"stages": s.pp, "activation_checkpoint_interval": 1 if max(full) else 0}
+    if max(full):
+        doc["activation_checkpointing"] = {"partition_activations": s.tp > 1, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+    return json.dumps(doc, indent=2) + "\n"

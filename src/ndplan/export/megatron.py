@@ -1,0 +1,122 @@
+"""Megatron-LM command-line arguments (``--emit megatron``).
+
+Flag names are those of NVIDIA/Megatron-LM:megatron/training/arguments.py
+(``_add_distributed_args``: ``--tensor-model-parallel-size``,
+``--pipeline-model-parallel-size``, ``--context-parallel-size``,
+``--num-layers-per-virtual-pipeline-stage``, ``--num-virtual-stages-per-pipeline-rank``,
+``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
+``--pipeline-model-parallel-layout``, ``--sequence-parallel``,
+``--use-distributed-optimizer``, ``--use-torch-fsdp2`` ("not currently working with
+Pipeline Parallel"); ``_add_moe_args``: ``--expert-model-parallel-size``,
+``--expert-tensor-parallel-size``; ``_add_training_args``: ``--micro-batch-size``,
+``--global-batch-size``, ``--recompute-granularity full|selective``,
+``--recompute-method uniform|block``, ``--recompute-num-layers``,
+``--optimizer-cpu-offload``; ``_add_network_size_args``: ``--num-layers``;
+``_add_data_args``: ``--seq-length``).
+
+Mapping: zero 1 and 2 -> the distributed optimizer (it shards optimizer states and
+fp32 master weights over dp and reduce-scatters gradients); zero 3 -> torch FSDP2
+(pp = 1 only). Full recompute of every layer -> ``uniform`` with one layer per group
+(only each layer's input is kept, ndplan's ``full``); of the first N layers of each
+chunk -> ``block`` N. Megatron-LM takes one count for every chunk and one granularity:
+a PPB plan with differing counts gets the largest count and a ``# note``. Uneven
+layers: first/last-stage flags when vpp = 1 and the middle stages are even, else a
+layout (E embedding, t decoder layer, L loss, ``|`` between virtual stages).
+
+Schedules: 1f1b (pp > 1, vpp = 1) and interleaved (vpp > 1) are Megatron-LM's; gpipe,
+zb-h1 and zbv are not expressible (NdplanError).
+
+The output is comment lines (``# ...``) and one line of arguments, readable with
+``shlex.split(text, comments=True)``.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ndplan.catalog.model import ModelSpec
+from ndplan.export.common import cannot, chunk_layers, header, recompute_counts
+from ndplan.strategy import Strategy
+
+TARGET = "Megatron-LM"
+
+
+def _check(model: ModelSpec, strat: Strategy) -> None:
+    if strat.pp > 1 and strat.schedule not in ("1f1b", "interleaved"):
+        raise cannot(TARGET, "schedule", strat.schedule, "it runs 1f1b (vpp=1) or interleaved (vpp>1); "
+                                                         "use --schedule 1f1b/interleaved or --emit torchtitan")
+    if strat.zero == 3 and strat.pp > 1:
+        raise cannot(TARGET, "zero", 3, "FSDP2 (--use-torch-fsdp2) does not run with pipeline parallelism; "
+                                        "use zero<=2 or pp=1")
+    if strat.offload_optimizer and strat.zero not in (1, 2):
+        raise cannot(TARGET, "offload_optimizer", True, "--optimizer-cpu-offload needs the distributed "
+                                                        "optimizer; use zero 1 or 2")
+
+
+def _layout(model: ModelSpec, strat: Strategy, layers) -> list[str]:
+    L = model.num_hidden_layers
+    if len(set(layers)) == 1:
+        if strat.vpp > 1:
+            return ["--num-layers-per-virtual-pipeline-stage", str(L // (strat.pp * strat.vpp))]
+        return []
+    middle = layers[1:-1]
+    if strat.vpp == 1 and len(set(middle)) <= 1:
+        return ["--decoder-first-pipeline-num-layers", str(layers[0]),
+                "--decoder-last-pipeline-num-layers", str(layers[-1])]
+    groups = ["t" * n for n in layers]
+    groups[0], groups[-1] = "E" + groups[0], groups[-1] + "L"
+    out = ["--pipeline-model-parallel-layout", "|".join(groups)]
+    if strat.vpp > 1:
+        out += ["--num-virtual-stages-per-pipeline-rank", str(strat.vpp)]
+    return out
+
+
+def _recompute(strat: Strategy, layers, full, sel, balanced: bool) -> tuple[list[str], list[str]]:
+    args, notes = [], []
+    if max(full):
+        every = all(f == n for f, n in zip(full, layers))
+        if every and strat.recompute_layers is None and not balanced:
+            args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        else:
+            args += ["--recompute-granularity", "full", "--recompute-method", "block",
+                     "--recompute-num-layers", str(max(full))]
+            if len(set(full)) > 1:
+                notes.append(f"full recompute of {list(full)} layers per virtual stage; Megatron-LM takes one "
+                             f"count for every chunk, {max(full)} given")
+        if max(sel):
+            notes.append("Megatron-LM runs one recompute granularity: the selective layers are not expressed")
+    elif max(sel):
+        args += ["--recompute-granularity", "selective"]
+        if any(s < n for s, n in zip(sel, layers)):
+            notes.append(f"selective recompute of {list(sel)} layers per virtual stage; Megatron-LM's "
+                         "selective recompute covers every layer")
+    return args, notes
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    _check(model, strat)
+    s = strat
+    layers = chunk_layers(model, s, balance)
+    full, sel = recompute_counts(model, s, balance)
+    args = ["--num-layers", str(model.num_hidden_layers),
+            "--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
+            "--context-parallel-size", str(s.cp)]
+    if model.is_moe:
+        args += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", str(s.etp)]
+    args += _layout(model, s, layers)
+    if s.sp and s.tp > 1:
+        args.append("--sequence-parallel")
+    if s.zero in (1, 2):
+        args.append("--use-distributed-optimizer")
+    elif s.zero == 3:
+        args.append("--use-torch-fsdp2")
+    if s.offload_optimizer:
+        args.append("--optimizer-cpu-offload")
+    args += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.gbs), "--seq-length", str(s.seq)]
+    rec, notes = _recompute(s, layers, full, sel, balance is not None)
+    args += rec
+    if s.zero == 2:
+        notes.append("zero 2 is given as the distributed optimizer (sharded optimizer states, "
+                     "reduce-scattered gradients)")
+    lines = header(TARGET, model, s) + [f"# note: {n}" for n in notes]
+    return "\n".join(lines) + "\n" + " ".join(shlex.quote(a) for a in args) + "\n"

@@ -1,0 +1,116 @@
+"""torchtitan job config TOML (``--emit torchtitan``).
+
+Key names are those of pytorch/torchtitan:torchtitan/config/job_config.py
+(``Parallelism``: ``data_parallel_replicate_degree``, ``data_parallel_shard_degree``,
+``fsdp_reshard_after_forward``, ``tensor_parallel_degree``, ``context_parallel_degree``,
+``pipeline_parallel_degree``, ``pipeline_parallel_schedule``,
+``pipeline_parallel_microbatch_size``, ``pipeline_parallel_layers_per_stage``,
+``pipeline_parallel_split_points``, ``expert_parallel_degree``,
+``expert_tensor_parallel_degree`` (1 or tp only); ``Training``: ``local_batch_size``
+(was ``batch_size`` in older versions), ``global_batch_size``, ``seq_len``,
+``enable_cpu_offload``; ``ActivationCheckpoint``: ``mode`` none|selective|full,
+``selective_ac_option``). Schedule names are the classes registered in
+pytorch/pytorch:torch/distributed/pipelining/schedules.py (``get_schedule_class``):
+gpipe -> GPipe, 1f1b -> 1F1B, interleaved -> Interleaved1F1B, zbv -> ZBVZeroBubble;
+zb-h1 (one chunk per stage) has no torch schedule (NdplanError).
+
+Data-parallel mapping (FSDP2 shards over ``dp_shard``; HSDP = replicate x shard):
+zero 0 -> DDP, ``data_parallel_replicate_degree = dp`` (torchtitan runs DDP only
+without other parallelism, so tp/pp/cp must be 1); zero 1 and 2 -> FSDP2 over dp with
+``fsdp_reshard_after_forward = "never"`` (weights stay gathered from forward to
+backward; gradients and optimizer states sharded: ZeRO-2; FSDP2 has no optimizer-only
+sharding, so zero 1 is given as ZeRO-2); zero 3 -> FSDP2 with ``"always"``. ndplan's dp
+is never split into replicas x shards, so HSDP is not emitted.
+
+Batch: without pp, ``local_batch_size = mbs`` and torchtitan accumulates
+global / (local x dp) = m micro-batches; with pp, ``local_batch_size = gbs/dp`` split
+into m pipeline micro-batches of ``pipeline_parallel_microbatch_size = mbs``.
+
+torchtitan applies one activation-checkpoint mode to every layer: a per-layer count
+(``recompute_layers`` or a PPB plan) is given as the deepest mode used, with a comment.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ndplan.catalog.model import ModelSpec
+from ndplan.export.common import cannot, chunk_layers, header, recompute_counts, recompute_mode
+from ndplan.strategy import Strategy
+
+TARGET = "torchtitan"
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
+RESHARD = {1: "never", 2: "never", 3: "always"}
+"""zero stage -> fsdp_reshard_after_forward."""
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    return "[" + ", ".join(_value(x) for x in v) + "]"
+
+
+def _toml(sections: dict[str, dict]) -> list[str]:
+    lines = []
+    for name, table in sections.items():
+        lines += ["", f"[{name}]"] + [f"{k} = {_value(v)}" for k, v in table.items()]
+    return lines
+
+
+def _check(model: ModelSpec, s: Strategy) -> None:
+    if s.pp > 1 and s.schedule not in SCHEDULES:
+        raise cannot(TARGET, "schedule", s.schedule, "torch pipelining has no one-chunk zero-bubble schedule; "
+                                                     "use zbv (vpp=2), 1f1b or interleaved")
+    if s.zero == 0 and s.dp > 1 and (s.tp > 1 or s.pp > 1 or s.cp > 1):
+        raise cannot(TARGET, "zero", 0, "torchtitan runs DDP only without tp/pp/cp; use zero>=1 (FSDP2)")
+    if model.is_moe and s.ep > 1 and s.etp not in (1, s.tp):
+        raise cannot(TARGET, "etp", s.etp, f"expert_tensor_parallel_degree must be 1 or tp={s.tp}")
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    s = strat
+    _check(model, s)
+    layers = chunk_layers(model, s, balance)
+    full, sel = recompute_counts(model, s, balance)
+    par = {"data_parallel_replicate_degree": s.dp if s.zero == 0 else 1,
+           "data_parallel_shard_degree": 1 if s.zero == 0 else s.dp}
+    if s.zero:
+        par["fsdp_reshard_after_forward"] = RESHARD[s.zero]
+    par |= {"tensor_parallel_degree": s.tp, "context_parallel_degree": s.cp, "pipeline_parallel_degree": s.pp}
+    notes = []
+    if s.pp > 1:
+        par |= {"pipeline_parallel_schedule": SCHEDULES[s.schedule], "pipeline_parallel_microbatch_size": s.mbs}
+        if len(set(layers)) == 1:
+            par["pipeline_parallel_layers_per_stage"] = layers[0]
+        else:
+            cuts, acc = [], 0
+            for n in layers[:-1]:
+                acc += n
+                cuts.append(f"layers.{acc}")
+            par["pipeline_parallel_split_points"] = cuts
+    if model.is_moe:
+        par |= {"expert_parallel_degree": s.ep, "expert_tensor_parallel_degree": s.etp}
+    if s.zero == 1 and s.dp > 1:
+        notes.append("zero 1 is given as FSDP2 without resharding after forward (ZeRO-2: gradients sharded too)")
+    if s.tp > 1 and not s.sp:
+        notes.append("torchtitan's tensor parallelism always shards norms/dropout on the sequence (sp on)")
+    training = {"local_batch_size": s.gbs // s.dp if s.pp > 1 else s.mbs, "global_batch_size": s.gbs,
+                "seq_len": s.seq, "mixed_precision_param": "bfloat16"}
+    if s.offload_optimizer:
+        training["enable_cpu_offload"] = True
+        notes.append("enable_cpu_offload moves FSDP parameters and gradients to host too, not only the optimizer")
+    mode = recompute_mode(full, sel)
+    ac = {"mode": mode}
+    if mode == "selective":
+        ac["selective_ac_option"] = "op"
+    used = full if mode == "full" else sel
+    if mode != "none" and any(u < n for u, n in zip(used, layers)):
+        notes.append(f"{mode} recompute of {list(used)} layers per virtual stage; torchtitan applies "
+                     f"mode {mode!r} to every layer")
+    head = header(TARGET, model, s) + [f"# note: {n}" for n in notes]
+    body = _toml({"parallelism": par, "training": training, "activation_checkpoint": ac})
+    return "\n".join(head + body) + "\n"
