@@ -16,6 +16,7 @@ from ndplan.cli_balance import register as register_balance
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate as run_estimate
+from ndplan.report import cli as report_cli
 from ndplan.strategy import ENGINES, RECOMPUTE_MODES, SCHEDULES, Strategy
 from ndplan.units import GIB, fmt_bytes, fmt_count, fmt_seconds
 
@@ -154,6 +155,7 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON (schema in DESIGN.md).")
 @click.option("--export-layers", type=click.Path(dir_okay=False), default=None,
               help="Write the per-layer description for `ndplan balance` (YAML, or JSON by extension).")
+@report_cli.report_csv_options
 @library_errors
 def estimate(as_json, export_layers, **kw):
     """Per-stage peak memory of one strategy, with every term.
@@ -167,6 +169,8 @@ def estimate(as_json, export_layers, **kw):
     est = run_estimate(model, hw, strat, gpus)
     if export_layers:
         _export_layers(export_layers, model, hw, strat)
+    if report_cli.estimate(est, kw):
+        return
     if as_json:
         click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
         return

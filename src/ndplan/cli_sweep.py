@@ -15,6 +15,7 @@ from ndplan.errors import NdplanError
 from ndplan.estimate import Estimate, estimate
 from ndplan.space import DIMS, RULES, load_space, normalize_space, why
 from ndplan.strategy import ENGINES
+from ndplan.report import cli as report_cli
 from ndplan.sweep import SORT_KEYS, SweepResult, find_min_gpus, sweep
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
@@ -226,6 +227,7 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
     @click.option("--json", "as_json", is_flag=True, help="JSON: candidates, top (estimate schema), pareto.")
     @click.option("--csv", "as_csv", is_flag=True, help="CSV of every evaluated candidate, ranked.")
     @click.option("--balance", is_flag=True, help="Balance the top candidates with pp > 1 (ndplan balance) and re-rank.")
+    @report_cli.report_option
     @library_errors
     def sweep_cmd(model, hardware, gpus, seq, gbs, space_file, mem_limit, top, sort, why_point, find_min_gpus,
                   as_json, as_csv, balance, **kw):
@@ -257,6 +259,7 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
             click.echo(_why_report(r, m, space, why_point), err=as_json or as_csv)
         if balance:
             _print_balanced(r, as_json or as_csv)
+        report_cli.sweep(r, space, kw)
         if as_json:
             click.echo(json.dumps(r.to_json(), indent=2))
         elif as_csv:
