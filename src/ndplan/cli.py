@@ -17,6 +17,7 @@ from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate as run_estimate
+from ndplan.report import cli as report_cli
 from ndplan.strategy import ENGINES, RECOMPUTE_MODES, SCHEDULES, Strategy
 from ndplan.units import GIB, fmt_bytes, fmt_count, fmt_seconds
 
@@ -156,6 +157,7 @@ def main():
 @click.option("--export-layers", type=click.Path(dir_okay=False), default=None,
               help="Write the per-layer description for `ndplan balance` (YAML, or JSON by extension).")
 @emit_options
+@report_cli.report_csv_options
 @library_errors
 def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     """Per-stage peak memory of one strategy, with every term.
@@ -172,6 +174,8 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     if emit_cli(emit_fmt, emit_out, model, strat):
         return
     est = run_estimate(model, hw, strat, gpus)
+    if report_cli.estimate(est, kw):
+        return
     if as_json:
         click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
         return

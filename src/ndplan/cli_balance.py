@@ -12,6 +12,7 @@ from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.errors import NdplanError
 from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, load_layers
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
+from ndplan.report import cli as report_cli
 from ndplan.ppb.scale import Scale, TIME_UNIT_S
 from ndplan.ppb.solve import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config, diagnose, evaluate, solve
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
@@ -111,9 +112,11 @@ def register(main: click.Group, library_errors) -> None:
     @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here.")
     @click.option("--json", "as_json", is_flag=True)
     @emit_options
+    @report_cli.report_csv_options
     @library_errors
     def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit, workers,
-                    time_resolution_us, exact, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out):
+                    time_resolution_us, exact, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out,
+                    **report_kw):
         """Stage-layer allocation and per-layer recompute that minimise step time under a memory budget.
 
         \b
@@ -170,6 +173,9 @@ def register(main: click.Group, library_errors) -> None:
         if timeline:
             Path(timeline).write_text(timeline_svg(sim, f"{pipe.schedule} pp={pp} vpp={vpp} m={m}"))
             out["timeline"] = timeline
+        inputs = {"layers": layers_file, "pp": pp, "vpp": vpp, "m": m, "schedule": pipe.schedule}
+        if report_cli.balance(out, sim, inputs, report_kw):
+            return
         if as_json:
             click.echo(json.dumps(out, indent=2))
             return

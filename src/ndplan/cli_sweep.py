@@ -16,6 +16,7 @@ from ndplan.errors import NdplanError
 from ndplan.estimate import Estimate, estimate
 from ndplan.space import DIMS, RULES, load_space, normalize_space, why
 from ndplan.strategy import ENGINES
+from ndplan.report import cli as report_cli
 from ndplan.sweep import SORT_KEYS, SweepResult, find_min_gpus, sweep
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
@@ -243,6 +244,7 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
     @click.option("--balance", is_flag=True, help="Balance the top candidates with pp > 1 (ndplan balance) and re-rank.")
     @emit_options
     @click.option("--emit-all", is_flag=True, help="--emit every top candidate into the --emit-out directory.")
+    @report_cli.report_option
     @library_errors
     def sweep_cmd(model, hardware, gpus, seq, gbs, space_file, mem_limit, top, sort, why_point, find_min_gpus,
                   as_json, as_csv, balance, emit_fmt, emit_out, emit_all, **kw):
@@ -277,6 +279,7 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
             click.echo(_why_report(r, m, space, why_point), err=as_json or as_csv)
         if balance:
             _print_balanced(r, as_json or as_csv)
+        report_cli.sweep(r, space, kw)
         if emit_fmt and r.feasible and _emit(r, emit_fmt, emit_out, emit_all):
             pass
         elif as_json:
