@@ -22,3 +22,19 @@ def test_hook_replaces_time_term_in_estimate_and_sweep():
     finally:
         hooks.clear()
     assert ndplan.estimate(model, hw, strat).time_terms["time.tp_comm"] == pytest.approx(base)
+
+
+def test_set_overrides_an_engine_setting_without_code():
+    """--set overlap_tp_comm=1 hides TP communication (an engine setting, no Python)."""
+    from click.testing import CliRunner
+
+    from ndplan.cli import main
+    args = ["estimate", "-m", "llama3-8b", "-H", "h100-sxm", "--gpus", "8", "--tp", "4", "--gbs", "8", "--json"]
+    base = CliRunner().invoke(main, args)
+    hid = CliRunner().invoke(main, args + ["--set", "overlap_tp_comm=1"])
+    assert base.exit_code == 0 and hid.exit_code == 0, hid.output
+    import json
+    t0, t1 = json.loads(base.output)["time"]["terms"], json.loads(hid.output)["time"]["terms"]
+    assert t0["time.tp_comm"] > 0 and t1["time.tp_comm"] == 0
+    bad = CliRunner().invoke(main, args + ["--set", "overlap_tp_com=1"])
+    assert bad.exit_code == 2 and "overlap_tp_comm" in bad.output

@@ -138,6 +138,41 @@ def test_zbh1_timeline_makespan():
     assert max(e for *_, e in TIMELINE_ZBH1) == 10 == m * t + one_f_one_b_bubble * Fraction(t - 2 * W, t)
 
 
+# pp = 2, m = 2, ZB-V: device 0 runs virtual stages v0 and v3, device 1 v1 and v2 (the V);
+# F = B = W = 1 per chunk. (device, op, micro-batch, virtual stage, start, end)
+TIMELINE_ZBV = [
+    (0, "F", 1, 0, 0, 1), (0, "F", 2, 0, 1, 2), (0, "F", 1, 3, 3, 4), (0, "B", 1, 3, 4, 5),
+    (0, "F", 2, 3, 5, 6), (0, "B", 2, 3, 6, 7), (0, "B", 1, 0, 7, 8), (0, "W", 1, 3, 8, 9),
+    (0, "B", 2, 0, 9, 10), (0, "W", 2, 3, 10, 11), (0, "W", 1, 0, 11, 12), (0, "W", 2, 0, 12, 13),
+    (1, "F", 1, 1, 1, 2), (1, "F", 1, 2, 2, 3), (1, "F", 2, 1, 3, 4), (1, "F", 2, 2, 4, 5),
+    (1, "B", 1, 2, 5, 6), (1, "B", 1, 1, 6, 7), (1, "B", 2, 2, 7, 8), (1, "B", 2, 1, 8, 9),
+    (1, "W", 1, 2, 9, 10), (1, "W", 1, 1, 10, 11), (1, "W", 2, 2, 11, 12), (1, "W", 2, 1, 12, 13),
+]
+
+
+def test_zbv_timeline_makespan():
+    """Makespan m*t + (pp-1) max(F, F+B-2W) per chunk (step.py's ZB-V bubble with its
+    start-up floor): 12 + 1. No ZB-V order can beat it: device 1 starts after one F."""
+    pp, m, chunks = 2, 2, 4
+    dev_of = {0: 0, 1: 1, 2: 1, 3: 0}
+    end = {(op, mb, v): e for _, op, mb, v, _, e in TIMELINE_ZBV}
+    assert len(end) == 3 * m * chunks
+    for d, op, mb, v, st, e in TIMELINE_ZBV:
+        assert d == dev_of[v] and e - st == 1
+        if op == "F" and v > 0:
+            assert st >= end[("F", mb, v - 1)]
+        if op == "B":
+            assert st >= end[("F", mb, v)] and (v == chunks - 1 or st >= end[("B", mb, v + 1)])
+        if op == "W":
+            assert st >= end[("B", mb, v)]
+    for dev in range(pp):
+        spans = sorted((st, e) for d, *_, st, e in TIMELINE_ZBV if d == dev)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    F = B = W = 1  # per chunk
+    t = 2 * (F + B + W)  # one micro-batch on one device: two chunks
+    assert max(e for *_, e in TIMELINE_ZBV) == 13 == m * t + (pp - 1) * max(F, F + B - 2 * W)
+
+
 # ---------------------------------------------------------------- the same on step_time
 
 PIPE_KEYS = ("time.compute", "time.recompute", "time.tp_comm", "time.cp_comm", "time.ep_comm",

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
+from ndplan.catalog import Hardware, list_hardware, list_models, load_hardware, load_model
 from ndplan.cli_balance import register as register_balance
 from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.cli_sweep import register as register_sweep
@@ -85,7 +85,8 @@ def strategy_options(fn):
         click.option("--order", default="tp-cp-ep-dp-pp", show_default=True,
                      help="Rank placement, innermost axis first (decides which groups stay in a node)."),
         click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE",
-                     help="Override a hardware parameter, e.g. --set gemm_efficiency=0.7 --set inter_node_gb_per_s=25."),
+                     help="Override a hardware parameter or an engine setting, e.g. --set gemm_efficiency=0.7 "
+                          "--set inter_node_gb_per_s=25 --set overlap_tp_comm=1."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -105,10 +106,28 @@ def parse_overrides(items) -> dict[str, float]:
     return out
 
 
+def apply_overrides(hardware: str, engine: str, items) -> tuple:
+    """(hardware, engine name) with ``--set`` applied: hardware fields replace values of
+    the hardware entry, engine settings derive a named engine profile (engines.derive)."""
+    from ndplan import engines
+    sets = parse_overrides(items)
+    hw_names = {f for f in Hardware.__dataclass_fields__} - {"name", "display_name", "sources"}
+    for k in sets:
+        if k not in hw_names and k not in engines.engine_fields():
+            import difflib
+            close = difflib.get_close_matches(k, sorted(hw_names | engines.engine_fields()), n=3)
+            raise NdplanError("--set", k, "unknown parameter; " + (f"did you mean {', '.join(close)}? " if close else "")
+                              + "hardware fields are in hardware/*.yaml, engine settings in engines.EngineProfile")
+    eng = {k: v for k, v in sets.items() if k in engines.engine_fields()}
+    hw = load_hardware(hardware).with_overrides({k: v for k, v in sets.items() if k not in eng})
+    return hw, engines.derive(engine, eng)
+
+
 def build(kw: dict):
     """(model, hardware, strategy, gpus) from the shared options."""
     model = load_model(kw["model"])
-    hw = load_hardware(kw["hardware"]).with_overrides(parse_overrides(kw.get("overrides")))
+    hw, engine = apply_overrides(kw["hardware"], kw["engine"], kw.get("overrides"))
+    kw["engine"] = engine
     tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
     gpus = kw["gpus"]
     for f in ("tp", "pp", "cp", "seq", "mbs", "vpp", "ep", "etp"):
@@ -296,7 +315,7 @@ def hardware(as_json):
                    f"{r['devices_per_node']}/node  {r['display_name']}{flag}")
 
 
-register_sweep(main, library_errors, parse_overrides)
+register_sweep(main, library_errors, apply_overrides)
 register_balance(main, library_errors)
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def _base_options(fn):
         click.option("--weight-dtype", type=click.Choice(["auto", "fp32", "bf16", "fp8"]), default="auto",
                      show_default=True),
         click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE",
-                     help="Override a hardware parameter (e.g. gemm_efficiency=0.7)."),
+                     help="Override a hardware parameter or engine setting (e.g. gemm_efficiency=0.7, overlap_tp_comm=1)."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -221,7 +221,7 @@ def _emit(r: SweepResult, fmt: str, out: str | None, every: bool) -> bool:
     return False
 
 
-def register(main: click.Group, library_errors, parse_overrides) -> None:
+def register(main: click.Group, library_errors, apply_overrides) -> None:
     @main.command("sweep")
     @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
     @click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML.")
@@ -263,7 +263,7 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
         if emit_all and (emit_fmt is None or emit_out is None):
             raise NdplanError("--emit-all", True, "give --emit FORMAT and --emit-out DIRECTORY too")
         m = load_model(model)
-        hw = load_hardware(hardware).with_overrides(parse_overrides(kw.pop("overrides")))
+        hw, kw["engine"] = apply_overrides(hardware, kw["engine"], kw.pop("overrides"))
         space = _space(space_file, kw)
         base = _base(kw)
         if find_min_gpus:
@@ -314,7 +314,7 @@ def register(main: click.Group, library_errors, parse_overrides) -> None:
         """
         from ndplan.sweep import row_strategy
         m = load_model(model)
-        hw = load_hardware(hardware).with_overrides(parse_overrides(kw.pop("overrides")))
+        hw, kw["engine"] = apply_overrides(hardware, kw["engine"], kw.pop("overrides"))
         base = _base(kw)
         ests = []
         for text in strategies:

@@ -252,3 +252,30 @@ MINDSPORE = EngineProfile(
     })
 
 ENGINE_PROFILES = {p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE)}
+
+
+def derive(base: str, overrides: dict) -> str:
+    """Register ``base`` with some settings replaced (``--set overlap_tp_comm=1``) and
+    return its name, ``base[key=value,...]``: the name spells out the profile, so kernels
+    cached under it stay valid."""
+    if not overrides:
+        return base
+    from dataclasses import fields, replace
+
+    from ndplan.errors import NdplanError
+    prof = ENGINE_PROFILES[base]
+    kinds = {f.name: f.type for f in fields(prof)}
+    vals = {}
+    for k, v in sorted(overrides.items()):
+        kind = str(kinds.get(k, ""))
+        if kind not in ("bool", "int"):
+            raise NdplanError("--set", k, "not a numeric or boolean engine setting (see engines.EngineProfile)")
+        vals[k] = bool(v) if kind == "bool" else int(v)
+    name = f"{base}[{','.join(f'{k}={int(v)}' for k, v in vals.items())}]"
+    ENGINE_PROFILES.setdefault(name, replace(prof, name=name, **vals))
+    return name
+
+
+def engine_fields() -> set[str]:
+    from dataclasses import fields
+    return {f.name for f in fields(EngineProfile) if str(f.type) in ("bool", "int")}

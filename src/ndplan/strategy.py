@@ -97,7 +97,8 @@ class Strategy:
             raise NdplanError("recompute", self.recompute, f"must be one of {', '.join(RECOMPUTE_MODES)}")
         if self.schedule not in SCHEDULES:
             raise NdplanError("schedule", self.schedule, f"must be one of {', '.join(SCHEDULES)}")
-        if self.engine not in ENGINES:
+        from ndplan.engines import ENGINE_PROFILES  # includes profiles derived with --set
+        if self.engine not in ENGINE_PROFILES:
             raise NdplanError("engine", self.engine, f"must be one of {', '.join(ENGINES)}")
         if self.grad_dtype not in ("fp32", "bf16"):
             raise NdplanError("grad_dtype", self.grad_dtype, "must be fp32 or bf16")

@@ -26,8 +26,11 @@ is the SAPP-PPB objective), so the bubble term is sum_i t_i - max_i t_i.
 * zb-h1 (Qi et al. 2024, Table 2): (p-1)(T_F + T_B - T_W) instead of 1F1B's
   (p-1)(T_F + T_B + T_W), with T_B the input-gradient part: the 1F1B bubble times
   (t - 2W)/t at the bottleneck stage.
-* zbv (Qi et al. 2024 Sec. 6): (p-1)(T_F + T_B - 2T_W) per chunk of half a stage:
-  the 1F1B bubble times max(t - 3W, 0) / (2t) (zero when F = B = W).
+* zbv (Qi et al. 2024 Sec. 6): (p-1)(T_F + T_B - 2T_W) per chunk of half a stage, but
+  never below the start-up: device i cannot start before i chunk forwards have run, so
+  the bubble is at least (p-1) T_F per chunk (a hand-written pp=2, m=2 timeline with
+  F = B = W reaches exactly that, tests/test_steptime_published.py). Bubble
+  (p-1) max(T_F, T_F + T_B - 2T_W) per chunk = the 1F1B bubble times max(F, t - 3W) / (2t).
 
 Data parallelism (ZeRO 0-2) reduces gradients once per step: an all-reduce (ZeRO 0) or
 a reduce-scatter plus the all-gather of the updated 16-bit weights (ZeRO 1-2, the
@@ -164,7 +167,7 @@ def stage_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage, eng: E
     return out
 
 
-def _bubble_factor(schedule: str, vpp: int, t, W) -> sp.Expr:
+def _bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
     if schedule in ("gpipe", "1f1b"):
         return sp.Integer(1)
     if schedule == "interleaved":
@@ -172,7 +175,7 @@ def _bubble_factor(schedule: str, vpp: int, t, W) -> sp.Expr:
     if schedule == "zb-h1":
         return C.vmax(t - 2 * W, 0) / t
     if schedule == "zbv":
-        return C.vmax(t - 3 * W, 0) / (2 * t)
+        return C.vmax(F, t - 3 * W) / (2 * t)
     raise ValueError(schedule)
 
 
@@ -218,7 +221,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
         # recompute of the first nrec layers per chunk: every stage as the reference stage
         all_layers["R"] = S.pp * ref["R"]
     t_sum = sum(all_layers[k] for k in PARTS)
-    bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"]) * (t_sum - t_max)
+    bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
 
     # data parallelism
     dense, expert, _ = stage_params(spec, M, strat, stages[ref_i])
