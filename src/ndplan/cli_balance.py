@@ -13,8 +13,7 @@ from ndplan.errors import NdplanError
 from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, load_layers
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
 from ndplan.report import cli as report_cli
-from ndplan.ppb.scale import Scale, TIME_UNIT_S
-from ndplan.ppb.solve import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config, diagnose, evaluate, solve
+from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, TIME_UNIT_S, Scale
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
 
@@ -136,6 +135,7 @@ def register(main: click.Group, library_errors) -> None:
         pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
                         budget_bytes=_budget(layers_file, budget_gib, hardware, reserve_gib))
         inst = Instance(layers=layers, pipeline=pipe)
+        from ndplan.ppb.solve import Config, diagnose, evaluate, solve  # ortools: import on use (0.3 s)
         cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6), exact=exact)
         given = _user_plan(inst, user_plan, plan_recompute)
         sol = solve(inst, cfg)

@@ -11,12 +11,8 @@ from ortools.sat.python import cp_model
 from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.model import PPBModel
 from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
-from ndplan.ppb.scale import Scale, scale_instance
+from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Scale, scale_instance
 
-DEFAULT_TIME_LIMIT_S = 10.0
-"""Solver wall-clock limit unless the caller gives one (the issue's 10 s target)."""
-DEFAULT_WORKERS = 2
-"""CP-SAT search workers (the project's machines have 2 cores)."""
 
 
 @dataclass(frozen=True, kw_only=True)

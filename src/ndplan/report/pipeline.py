@@ -12,7 +12,6 @@ from ndplan.ppb.export import layers_from_model
 from ndplan.ppb.instance import SCHEDULES, Instance, Pipeline
 from ndplan.ppb.plan import Plan, uniform_plan
 from ndplan.ppb.simulate import SimResult, simulate
-from ndplan.ppb.solve import Config, solve
 
 REPORT_TIME_LIMIT_S = 5.0
 """CP-SAT limit per report (ndplan balance's default is 10 s; a report only draws it)."""
@@ -38,6 +37,7 @@ def pipeline_run(e: Estimate, limit_bytes: int, time_limit_s: float = REPORT_TIM
     pipe = Pipeline(pp=s.pp, vpp=s.vpp, m=s.m, schedule=s.schedule,
                     budget_bytes=max(int(limit_bytes - meta["overhead_bytes"]), 1))
     inst = Instance(layers=layers, pipeline=pipe)
+    from ndplan.ppb.solve import Config, solve  # ortools: import on use (0.3 s)
     sol = solve(inst, Config(time_limit_s=time_limit_s))
     if sol.plan is not None:
         plan, how = sol.plan, f"balanced by PPB ({sol.status})"
