@@ -105,7 +105,6 @@ def register(main: click.Group, library_errors) -> None:
     @click.option("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, show_default=True, help="CP-SAT seconds.")
     @click.option("--workers", type=int, default=DEFAULT_WORKERS, show_default=True, help="CP-SAT workers.")
     @click.option("--time-resolution-us", type=float, default=TIME_UNIT_S * 1e6, show_default=True)
-    @click.option("--exact", is_flag=True, help="Interleaved: optimise the exact DAG makespan (slower to prove).")
     @click.option("--plan", "user_plan", default=None, help="A plan to compare: layers per virtual stage, e.g. 21,20,20,21.")
     @click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan.")
     @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here.")
@@ -114,7 +113,7 @@ def register(main: click.Group, library_errors) -> None:
     @report_cli.report_csv_options
     @library_errors
     def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit, workers,
-                    time_resolution_us, exact, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out,
+                    time_resolution_us, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out,
                     **report_kw):
         """Stage-layer allocation and per-layer recompute that minimise step time under a memory budget.
 
@@ -136,7 +135,7 @@ def register(main: click.Group, library_errors) -> None:
                         budget_bytes=_budget(layers_file, budget_gib, hardware, reserve_gib))
         inst = Instance(layers=layers, pipeline=pipe)
         from ndplan.ppb.solve import Config, diagnose, evaluate, solve  # ortools: import on use (0.3 s)
-        cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6), exact=exact)
+        cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6))
         given = _user_plan(inst, user_plan, plan_recompute)
         sol = solve(inst, cfg)
         out = {"status": sol.status, "objective_s": sol.objective_s, "bound_s": sol.bound_s,
@@ -192,6 +191,6 @@ def register(main: click.Group, library_errors) -> None:
             click.echo(f"vs {name:<13} {fmt_seconds(c['objective_s']):<10} "
                        f"{'fits' if c['fits'] else 'does not fit'}; gain {c['gain']:+.1%}")
         click.echo(f"MindFormers: {json.dumps(out['mindformers'])}")
-        click.echo("Megatron-LM: " + " ".join(out["megatron"]["args"]))
+        click.echo("Megatron-LM: " + (" ".join(out["megatron"]["args"]) or "(even split, no recompute: no extra flags)"))
         for n in out["megatron"]["notes"]:
             click.echo(f"  note: {n}")

@@ -28,6 +28,12 @@ Derivations (stage i = 0..pp-1, chunk c = 0..vpp-1, m micro-batches):
   handcrafted ZB-V generator). Every stage holds 2*pp chunk-micro-batches = pp
   micro-batches of a whole stage, the paper's "peak memory pM_B on every worker".
 
+``held_profiles`` gives, per stage, every per-chunk split of the held micro-batches the
+stage passes through (interleaved: chunk 0 refills while the last chunk drains), for
+models whose chunks hold different activations (ppb/). The memory model uses
+``inflight``, exact when a stage's chunks are equal; its embedding/head chunks differ by
+one layer's worth at most, which the split can under-count by one micro-batch of it.
+
 Activations freed by a zero-bubble B pass but kept until W are not modelled: ZB
 schedules keep the inputs of weight-gradient GEMMs slightly longer (Qi et al. report
 peak memory equal to 1F1B for ZB-H1 and to pM_B for ZB-V).
@@ -117,3 +123,29 @@ def op_order(schedule: str, stage: int, pp: int, vpp: int, m: int) -> list[tuple
     for i in range(total - warm):
         ops += [fwd[warm + i], bwd[i]]
     return ops + bwd[total - warm:]
+
+
+def held_profiles(schedule: str, stage: int, pp: int, vpp: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """Per-chunk held micro-batches at every instant the stage may peak, reduced to the
+    maximal vectors (none is dominated by another). Ints only.
+
+    The stage's activation memory peaks right after a forward starts; with chunk
+    activations a_c its peak is max over these vectors h of sum_c h_c a_c, exact for any
+    per-chunk activations. For gpipe/1f1b (one chunk) this is ``inflight``. For
+    interleaved the vectors come from ``op_order`` (chunk 0 refills while the last chunk
+    drains), every vector summing to the stage total of ``inflight``; ``inflight``'s split
+    is the first of them, so with equal chunks the table is exact and with unequal chunks
+    it can be low (e.g. pp=16, vpp=2, m=32, stage 8: the table says (16, 15), the
+    steady state reaches (31, 0)). zbv has no fixed order: the replay caps each chunk at
+    ``inflight``, so that vector bounds every instant.
+    """
+    if schedule in ("zbv", "zb-h1"):
+        return (tuple(inflight(schedule, stage, c, pp, vpp, m) for c in range(vpp)),)
+    held = [0] * vpp
+    seen = set()
+    for kind, chunk, _ in op_order(schedule, stage, pp, vpp, m):
+        held[chunk] += 1 if kind == "F" else -1
+        if kind == "F":
+            seen.add(tuple(held))
+    top = [h for h in seen if not any(g != h and all(x >= y for x, y in zip(g, h)) for g in seen)]
+    return tuple(sorted(top, reverse=True))

@@ -15,66 +15,66 @@ index within type k's modes; mb micro-batch 0..m-1):
 Per micro-batch (time units): F_v = sum_k cnt F_k, B_v = sum_k cnt B_k + sum_kj n rec_kj,
 W_v = sum_k cnt W_k, stage time t_s = sum_c (F + B + W) of the slices it runs.
 
-Memory (``_add_memory``): static_s + sum_c inflight(schedule, s, c, pp, vpp, m) *
-sum_kj n[v][k][j] act_kj <= budget, with the in-flight table of formulas/schedules.py.
+Memory (``_add_memory``): for every per-chunk held vector h of the stage
+(``schedules.held_profiles``: the maximal vectors of micro-batches each chunk holds at
+an instant the stage can peak), static_s + sum_c h_c * sum_kj n[v(s,c)][k][j] act_kj <=
+budget. One vector for gpipe/1f1b/zbv (the in-flight table); interleaved has several,
+because chunk 0 refills while the last chunk drains, so a stage with uneven chunks peaks
+above the table's split (the stage total is the same in every vector).
 
 Objective (step time), per schedule:
 
-* gpipe / 1f1b (and interleaved with ``exact=True``): the exact makespan of the
-  schedule's dependency DAG. Start times start[F|B, v, mb] obey the data dependencies
-  (F of slice v after F of v-1; B of v after B of v+1; the last slice's B after its F)
-  and each stage's fixed op order (``schedules.op_order``: 1F1B warm-up, steady F/B
-  pairs, cool-down; GPipe all F then B in reverse; Megatron's interleaved order). Minimising the makespan over start times gives the
-  longest path, so the optimum is the true step time of the best plan. The closed form
-  sum_s t_s + (m-1) max_s t_s (formulas/step.py) is exact for equal stages; with
-  unequal stages the makespan can be lower (a light last stage hides under the
-  bottleneck), which the DAG captures. Redundant cuts: makespan >= sum_{s'<s} F_s' +
-  m t_s + sum_{s'<s} B_s' for every s (fill, s's own work, drain).
-* interleaved (Narayanan et al. 2021 Sec. 2.2.2; formulas/step.py): the steady state
-  runs m micro-batches at the bottleneck, m * t_max, and fill/drain cross chunk
-  boundaries, so the 1F1B bubble sum_s t_s - t_max shrinks by vpp:
-      T = m t_max + (sum_s t_s - t_max) / vpp = ((vpp m - 1) t_max + sum_s t_s) / vpp.
-  Kept as integers: objective units = vpp x time units.
-* zbv (Qi et al. 2024 Sec. 6): per chunk (half a stage) the bubble is
-  (pp-1)(T_F + T_B - 2 T_W); with stage totals t = 2(T_F + T_B + T_W), W = 2 T_W this is
-  (pp-1)(t - 3W)/2, formulas/step.py's (t-3W)/(2t) factor on the 1F1B bubble (pp-1) t.
-  For unequal stages the bottleneck form (t_s - 3 W_s taken at its maximum over s) keeps
-  the model linear:
-      T = m t_max + (pp-1)/2 * max(0, max_s (t_s - 3 W_s)),
-  objective units = 2 x time units. Equal to formulas/step.py on uniform stages.
+* gpipe, 1f1b, interleaved: the makespan of the schedule's dependency DAG (dag.py):
+  every stage runs its ops in ``schedules.op_order``, F(v, j) after F(v-1, j), B(v, j)
+  after B(v+1, j), so the step time is the longest path, a sum of op durations. The
+  DAG is fixed by (schedule, pp, vpp, m); only durations depend on the plan, so each
+  path P gives a linear cut valid for every plan,
+      Z >= sum_v nF_v(P) F_v + nB_v(P) (B_v + W_v),
+  and Z = max over all paths is the step time. The model starts with one path per stage
+  (forward fill to it, its m micro-batches of every chunk, backward drain from it:
+  Z >= sum_{s'<s} (F + B + W)_(s', chunk 0) + m t_s; for equal stages and chunks, at
+  s = pp-1, this is formulas/step.py's closed form m t + (pp-1) t / vpp (1f1b: vpp = 1),
+  and on those plans the longest path has that length), and solve.py adds the critical path
+  of every plan whose longest path exceeds Z until the optimum's Z is its longest path
+  (lazy cuts: the relaxation's bound stays valid, the incumbent is replayed exactly).
+  Unequal stages or chunks can make the longest path differ from either closed form in
+  both directions: a light last stage hides under the bottleneck (1f1b below the closed
+  form), uneven chunks stall the interleaved steady state (above it).
+* zbv (Qi et al. 2024 Sec. 6; formulas/step.py): per chunk (half a stage) the bubble is
+  (pp-1) max(T_F, T_F + T_B - 2 T_W) (the paper's T_F + T_B - 2 T_W, never below the
+  start-up, where device i waits for i chunk forwards). With stage totals F_s = 2 T_F,
+  B_s = 2 T_B (incl. recompute), W_s = 2 T_W, t_s = F_s + B_s + W_s this is
+  (pp-1) max(F_s, t_s - 3 W_s) / 2, formulas/step.py's max(F, t-3W)/(2t) factor on the
+  1F1B bubble (pp-1) t. For unequal stages the bottleneck form keeps it linear:
+      T = m t_max + (pp-1)/2 * max_s max(F_s, t_s - 3 W_s),
+  objective units = 2 x time units. Equal to formulas/step.py on uniform stages. zbv has
+  no fixed op order (the replay's greedy rule depends on durations), so this stays a
+  closed form; tests/test_ppb_simulate.py states how the replay compares.
 
-The interleaved and zbv forms are closed forms, not replays; simulate.py measures how
-the replay of those schedules compares (tests/test_ppb_simulate.py states the relation).
-The closed interleaved form assumes equal chunks within a stage; a plan with uneven
-chunks can replay much slower than it predicts, which the ``exact`` DAG objective
-prices correctly (at the cost of weaker bounds: 96 layers x 16 stages is not proven
-within 10 s, benchmarks/ppb_solve.py).
 """
 
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
-from ndplan.formulas.schedules import inflight, op_order, virtual_stage
+from ndplan.formulas.schedules import held_profiles
+from ndplan.ppb.dag import FIXED_ORDER_SCHEDULES, chain_counts
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, slot
 from ndplan.ppb.scale import Scaled
-
-DAG_SCHEDULES = ("gpipe", "1f1b")
-"""Schedules whose objective is always the exact DAG makespan (interleaved too with ``exact``)."""
-
 
 class PPBModel:
     """Builds the CP-SAT model; ``objective`` is "time" (step time) or "memory" (the
     smallest peak memory over plans, for infeasibility diagnosis)."""
 
-    def __init__(self, inst: Instance, sc: Scaled, *, objective: str = "time", enforce_memory: bool = True,
-                 exact: bool = False):
+    def __init__(self, inst: Instance, sc: Scaled, *, objective: str = "time", enforce_memory: bool = True):
         self.inst, self.sc, self.p = inst, sc, inst.pipeline
         self.L, self.V = len(inst.layers), inst.pipeline.chunks
         self.model = cp_model.CpModel()
         self.divisor = 1
-        """Objective units per time unit (interleaved: vpp, zbv: 2)."""
+        """Objective units per time unit (zbv: 2)."""
+        self.lazy = objective == "time" and self.p.schedule in FIXED_ORDER_SCHEDULES
+        """True when the objective is the DAG longest path over cuts (``add_path_cut``)."""
         self._add_boundaries()
         self._add_type_counts()
         self._add_recompute_counts()
@@ -82,10 +82,8 @@ class PPBModel:
         self._add_memory(enforce_memory)
         if objective == "memory":
             self._add_memory_objective()
-        elif self.p.schedule in DAG_SCHEDULES or (exact and self.p.schedule == "interleaved"):
-            self._add_dag_objective()
-        elif self.p.schedule == "interleaved":
-            self._add_interleaved_objective()
+        elif self.lazy:
+            self._add_path_objective()
         else:
             self._add_zbv_objective()
 
@@ -177,17 +175,21 @@ class PPBModel:
 
     def _add_memory(self, enforce: bool):
         types, p = self.sc.types, self.p
+        # mem[s]: one expression per held vector of stage s (schedules.held_profiles)
         self.mem = []
         for s in range(p.pp):
-            expr = 0
+            static, act = 0, [0] * p.vpp
             for v in self._slices(s):
-                k_inflight = inflight(p.schedule, s, slot(p, v)[1], p.pp, p.vpp, p.m)
+                c = slot(p, v)[1]
                 for k, t in enumerate(types):
-                    expr += self.cnt[v][k] * t.static
-                    expr += k_inflight * sum(n * a for n, a in zip(self.n[v][k], t.act))
-            self.mem.append(expr)
+                    static += self.cnt[v][k] * t.static
+                    act[c] += sum(n * a for n, a in zip(self.n[v][k], t.act))
+            exprs = [static + sum(h_c * a_c for h_c, a_c in zip(h, act))
+                     for h in held_profiles(p.schedule, s, p.pp, p.vpp, p.m)]
+            self.mem.append(exprs)
             if enforce:
-                self.model.Add(expr <= self.sc.budget)
+                for e in exprs:
+                    self.model.Add(e <= self.sc.budget)
 
     # ---- objectives
     def cap_stage_time(self, T: int) -> None:
@@ -200,53 +202,47 @@ class PPBModel:
         """Cut: no plan has all stage times below T (proven by cap_stage_time(T - 1))."""
         self.model.AddMaxEquality(self.tmax, self.t)
         self.model.Add(self.tmax >= T)
-        if hasattr(self, "makespan"):
-            self.model.Add(self.makespan >= self.p.m * self.tmax)
+        if self.lazy:
+            self.model.Add(self.Z >= self.p.m * self.tmax)
 
-    def _add_dag_objective(self):
-        md, p, H = self.model, self.p, self.horizon
-        V, m = self.V, p.m
-        dur = {"F": self.F, "B": [self.B[v] + self.W[v] for v in range(V)]}
-        # start[kind, v, j]: start of op kind on virtual stage v for micro-batch j
-        start = {(kind, v, j): md.NewIntVar(0, H, f"s{kind}{v}_{j}") for kind in "FB"
-                 for v in range(V) for j in range(m)}
-        end = lambda kind, v, j: start[kind, v, j] + dur[kind][v]  # noqa: E731
-        self.makespan = md.NewIntVar(0, H, "makespan")
-        for v in range(V):
-            for j in range(m):
-                if v > 0:
-                    md.Add(start["F", v, j] >= end("F", v - 1, j))
-                if v < V - 1:
-                    md.Add(start["B", v, j] >= end("B", v + 1, j))
-                else:
-                    md.Add(start["B", v, j] >= end("F", v, j))
+    def _add_path_objective(self):
+        p = self.p
+        # dur[kind, v]: one micro-batch's op on slice v (B includes recompute and W)
+        self.dur = {}
+        for v in range(self.V):
+            self.dur["F", v] = self.F[v]
+            self.dur["B", v] = self.B[v] + self.W[v]
+        self.Z = self.model.NewIntVar(0, self.horizon, "step")  # >= every path added
+        self.cuts: set = set()
         for s in range(p.pp):
-            ops = [(k, virtual_stage(p.schedule, s, c, p.pp), j) for k, c, j in op_order(p.schedule, s, p.pp, p.vpp, m)]
-            for a, b in zip(ops, ops[1:]):
-                md.Add(start[b] >= end(*a))
-            md.Add(self.makespan >= end(*ops[-1]))
-            # redundant cut: forward fill to stage s, its own work, backward drain from it
-            md.Add(self.makespan >= sum(self.F[:s]) + m * self.t[s] + sum(dur["B"][:s]))
-        self.start = start
-        md.Minimize(self.makespan)
+            self.add_path_cut(chain_counts(p.schedule, s, p.pp, p.vpp, p.m))
+        self.model.Minimize(self.Z)
 
-    def _add_interleaved_objective(self):
-        self.divisor = self.p.vpp
-        self.model.Minimize((self.p.vpp * self.p.m - 1) * self.tmax + sum(self.t))
+    def add_path_cut(self, counts) -> bool:
+        """Z >= the path's length (counts[kind, v] ops of each kind and slice); False if known."""
+        key = tuple(sorted(counts.items()))
+        if key in self.cuts:
+            return False
+        self.cuts.add(key)
+        self.model.Add(self.Z >= sum(n * self.dur[kv] for kv, n in counts.items()))
+        return True
 
     def _add_zbv_objective(self):
         md, p = self.model, self.p
         self.divisor = 2
-        umax = md.NewIntVar(0, self.horizon, "umax")  # max(0, max_s t_s - 3 W_s)
+        umax = md.NewIntVar(0, self.horizon, "umax")  # max_s max(F_s, t_s - 3 W_s)
         for s in range(p.pp):
+            F = sum(self.F[v] for v in self._slices(s))
+            md.Add(umax >= F)
             md.Add(umax >= self.t[s] - 3 * sum(self.W[v] for v in self._slices(s)))
         md.Minimize(2 * p.m * self.tmax + (p.pp - 1) * umax)
 
     def _add_memory_objective(self):
         z = self.model.NewIntVar(0, sum(t.static + self.p.m * max(t.act) for t in
                                         (self.sc.types[k] for k in self.sc.type_of)), "peak_mem")
-        for e in self.mem:
-            self.model.Add(z >= e)
+        for exprs in self.mem:
+            for e in exprs:
+                self.model.Add(z >= e)
         self.model.Minimize(z)
 
     # ---- plans in and out

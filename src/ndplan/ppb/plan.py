@@ -5,8 +5,9 @@ Virtual stage v (0..pp*vpp-1) is the v-th model slice in layer order; it runs on
 (stage, chunk) given by ``schedules.virtual_stage`` (interleaved: v = chunk*pp + stage;
 zbv: chunk 0 of stage i is v = i, chunk 1 is v = 2*pp-1-i).
 
-Memory of stage i (the model's constraint and the memory model's table):
-    static_i + sum_c inflight(schedule, i, c, pp, vpp, m) * sum_{l in (i, c)} act_l[mode_l]
+Memory of stage i (the model's constraint): static_i + max over the stage's held
+vectors h (schedules.held_profiles) of sum_c h_c * sum_{l in (i, c)} act_l[mode_l]; with
+equal chunks this is the memory model's in-flight table (schedules.inflight).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ndplan.errors import NdplanError
-from ndplan.formulas.schedules import inflight, virtual_stage
+from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb.instance import Instance, Pipeline
 
 
@@ -70,16 +71,17 @@ def stage_time_s(inst: Instance, plan: Plan) -> list[float]:
 
 
 def stage_memory_bytes(inst: Instance, plan: Plan) -> list[float]:
-    """Static + in-flight activations of every stage (the memory table)."""
+    """Static + peak in-flight activations of every stage."""
     p = inst.pipeline
-    out = [0.0] * p.pp
+    static, act = [0.0] * p.pp, [[0.0] * p.vpp for _ in range(p.pp)]
     for v in range(p.chunks):
         s, c = slot(p, v)
-        n = inflight(p.schedule, s, c, p.pp, p.vpp, p.m)
         for i in plan.layers(v):
             layer = inst.layers[i]
-            out[s] += layer.static_bytes + n * layer.activation_bytes[plan.recompute[i]]
-    return out
+            static[s] += layer.static_bytes
+            act[s][c] += layer.activation_bytes[plan.recompute[i]]
+    return [static[s] + max(sum(h_c * a_c for h_c, a_c in zip(h, act[s]))
+                            for h in held_profiles(p.schedule, s, p.pp, p.vpp, p.m)) for s in range(p.pp)]
 
 
 def even_bounds(L: int, V: int) -> tuple[int, ...]:

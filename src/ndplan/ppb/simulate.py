@@ -19,8 +19,10 @@ to the end of B(v, j) (as in the memory model, which frees at B).
 Idle split per stage s (busy = m t_s incl. recompute; idle = step - busy):
 recompute_s = m x its recompute seconds; bubble_s = the schedule's bubble for a
 perfectly balanced pipeline of the same total work (1f1b/gpipe (pp-1) tbar,
-interleaved (pp-1) tbar/vpp, zbv (pp-1) max(tbar - 3 Wbar, 0)/2, tbar = sum_s t_s/pp);
-imbalance_s = idle_s - bubble_s (negative when the stage idles less than a balanced one).
+interleaved (pp-1) tbar/vpp, zbv (pp-1) max(Fbar, tbar - 3 Wbar)/2 (formulas/step.py),
+tbar, Fbar, Wbar = stage means);
+bubble_s is at most the stage's idle time (a stage busier than the mean idles less than a
+balanced pipeline would), imbalance_s = idle_s - bubble_s >= 0.
 """
 
 from __future__ import annotations
@@ -149,15 +151,17 @@ def simulate(inst: Instance, plan: Plan) -> SimResult:
     step = max(r.end_s for r in runs)
     busy = [sum(r.end_s - r.start_s for r in runs if r.stage == s) for s in range(pp)]
     rec = [0.0] * pp
-    w_stage = [0.0] * pp
+    w_stage, f_stage = [0.0] * pp, [0.0] * pp
     for v, t in enumerate(times):
         rec[slot(p, v)[0]] += m * t["R"]
         w_stage[slot(p, v)[0]] += t["W"]
+        f_stage[slot(p, v)[0]] += t["F"]
     tbar = sum(busy) / m / pp
-    wbar = sum(w_stage) / pp
-    factor = {"gpipe": tbar, "1f1b": tbar, "interleaved": tbar / vpp, "zbv": max(tbar - 3 * wbar, 0.0) / 2}
+    wbar, fbar = sum(w_stage) / pp, sum(f_stage) / pp
+    factor = {"gpipe": tbar, "1f1b": tbar, "interleaved": tbar / vpp, "zbv": max(fbar, tbar - 3 * wbar) / 2}
     bubble = (pp - 1) * factor[p.schedule]
     idle_s = [step - b for b in busy]
-    return SimResult(step_s=step, busy_s=busy, idle_s=idle_s, bubble_s=[bubble] * pp,
-                     imbalance_s=[i - bubble for i in idle_s], recompute_s=rec,
+    bubbles = [min(bubble, i) for i in idle_s]
+    return SimResult(step_s=step, busy_s=busy, idle_s=idle_s, bubble_s=bubbles,
+                     imbalance_s=[i - b for i, b in zip(idle_s, bubbles)], recompute_s=rec,
                      peak_bytes=[max(b for _, b in series) for series in mem], memory=mem, ops=runs)

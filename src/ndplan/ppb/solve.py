@@ -8,10 +8,12 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
+from ndplan.formulas.schedules import held_profiles, virtual_stage
+from ndplan.ppb import dag
 from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.model import PPBModel
-from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
-from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Scale, scale_instance
+from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, uniform_plan
+from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Scale, Scaled, scale_instance
 
 
 
@@ -25,8 +27,6 @@ class Config:
     """Time resolution and memory unit (scale.py)."""
     seed: int = 0
     """CP-SAT random seed (results are reproducible for a given seed and worker count)."""
-    exact: bool = False
-    """Interleaved: minimise the exact DAG makespan instead of the closed form (model.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +107,7 @@ def _min_bottleneck(inst, sc, lo: int, hi: int, cfg: Config, deadline: float) ->
     counts refutes a too-small T at once, which the LP of the optimisation model cannot."""
     while lo < hi and time.perf_counter() < deadline:
         mid = (lo + hi) // 2
-        pm = PPBModel(inst, sc, exact=cfg.exact)
+        pm = PPBModel(inst, sc)
         pm.cap_stage_time(mid)
         left = deadline - time.perf_counter()
         status, solver, _ = _run(pm, replace(cfg, time_limit_s=max(left, 0.01)))
@@ -131,8 +131,10 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     t0 = time.perf_counter()
     deadline = t0 + cfg.time_limit_s
     sc = scale_instance(inst, cfg.scale)
-    pm = PPBModel(inst, sc, exact=cfg.exact)
+    pm = PPBModel(inst, sc)
     start_plan = hint or greedy_hint(inst)
+    if pm.lazy:
+        return _solve_paths(inst, sc, pm, cfg, start_plan, t0)
     pm.hint(start_plan)
     first = replace(cfg, time_limit_s=cfg.time_limit_s * FIRST_PASS_SHARE)
     status, solver, _ = _run(pm, first)
@@ -152,7 +154,7 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     if status == "FEASIBLE":
         t_inc = max(solver.Value(x) for x in pm.t)
         t_star = _min_bottleneck(inst, sc, 0, t_inc, cfg, t0 + cfg.time_limit_s * (1 + FIRST_PASS_SHARE) / 2)
-        pm2 = PPBModel(inst, sc, exact=cfg.exact)
+        pm2 = PPBModel(inst, sc)
         pm2.floor_stage_time(t_star)
         pm2.hint(best[1])
         left = deadline - time.perf_counter()
@@ -169,11 +171,132 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
                     wall_s=time.perf_counter() - t0)
 
 
+def unit_durations(inst: Instance, sc: Scaled, plan: Plan) -> dict[tuple[str, int], int]:
+    """dur[kind, v] of one micro-batch in time units (rounded per layer, as the model)."""
+    out = {}
+    for v in range(inst.pipeline.chunks):
+        F = B = 0
+        for i in plan.layers(v):
+            t = sc.types[sc.type_of[i]]
+            F += t.F
+            B += t.B + t.W + t.rec[t.modes.index(plan.recompute[i])]
+        out["F", v], out["B", v] = F, B
+    return out
+
+
+def unit_memory_fits(inst: Instance, sc: Scaled, plan: Plan) -> bool:
+    """The model's memory constraint (memory units, layers rounded up) for a given plan."""
+    p = inst.pipeline
+    for s in range(p.pp):
+        static, act = 0, [0] * p.vpp
+        for c in range(p.vpp):
+            for i in plan.layers(virtual_stage(p.schedule, s, c, p.pp)):
+                t = sc.types[sc.type_of[i]]
+                static += t.static
+                act[c] += t.act[t.modes.index(plan.recompute[i])]
+        if any(static + sum(h * a for h, a in zip(hv, act)) > sc.budget
+               for hv in held_profiles(p.schedule, s, p.pp, p.vpp, p.m)):
+            return False
+    return True
+
+
+PASS_SHARE = 0.3
+"""Share of the time limit one relaxation solve may take before its plan and bound are
+used (an unproven relaxation still gives a valid bound and a plan to cut)."""
+LOCAL_SEARCH_SHARE = 0.1
+"""Share of the time limit spent moving slice boundaries of each solved plan (exact
+longest path per move, ~1 ms at 32 slices x 32 micro-batches)."""
+
+
+def _polish(inst: Instance, sc: Scaled, graph, plan: Plan, length: int, deadline: float,
+            on_path) -> tuple[int, Plan]:
+    """First-improvement hill climbing over single boundary moves (+-1 layer, each layer
+    keeping its recompute mode), scored by the exact longest path, memory enforced;
+    ``on_path(counts)`` receives every evaluated plan's critical path (a valid cut)."""
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for v in range(1, inst.pipeline.chunks):
+            for d in (-1, 1):
+                b = list(plan.bounds)
+                b[v] += d
+                if not b[v - 1] < b[v] < b[v + 1]:
+                    continue
+                cand = replace(plan, bounds=tuple(b))
+                if not unit_memory_fits(inst, sc, cand):
+                    continue
+                x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
+                on_path(counts)
+                if x < length:
+                    plan, length, improved = cand, x, True
+                    break
+            if time.perf_counter() >= deadline:
+                break
+    return length, plan
+
+
+def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_plan: Plan, t0: float) -> Solution:
+    """Fixed-order schedules: minimise Z over path cuts (model.py), adding the critical
+    paths of each solved plan until a solve's optimum is its own longest path. Every
+    relaxation bound is a valid bound (it has a subset of the paths); the incumbent is
+    the best plan by its longest path, the replayed step time; each solved plan is
+    polished by boundary moves (``_polish``) before the next solve."""
+    p = inst.pipeline
+    graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
+    deadline = t0 + cfg.time_limit_s
+    stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
+    for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
+        for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
+            pm.add_path_cut(c)
+    best: tuple[int, Plan] | None = None
+    if unit_memory_fits(inst, sc, start_plan):
+        best = (dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan)
+    bound = 0.0
+    status = "UNKNOWN"
+    while time.perf_counter() < deadline:
+        pm.model.ClearHints()
+        pm.hint(best[1] if best else start_plan)
+        left = deadline - time.perf_counter()
+        status, solver, _ = _run(pm, replace(cfg, time_limit_s=max(min(left, PASS_SHARE * cfg.time_limit_s), 0.01)))
+        if status == "INFEASIBLE":
+            return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
+        if status == "UNKNOWN":
+            if best is None and time.perf_counter() < deadline:
+                continue
+            break
+        bound = max(bound, solver.BestObjectiveBound())
+        plan = pm.plan(solver)
+        dur = unit_durations(inst, sc, plan)
+        length, counts = dag.longest_path(graph, dur)
+        new = pm.add_path_cut(counts)
+        for c in dag.paths_through(graph, dur, stages):
+            new |= pm.add_path_cut(c)
+        if length > bound:
+            length, plan = _polish(inst, sc, graph, plan, length,
+                                   min(deadline, time.perf_counter() + LOCAL_SEARCH_SHARE * cfg.time_limit_s),
+                                   pm.add_path_cut)
+        if best is None or length < best[0]:
+            best = (length, plan)
+        if bound >= best[0] or (status == "OPTIMAL" and not new):
+            break  # proven (a relaxation optimum whose critical paths are all cuts is its longest path)
+    unit = cfg.scale.time_s
+    wall = time.perf_counter() - t0
+    if best is None:
+        return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
+    proven = bound >= best[0]
+    return Solution(status="OPTIMAL" if proven else "FEASIBLE", plan=best[1], objective_s=best[0] * unit,
+                    bound_s=min(bound, best[0]) * unit, wall_s=wall)
+
+
 def evaluate(inst: Instance, plan: Plan, cfg: Config = Config()) -> float:
     """The model's step time of a given plan, seconds (memory not enforced)."""
     plan.check(inst)
     sc = scale_instance(inst, cfg.scale)
-    pm = PPBModel(inst, sc, enforce_memory=False, exact=cfg.exact)
+    p = inst.pipeline
+    if p.schedule in dag.FIXED_ORDER_SCHEDULES:
+        graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
+        return dag.longest_path(graph, unit_durations(inst, sc, plan))[0] * cfg.scale.time_s
+    pm = PPBModel(inst, sc, enforce_memory=False)
     pm.fix(plan)
     status, solver, _ = _run(pm, cfg)
     if status != "OPTIMAL":
@@ -189,7 +312,7 @@ def diagnose(inst: Instance, cfg: Config = Config()) -> Diagnosis:
     status, solver, _ = _run(pm, cfg)
     if status not in ("OPTIMAL", "FEASIBLE"):
         raise RuntimeError(f"the memory-minimising model returned {status}")
-    mems = [solver.Value(e) for e in pm.mem]
+    mems = [max(solver.Value(e) for e in exprs) for exprs in pm.mem]
     stage = max(range(len(mems)), key=mems.__getitem__)
     need = mems[stage] * cfg.scale.memory_bytes
     return Diagnosis(stage=stage, overflow_bytes=need - inst.pipeline.budget_bytes, min_budget_bytes=need)

@@ -1,0 +1,161 @@
+"""The dependency DAG of a fixed-order pipeline schedule and its longest path.
+
+Nodes are ops (kind, v, j): kind F (forward) or B (backward: input gradient, the layers'
+recompute and the weight gradient), v the virtual stage (model slice, layer order), j the
+micro-batch. Edges:
+
+* data: F(v, j) after F(v-1, j); B(v, j) after B(v+1, j); the last slice's B after its F;
+* device order: each stage runs its ops in ``schedules.op_order`` (gpipe, 1f1b,
+  interleaved), one at a time.
+
+With every op started as soon as its predecessors end (what the schedule's runtime does,
+and what simulate.py replays), the step time is the longest path, whose length is a
+sum of op durations: sum_v nF_v F_v + nB_v (B_v + W_v) with path counts nF, nB. For a
+fixed pipeline configuration the DAG does not depend on the plan, so every path's count
+vector gives a cut ``step >= sum_v nF_v F_v + nB_v (B_v + W_v)`` valid for every plan;
+model.py minimises over such cuts and solve.py adds the critical path of each plan it
+meets until the plan's longest path equals the model's objective.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ndplan.formulas.schedules import op_order, virtual_stage
+
+FIXED_ORDER_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+"""Schedules with one op order per stage, independent of op durations."""
+
+Op = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Dag:
+    nodes: tuple[Op, ...]
+    """Ops in a topological order."""
+    preds: tuple[tuple[int, ...], ...]
+    """preds[i]: indices (into ``nodes``) of the ops node i waits for."""
+
+
+@lru_cache(maxsize=64)
+def build(schedule: str, pp: int, vpp: int, m: int) -> Dag:
+    if schedule not in FIXED_ORDER_SCHEDULES:
+        raise ValueError(f"{schedule!r} has no fixed op order")
+    V = pp * vpp
+    orders = [[(k, virtual_stage(schedule, s, c, pp), j) for k, c, j in op_order(schedule, s, pp, vpp, m)]
+              for s in range(pp)]
+    preds: dict[Op, list[Op]] = {}
+    for order in orders:
+        for i, op in enumerate(order):
+            kind, v, j = op
+            ps = [order[i - 1]] if i else []
+            if kind == "F" and v > 0:
+                ps.append(("F", v - 1, j))
+            elif kind == "B":
+                ps.append(("B", v + 1, j) if v < V - 1 else ("F", v, j))
+            preds[op] = ps
+    # Kahn's algorithm; a cycle would mean the op order deadlocks
+    succ: dict[Op, list[Op]] = {op: [] for op in preds}
+    waiting = {op: len(ps) for op, ps in preds.items()}
+    for op, ps in preds.items():
+        for q in ps:
+            succ[q].append(op)
+    ready = [op for op, n in waiting.items() if n == 0]
+    topo: list[Op] = []
+    while ready:
+        op = ready.pop()
+        topo.append(op)
+        for nxt in succ[op]:
+            waiting[nxt] -= 1
+            if waiting[nxt] == 0:
+                ready.append(nxt)
+    if len(topo) != len(preds):
+        raise RuntimeError(f"{schedule} op order with pp={pp} vpp={vpp} m={m} deadlocks")
+    index = {op: i for i, op in enumerate(topo)}
+    return Dag(nodes=tuple(topo), preds=tuple(tuple(index[q] for q in preds[op]) for op in topo))
+
+
+def _forward(dag: Dag, dur) -> tuple[list[float], list[int]]:
+    """end[i]: longest path length ending with node i (inclusive); via[i]: its predecessor."""
+    n = len(dag.nodes)
+    end, via = [0.0] * n, [-1] * n
+    for i, (kind, v, _) in enumerate(dag.nodes):
+        start, arg = 0, -1
+        for q in dag.preds[i]:
+            if end[q] > start:
+                start, arg = end[q], q
+        end[i] = start + dur[kind, v]
+        via[i] = arg
+    return end, via
+
+
+def _counts(dag: Dag, nodes) -> Counter:
+    counts: Counter = Counter()
+    for i in nodes:
+        kind, v, _ = dag.nodes[i]
+        counts[kind, v] += 1
+    return counts
+
+
+def longest_path(dag: Dag, dur: dict[tuple[str, int], float]) -> tuple[float, Counter]:
+    """(length, counts): the longest path under durations ``dur[kind, v]`` and how many
+    ops of each (kind, v) it runs."""
+    end, via = _forward(dag, dur)
+    i = max(range(len(end)), key=end.__getitem__)
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = via[i]
+    return max(end), _counts(dag, path)
+
+
+def paths_through(dag: Dag, dur: dict[tuple[str, int], float], groups: dict) -> list[Counter]:
+    """For every group of virtual stages (``groups[key]`` a set of v), the longest path
+    through one of its ops: the critical path of the plan as seen from each stage."""
+    end, via = _forward(dag, dur)
+    n = len(dag.nodes)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, ps in enumerate(dag.preds):
+        for q in ps:
+            succ[q].append(i)
+    tail, nxt = [0.0] * n, [-1] * n  # tail[i]: longest path starting after node i
+    for i in reversed(range(n)):
+        for q in succ[i]:
+            kind, v, _ = dag.nodes[q]
+            x = dur[kind, v] + tail[q]
+            if x > tail[i]:
+                tail[i], nxt[i] = x, q
+    out = []
+    for vs in groups.values():
+        cands = [i for i in range(n) if dag.nodes[i][1] in vs]
+        i = max(cands, key=lambda k: end[k] + tail[k])
+        path, j = [], i
+        while j >= 0:
+            path.append(j)
+            j = via[j]
+        j = nxt[i]
+        while j >= 0:
+            path.append(j)
+            j = nxt[j]
+        out.append(_counts(dag, path))
+    return out
+
+
+def chain_counts(schedule: str, stage: int, pp: int, vpp: int, m: int) -> Counter:
+    """Counts of the path through forward fill to ``stage`` (micro-batch 0's chunk-0
+    forwards on stages before it), all of the stage's own ops, and the backward drain
+    from it: a path in the DAG of every fixed-order schedule (each stage's first op is
+    F(chunk 0, first micro-batch), its last op B(chunk 0), whose drain is B of the chunk-0
+    slices below it)."""
+    counts: Counter = Counter()
+    for s in range(stage):
+        v = virtual_stage(schedule, s, 0, pp)
+        counts["F", v] += 1
+        counts["B", v] += 1
+    for c in range(vpp):
+        v = virtual_stage(schedule, stage, c, pp)
+        counts["F", v] += m
+        counts["B", v] += m
+    return counts
