@@ -130,8 +130,14 @@ def oom_causes(est: Estimate, limit: int) -> list[dict]:
 
 
 def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
-    """(unified diff, new text): the user's file rewritten to express ``strat``; only the
-    values that differ between the two strategies' forms are touched."""
+    """(unified diff, new text): the user's file rewritten to express ``strat``.
+
+    Only the values that differ between the two strategies' forms are touched; when the
+    edited file does not read back as ``strat`` (a key the file leaves to the framework's
+    default whose default now means something else, e.g. torchtitan's global batch =
+    local x dp), the proposal's keys absent from the file are written out too (one
+    such key if that is enough, else all of them). A file
+    that still does not read back as ``strat`` raises NdplanError (not expressible)."""
     mod = READERS[ci.fmt]
     try:
         old, _ = mod.fields(ci.model, ci.strategy)
@@ -139,10 +145,22 @@ def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
         old = {}
     new, _ = mod.fields(ci.model, strat)  # NdplanError: the format cannot express it
     changes = {k: v for k, v in new.items() if old.get(k) != v} | {k: REMOVE for k in old if k not in new}
-    text = mod.edit(ci.text, changes)
-    name = ci.path.name
-    diff = "".join(difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}", f"b/{name}"))
-    return diff, text
+    absent = {k: v for k, v in new.items() if k not in ci.lines}
+    for extra in [{}] + [{k: v} for k, v in absent.items()] + [absent]:
+        text = mod.edit(ci.text, changes | extra)
+        try:
+            back = mod.read(ci.path, text, model=ci.model, gpus=ci.gpus, **ci.overrides).strategy
+        except NdplanError:
+            back = None
+        if back == strat:
+            name = ci.path.name
+            diff = difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}", f"b/{name}")
+            return "".join(diff), text
+    raise NdplanError("strategy", _plain_strategy(strat), f"{ci.fmt} form does not read back as this strategy")
+
+
+def _plain_strategy(s: Strategy) -> str:
+    return f"dp={s.dp},tp={s.tp},pp={s.pp},cp={s.cp},vpp={s.vpp},mbs={s.mbs},zero={s.zero},recompute={s.recompute}"
 
 
 def _space(ci: CheckInput) -> dict:

@@ -9,6 +9,7 @@ The key names live in the exporters' ``FLAG`` / ``KEY`` tables (export/), used b
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -58,4 +59,5 @@ def read_config(path, fmt: str = "auto", *, model=None, gpus: int | None = None,
         fmt = detect(path, text)
     if fmt not in READERS:
         raise NdplanError("--format", fmt, f"choose one of {', '.join(FORMATS)} or auto")
-    return READERS[fmt].read(path, text, model=model, gpus=gpus, seq=seq, gbs=gbs)
+    ci = READERS[fmt].read(path, text, model=model, gpus=gpus, seq=seq, gbs=gbs)
+    return dataclasses.replace(ci, overrides={"seq": seq, "gbs": gbs})

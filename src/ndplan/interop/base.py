@@ -35,6 +35,8 @@ class CheckInput:
     mem_limit_bytes: int | None = None
     """A device-memory cap the file sets (MindFormers ``context.max_device_memory``)."""
     mem_limit_origin: str | None = None
+    overrides: dict = field(default_factory=dict)
+    """``seq`` / ``gbs`` given on top of the file (re-reading an edited file uses them too)."""
 
 
 def resolve_model(model, file_model: ModelSpec | None, where: str, fix: str) -> tuple[ModelSpec, str]:

@@ -9,12 +9,13 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
   ffn_dim_multiplier: x = int((ffn_dim_multiplier + 0.01) x); x = int(2x/3); round up to
   multiple_of), vocab_size; llama layout, untied embeddings unless tie_word_embeddings.
 * dp / tp / pp / cp <- ``parallel_config`` data_parallel / model_parallel / pipeline_stage /
-  context_parallel; vpp <- ``model_config.pp_interleave_num`` when
+  context_parallel; sp <- ``use_seq_parallel`` (on when tp = 1, where it does nothing: the
+  sweep's canonical form); vpp <- ``model_config.pp_interleave_num`` when
   ``parallel.pipeline_config.pipeline_interleave``; schedule interleaved when vpp > 1.
 * mbs <- ``runner_config.batch_size``; micro-batches m <- ``micro_batch_num`` with a
   pipeline, ``runner_config.gradient_accumulation_steps`` (default 1) without one (README
   section 2); gbs = mbs * dp * m (the MindFormers / MemEst convention; CP does not multiply).
-* seq <- ``model_config.seq_length``; sp <- ``use_seq_parallel``; zero <- 1 when
+* seq <- ``model_config.seq_length``; zero <- 1 when
   ``parallel.enable_parallel_optimizer`` (weights + moments sharded over dp; the mindspore
   engine profile shards weights from zero >= 1); engine mindspore; flash_attention <-
   ``use_flash_attention``; weight_dtype fp32 when ``param_init_type`` is float32.
@@ -189,7 +190,7 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     mc = get(doc, MC, {})
     seq_ = seq if seq is not None else positive(KEY["seq"], mc.get("seq_length"), name)
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
-              seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)),
+              seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
               engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
               weight_dtype="fp32" if str(mc.get("param_init_type")) == "float32" else "bf16",
               schedule="interleaved" if vpp > 1 else "1f1b")
