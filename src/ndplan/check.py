@@ -176,7 +176,10 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     u = ci.strategy
     base = {f: getattr(u, f) for f in ("engine", "flash_attention", "order", "grad_dtype", "weight_dtype",
                                        "offload_optimizer")}
-    res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, limit=limit / 2 ** 30, base=base)
+    try:
+        res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, limit=limit / 2 ** 30, base=base)
+    except NdplanError:  # no valid candidate at these devices / seq / gbs
+        return []
     t, n = res.table, res.feasible
     if not n:
         return []

@@ -80,6 +80,10 @@ def register(main, library_errors):
 
         Exit code: 0 fits, 1 does not fit, 2 bad input (one line naming field, value, fix).
 
+        Nearest = fewest changed fields among dp, tp, pp, cp, ep, etp, vpp, mbs, zero, sp,
+        recompute, schedule, layers_per_stage (same devices, seq and global batch), then the
+        shorter step time. Each diff is checked: the edited file reads back as the proposal.
+
         \b
         Examples:
           ndplan check pretrain_llama2_7b.sh -m llama2-7b
