@@ -18,50 +18,13 @@ Sections
     feasibility check: ``oom: true`` rows must be predicted above the device memory,
     rows that report a throughput ran and must be predicted to fit.
 
-Mapping of a MindFormers case to ndplan.Strategy (each rule is applied in
-``map_mindformers``; every approximation is written into the row's ``notes``):
-
-* dp / tp / pp / cp / vpp       <- parallel.dp / tp / pp / cp / vpp
-* mbs                           <- batch.micro_batch_size
-* gbs                           <- mbs * dp * batch.micro_batch_num  (MindFormers / MemEst
-                                   convention; so ndplan's m = micro_batch_num; CP does not multiply)
-* seq                           <- model.seq_length
-* sp                            <- parallel.sp (use_seq_parallel)
-* zero                          <- 1 if optimizer.parallel_optimizer else 0 (MindSpore optimizer
-                                   parallel shards weights + moments over dp; the "mindspore"
-                                   engine profile shards weights from zero>=1)
-* engine                        <- "mindspore"
-* flash_attention               <- model.use_flash_attention
-* weight_dtype                  <- "fp32" if model.param_dtype == float32 else "bf16"; if Strategy
-                                   rejects "fp32" the case falls back to "bf16" with a note
-* schedule                      <- "interleaved" when vpp > 1, else "1f1b"; other
-                                   pipeline_scheduler values (seqpipe, zero_bubble_v, ...) -> skipped
-* recompute (default rule, "max"):
-    - recompute.full True                       -> recompute="full" (selective settings are
-                                                   irrelevant: full covers every layer)
-    - recompute.full = per-stage list           -> recompute="full", recompute_layers = the
-                                                   per-stage counts (one int if all equal). A flat
-                                                   list holds stage totals, which MindFormers
-                                                   (LayerSetting._alloc_recompute_layer) deals one
-                                                   layer at a time over the VPP chunks; the mindspore
-                                                   profile does the same (recompute_count_per_stage).
-                                                   A VPP list of lists -> per-stage sums (note)
-    - recompute.selective True                  -> recompute="selective"
-    - recompute.selective = per-stage list      -> recompute="selective" with the per-stage
-                                                   counts as for full lists (max == 0 -> "none")
-    - selective_comm only                       -> "none" (comm recompute is not modelled; note)
-* layers_per_stage              <- only when parallel.layer_offset is non-zero:
-                                   L/(pp*vpp) + offset per (chunk, stage), in model order
-                                   (virtual stage v = chunk*pp + stage). offset is a list of
-                                   pp ints, or (VPP) a list of vpp lists of pp ints.
-* model                         <- model_from_config with HF names (llama, untied embeddings
-                                   unless tie_word_embeddings is true)
-* hardware                      <- ascend-910b (the device is not recorded; memory estimates do not
-                                   depend on it)
-Not modelled, noted per case: cp algorithm (ulysses vs colossalai), vocab_emb_dp=True
-(embedding/head replicated over TP), fine_grain_interleave, VPP less-memory mode,
-optimizer_weight_shard_size. (The MindFormers default selective op set, SiLU + product +
-comm-recomputed norm all-gathers, is the mindspore profile's ``selective_drops``.)
+Mapping of a MindFormers case to ndplan.Strategy: the case's raw yaml
+(``local_copy.config``) is read by ``ndplan.interop.mindformers.read_doc`` -- the rules
+(recompute lists, offsets, pp=1 gradient accumulation, optimizer parallel, dtypes, and
+the features not modelled, each written into the row's ``notes``) are listed in that
+module's docstring and live only there; ``ndplan check FILE.yaml`` uses the same reader.
+Hardware: ascend-910b (the device is not recorded; memory estimates do not depend on it).
+The VPP less-memory mode of ``llama3/vp10_less`` is noted, not modelled.
 
 Usage:
     python benchmarks/memory_validation.py [--verbose] [--json out.json]
@@ -79,6 +42,8 @@ import yaml
 
 import ndplan
 from ndplan.catalog.model import model_from_config
+from ndplan.interop.base import make_strategy
+from ndplan.interop.mindformers import read_doc
 
 MIB = 2 ** 20
 GIB = 2 ** 30
@@ -109,132 +74,19 @@ def llama_model(name: str, h: int, L: int, a: int, kv: int, f: int, V: int, tie,
                               "tie_word_embeddings": bool(tie)}, name, where)
 
 
-def make_strategy(kw: dict, notes: list[str]) -> ndplan.Strategy:
-    """Strategy(**kw); falls back to bf16 weights if the fp32 weight dtype is rejected."""
-    try:
-        return ndplan.Strategy(**kw)
-    except ndplan.NdplanError as e:
-        if kw.get("weight_dtype") == "fp32" and e.field == "weight_dtype":
-            notes.append("param_dtype float32 but Strategy rejects weight_dtype='fp32' "
-                         f"({e.fix}); fell back to bf16 (weights/accu_grad under-counted 2x)")
-            kw["weight_dtype"] = "bf16"
-            return ndplan.Strategy(**kw)
-        raise
-
-
-def _flat_counts(v) -> list[int] | None:
-    """Layer counts from a yaml list, flattened (a VPP list of lists in (chunk, stage) order);
-    None if ``v`` is not a list (True / False / 0)."""
-    if isinstance(v, list):
-        out = []
-        for x in v:
-            out.extend(_flat_counts(x) if isinstance(x, list) else [int(x)])
-        return out
-    return None
-
-
 # --------------------------------------------------------------------------- (a) MindFormers
 
 def map_mindformers(c: dict) -> tuple[object, dict, list[str], dict]:
     """(model, strategy kwargs, notes, recompute plan) for one memory case; raises Skip."""
-    m, p, b, o, r = c["model"], c["parallel"], c["batch"], c["optimizer"], c["recompute"]
-    notes: list[str] = []
-    if m.get("moe") or m.get("mla"):
-        raise Skip("MoE/MLA config: not a dense llama case")
-    sched = str(p.get("pipeline_scheduler") or "1f1b").split()[0]
-    if sched != "1f1b":
-        raise Skip(f"pipeline_scheduler={p['pipeline_scheduler']!r} has no ndplan schedule")
-    if (p.get("ep") or 1) != 1:
-        raise Skip(f"ep={p['ep']} on a dense model")
-    L = m["num_layers"]
-    model = llama_model(c["id"], m["hidden_size"], L, m["num_heads"], m["num_kv_heads"],
-                        m["ffn_hidden_size"], m["vocab_size"], m.get("tie_word_embeddings"),
-                        str(MF_CASES))
-    dp, tp, pp, cp, vpp = p["dp"], p["tp"], p["pp"], p["cp"], p["vpp"] or 1
-    mbs, mb = b["micro_batch_size"], b["micro_batch_num"]
-    if pp == 1:
-        # micro_batch_num is a pipeline setting; without a pipeline MindFormers accumulates
-        # gradient_accumulation_steps micro-batches (README section 2)
-        mb = b.get("gradient_accumulation_steps") or 1
-        notes.append(f"pp=1: micro-batches = gradient_accumulation_steps = {mb} (micro_batch_num ignored)")
-    kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=mbs * dp * mb, seq=m["seq_length"],
-              zero=1 if o.get("parallel_optimizer") else 0, sp=bool(p.get("sp")), engine="mindspore",
-              flash_attention=bool(m.get("use_flash_attention")),
-              weight_dtype="fp32" if m.get("param_dtype") == "float32" else "bf16",
-              schedule="interleaved" if vpp > 1 else "1f1b")
-
-    # layer offsets -> layers_per_stage (model order: v = chunk*pp + stage)
-    off = p.get("layer_offset")
-    if off not in (0, None) and _flat_counts(off) is not None and any(_flat_counts(off)):
-        rows = off if isinstance(off[0], list) else [off]
-        if len(rows) != vpp or any(len(x) != pp for x in rows):
-            raise Skip(f"layer_offset {off} does not have vpp={vpp} x pp={pp} entries")
-        base = L // (pp * vpp)
-        lps = tuple(base + int(rows[ch][s]) for ch in range(vpp) for s in range(pp))
-        if sum(lps) != L:
-            raise Skip(f"layer_offset {off} gives {sum(lps)} layers, model has {L}")
-        kw["layers_per_stage"] = lps
-        notes.append(f"layer_offset -> layers_per_stage={list(lps)}")
-    elif off not in (0, None) and not isinstance(off, list):
-        raise Skip(f"layer_offset={off!r}: unsupported format")
-
-    # recompute
-    lpc = L // (pp * vpp)  # layers per chunk (even split)
-    full, sel, selc = r.get("full"), r.get("selective"), r.get("selective_comm")
-    full_list, sel_list = _flat_counts(full), _flat_counts(sel)
-    plan = {"kind": "uniform"}
-    if full is True:
-        kw["recompute"] = "full"
-        if sel:
-            notes.append("full recompute covers all layers; selective settings ignored (README §2)")
-    elif full_list is not None:
-        kw["recompute"] = "full"
-        if sel is True or (sel_list is not None and any(sel_list)):
-            notes.append(f"full list {full_list} with selective {sel}: selective on the non-full layers not modelled")
-        kw["recompute_layers"] = _per_stage(full, pp, vpp, notes, L)
-    elif sel is True:
-        kw["recompute"] = "selective"
-    elif sel_list is not None:
-        kw["recompute"] = "selective" if max(sel_list) > 0 else "none"
-        if max(sel_list) > 0:
-            kw["recompute_layers"] = _per_stage(sel, pp, vpp, notes, L)
-    else:
-        kw["recompute"] = "none"
-        if selc:
-            notes.append("selective_comm only: comm recompute not modelled -> none")
-
-    # features ndplan does not model
-    if cp > 1:
-        notes.append(f"cp_algo={p.get('cp_algo')}: ndplan has one CP activation model")
-    if p.get("vocab_emb_dp") and tp > 1:
-        notes.append("vocab_emb_dp=True: embedding/head replicated over TP in MindFormers, "
-                     "sharded by tp in ndplan")
-    if (m.get("fine_grain_interleave") or 1) > 1:
-        notes.append(f"fine_grain_interleave={m['fine_grain_interleave']} not modelled")
-    if (p.get("micro_batch_interleave_num") or 1) > 1:
-        notes.append(f"micro_batch_interleave_num={p['micro_batch_interleave_num']} not modelled")
-    if o.get("optimizer_weight_shard_size"):
-        notes.append(f"optimizer_weight_shard_size={o['optimizer_weight_shard_size']} not modelled")
+    path = MF_CASES.parent / c["local_copy"]["config"]
+    try:
+        model, _, kw, notes = read_doc(yaml.safe_load(path.read_text()), name=c["id"])
+    except ndplan.NdplanError as e:
+        raise Skip(str(e)) from None
     for n_ in c.get("notes") or []:
         if "less-memory" in n_ or "vpp_less_mem" in n_:
             notes.append("VPP less-memory mode not modelled (estimated as plain interleaved)")
-    return model, kw, notes, plan
-
-
-def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tuple:
-    """MindFormers per-stage layer counts (a list of pp ints, or with VPP a list of vpp
-    lists) -> ndplan recompute_layers (per stage, applied to every chunk of the stage)."""
-    rows = counts if isinstance(counts[0], list) else [counts]
-    # a flat list is already the stage's count (MindFormers deals it over the VPP chunks,
-    # EngineProfile.recompute_count_per_stage); a VPP list of lists gives the stage total
-    per_stage = tuple(sum(int(r[s]) for r in rows) for s in range(pp))
-    if max(per_stage) > layers:
-        notes.append(f"recompute counts {list(per_stage)} clamped to {layers} layers (MindFormers clamps)")
-        per_stage = tuple(min(x, layers) for x in per_stage)
-    if len(rows) > 1:
-        notes.append(f"VPP recompute lists {counts}: per stage the total {list(per_stage)}, dealt "
-                     "round-robin over the chunks (the explicit per-chunk split is not kept)")
-    return per_stage[0] if len(set(per_stage)) == 1 else per_stage
+    return model, kw, notes, {"kind": "uniform"}
 
 
 def run_mindformers(args) -> tuple[list[dict], list[dict]]:

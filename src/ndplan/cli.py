@@ -13,6 +13,7 @@ import click
 
 from ndplan.catalog import Hardware, list_hardware, list_models, load_hardware, load_model
 from ndplan.cli_balance import register as register_balance
+from ndplan.cli_check import register as register_check
 from ndplan.cli_emit import emit_cli, emit_options
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.errors import NdplanError
@@ -205,6 +206,15 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
                f"mbs={s.mbs} gbs={s.gbs} m={s.m} seq={s.seq} zero={s.zero} sp={'on' if s.sp else 'off'} "
                f"recompute={s.recompute}{'' if s.recompute_layers is None else f'[first {s.recompute_layers}]'} "
                f"schedule={s.schedule} engine={s.engine}")
+    click.echo(stage_table(est))
+    verdict = "fits" if est.fits else "DOES NOT FIT"
+    click.echo(f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage} of {hw.hbm_gib:g} GiB HBM: {verdict}"
+               + (f"; host {fmt_bytes(est.host_bytes)} per device" if est.host_bytes else ""))
+    click.echo(time_summary(est))
+
+
+def stage_table(est) -> str:
+    """Per-stage peak, static, dynamic and every memory term, GiB, one row per stage."""
     keys = list(est.per_stage[0]["terms"])
     short = [k.split(".", 1)[1] for k in keys]
     head = ["stage", "peak GiB", "static", "dynamic"] + short
@@ -212,13 +222,7 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
              f"{r['dynamic_bytes'] / GIB:.2f}"] + [f"{r['terms'][k] / GIB:.2f}" for k in keys]
             for r in est.per_stage]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    click.echo("  ".join(h.rjust(w) for h, w in zip(head, widths)))
-    for r in rows:
-        click.echo("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    verdict = "fits" if est.fits else "DOES NOT FIT"
-    click.echo(f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage} of {hw.hbm_gib:g} GiB HBM: {verdict}"
-               + (f"; host {fmt_bytes(est.host_bytes)} per device" if est.host_bytes else ""))
-    click.echo(time_summary(est))
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head] + rows)
 
 
 def _export_layers(path: str, model, hw, strat) -> None:
@@ -317,6 +321,7 @@ def hardware(as_json):
 
 register_sweep(main, library_errors, apply_overrides)
 register_balance(main, library_errors)
+register_check(main, library_errors)
 
 if __name__ == "__main__":
     main()

@@ -70,3 +70,27 @@ def header(target: str, model: ModelSpec, strat: Strategy, prefix: str = "# ") -
             f"{prefix}dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp} mbs={s.mbs} "
             f"gbs={s.gbs} m={s.m} seq={s.seq} zero={s.zero} sp={'on' if s.sp else 'off'} "
             f"recompute={s.recompute} schedule={s.schedule}"]
+
+
+def nest(flat: dict) -> dict:
+    """Dotted keys (``zero_optimization.stage``) -> nested mappings, order kept."""
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return out
+
+
+def flatten(doc: dict, prefix: str = "") -> dict:
+    """Nested mappings -> dotted keys (the inverse of ``nest`` for mapping leaves)."""
+    out = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out |= flatten(v, key + ".")
+        else:
+            out[key] = v
+    return out

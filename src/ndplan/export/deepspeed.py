@@ -25,10 +25,20 @@ from __future__ import annotations
 import json
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, recompute_counts
+from ndplan.export.common import cannot, chunk_layers, nest, recompute_counts
 from ndplan.strategy import Strategy
 
 TARGET = "DeepSpeed config JSON"
+KEY = {"gbs": "train_batch_size", "mbs": "train_micro_batch_size_per_gpu", "m": "gradient_accumulation_steps",
+       "bf16": "bf16.enabled", "zero": "zero_optimization.stage",
+       "offload_device": "zero_optimization.offload_optimizer.device",
+       "offload_pin": "zero_optimization.offload_optimizer.pin_memory", "tp": "tensor_parallel.autotp_size",
+       "pp": "pipeline.stages", "ckpt_interval": "pipeline.activation_checkpoint_interval",
+       "ckpt_partition": "activation_checkpointing.partition_activations",
+       "ckpt_contiguous": "activation_checkpointing.contiguous_memory_optimization",
+       "ckpt_cpu": "activation_checkpointing.cpu_checkpointing"}
+"""Strategy knob -> dotted JSON key: the one table the exporter and the reader
+(interop/deepspeed.py) use."""
 
 
 def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
@@ -51,21 +61,24 @@ def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
         raise cannot(TARGET, "recompute_layers", list(full), "the JSON cannot pick layers; recompute all or none")
 
 
-def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
+    """(dotted key -> value; notes) expressing ``strat``."""
     s = strat
     layers = chunk_layers(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
     _check(model, s, layers, full, sel)
-    zero = {"stage": s.zero}
+    doc = {KEY["gbs"]: s.gbs, KEY["mbs"]: s.mbs, KEY["m"]: s.m, KEY["bf16"]: True, KEY["zero"]: s.zero}
     if s.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    doc = {"train_batch_size": s.gbs, "train_micro_batch_size_per_gpu": s.mbs,
-           "gradient_accumulation_steps": s.m, "bf16": {"enabled": True}, "zero_optimization": zero}
+        doc |= {KEY["offload_device"]: "cpu", KEY["offload_pin"]: True}
     if s.tp > 1:
-        doc["tensor_parallel"] = {"autotp_size": s.tp}
+        doc[KEY["tp"]] = s.tp
     if s.pp > 1:
-        doc["pipeline"] = {"stages": s.pp, "activation_checkpoint_interval": 1 if max(full) else 0}
+        doc |= {KEY["pp"]: s.pp, KEY["ckpt_interval"]: 1 if max(full) else 0}
     if max(full):
-        doc["activation_checkpointing"] = {"partition_activations": s.tp > 1, "contiguous_memory_optimization": False,
-                                           "cpu_checkpointing": False}
-    return json.dumps(doc, indent=2) + "\n"
+        doc |= {KEY["ckpt_partition"]: s.tp > 1, KEY["ckpt_contiguous"]: False, KEY["ckpt_cpu"]: False}
+    return doc, []
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    doc, _ = fields(model, strat, balance=balance)
+    return json.dumps(nest(doc), indent=2) + "\n"

@@ -39,6 +39,22 @@ from ndplan.export.common import cannot, chunk_layers, header, recompute_counts
 from ndplan.strategy import Strategy
 
 TARGET = "Megatron-LM"
+FLAG = {
+    "layers": "--num-layers", "tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+    "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
+    "layers_per_vstage": "--num-layers-per-virtual-pipeline-stage",
+    "vstages_per_rank": "--num-virtual-stages-per-pipeline-rank",
+    "first_layers": "--decoder-first-pipeline-num-layers", "last_layers": "--decoder-last-pipeline-num-layers",
+    "layout": "--pipeline-model-parallel-layout", "sp": "--sequence-parallel",
+    "distributed_optimizer": "--use-distributed-optimizer", "fsdp2": "--use-torch-fsdp2",
+    "offload_optimizer": "--optimizer-cpu-offload", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
+    "seq": "--seq-length", "recompute_granularity": "--recompute-granularity",
+    "recompute_method": "--recompute-method", "recompute_num_layers": "--recompute-num-layers",
+}
+"""Strategy knob -> Megatron-LM flag: the one table the exporter and the reader
+(interop/megatron.py) use."""
+SWITCHES = ("sp", "distributed_optimizer", "fsdp2", "offload_optimizer")
+"""Flags without a value (``store_true``)."""
 
 
 def _check(model: ModelSpec, strat: Strategy) -> None:
@@ -53,70 +69,74 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
                                                         "optimizer; use zero 1 or 2")
 
 
-def _layout(model: ModelSpec, strat: Strategy, layers) -> list[str]:
+def _layout(model: ModelSpec, strat: Strategy, layers) -> dict:
     L = model.num_hidden_layers
     if len(set(layers)) == 1:
         if strat.vpp > 1:
-            return ["--num-layers-per-virtual-pipeline-stage", str(L // (strat.pp * strat.vpp))]
-        return []
+            return {FLAG["layers_per_vstage"]: L // (strat.pp * strat.vpp)}
+        return {}
     middle = layers[1:-1]
     if strat.vpp == 1 and len(set(middle)) <= 1:
-        return ["--decoder-first-pipeline-num-layers", str(layers[0]),
-                "--decoder-last-pipeline-num-layers", str(layers[-1])]
+        return {FLAG["first_layers"]: layers[0], FLAG["last_layers"]: layers[-1]}
     groups = ["t" * n for n in layers]
     groups[0], groups[-1] = "E" + groups[0], groups[-1] + "L"
-    out = ["--pipeline-model-parallel-layout", "|".join(groups)]
+    out = {FLAG["layout"]: "|".join(groups)}
     if strat.vpp > 1:
-        out += ["--num-virtual-stages-per-pipeline-rank", str(strat.vpp)]
+        out[FLAG["vstages_per_rank"]] = strat.vpp
     return out
 
 
-def _recompute(strat: Strategy, layers, full, sel, balanced: bool) -> tuple[list[str], list[str]]:
-    args, notes = [], []
+def _recompute(strat: Strategy, layers, full, sel, balanced: bool) -> tuple[dict, list[str]]:
+    args, notes = {}, []
+    gran, method, num = FLAG["recompute_granularity"], FLAG["recompute_method"], FLAG["recompute_num_layers"]
     if max(full):
         every = all(f == n for f, n in zip(full, layers))
         if every and strat.recompute_layers is None and not balanced:
-            args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+            args |= {gran: "full", method: "uniform", num: 1}
         else:
-            args += ["--recompute-granularity", "full", "--recompute-method", "block",
-                     "--recompute-num-layers", str(max(full))]
+            args |= {gran: "full", method: "block", num: max(full)}
             if len(set(full)) > 1:
                 notes.append(f"full recompute of {list(full)} layers per virtual stage; Megatron-LM takes one "
                              f"count for every chunk, {max(full)} given")
         if max(sel):
             notes.append("Megatron-LM runs one recompute granularity: the selective layers are not expressed")
     elif max(sel):
-        args += ["--recompute-granularity", "selective"]
+        args[gran] = "selective"
         if any(s < n for s, n in zip(sel, layers)):
             notes.append(f"selective recompute of {list(sel)} layers per virtual stage; Megatron-LM's "
                          "selective recompute covers every layer")
     return args, notes
 
 
-def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
+    """(flag -> value, True for a switch; notes) expressing ``strat``."""
     _check(model, strat)
     s = strat
     layers = chunk_layers(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
-    args = ["--num-layers", str(model.num_hidden_layers),
-            "--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
-            "--context-parallel-size", str(s.cp)]
+    args = {FLAG["layers"]: model.num_hidden_layers, FLAG["tp"]: s.tp, FLAG["pp"]: s.pp, FLAG["cp"]: s.cp}
     if model.is_moe:
-        args += ["--expert-model-parallel-size", str(s.ep), "--expert-tensor-parallel-size", str(s.etp)]
-    args += _layout(model, s, layers)
+        args |= {FLAG["ep"]: s.ep, FLAG["etp"]: s.etp}
+    args |= _layout(model, s, layers)
     if s.sp and s.tp > 1:
-        args.append("--sequence-parallel")
+        args[FLAG["sp"]] = True
     if s.zero in (1, 2):
-        args.append("--use-distributed-optimizer")
+        args[FLAG["distributed_optimizer"]] = True
     elif s.zero == 3:
-        args.append("--use-torch-fsdp2")
+        args[FLAG["fsdp2"]] = True
     if s.offload_optimizer:
-        args.append("--optimizer-cpu-offload")
-    args += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.gbs), "--seq-length", str(s.seq)]
+        args[FLAG["offload_optimizer"]] = True
+    args |= {FLAG["mbs"]: s.mbs, FLAG["gbs"]: s.gbs, FLAG["seq"]: s.seq}
     rec, notes = _recompute(s, layers, full, sel, balance is not None)
-    args += rec
+    args |= rec
     if s.zero == 2:
         notes.append("zero 2 is given as the distributed optimizer (sharded optimizer states, "
                      "reduce-scattered gradients)")
-    lines = header(TARGET, model, s) + [f"# note: {n}" for n in notes]
-    return "\n".join(lines) + "\n" + " ".join(shlex.quote(a) for a in args) + "\n"
+    return args, notes
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    args, notes = fields(model, strat, balance=balance)
+    words = [w for k, v in args.items() for w in ((k,) if v is True else (k, str(v)))]
+    lines = header(TARGET, model, strat) + [f"# note: {n}" for n in notes]
+    return "\n".join(lines) + "\n" + " ".join(shlex.quote(a) for a in words) + "\n"

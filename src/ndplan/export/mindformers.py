@@ -24,12 +24,29 @@ from __future__ import annotations
 import yaml
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, header, per_stage, recompute_counts
+from ndplan.export.common import cannot, chunk_layers, header, nest, per_stage, recompute_counts
 from ndplan.strategy import Strategy
 
 TARGET = "MindFormers"
 GRADIENT_AGGREGATION_GROUP = 4
 """Every MindFormers example in shared/validation/mindformers sets 4."""
+KEY = {"zero": "parallel.enable_parallel_optimizer", "mbs": "runner_config.batch_size",
+       "grad_accum": "runner_config.gradient_accumulation_steps",
+       "dp": "parallel_config.data_parallel", "tp": "parallel_config.model_parallel",
+       "pp": "parallel_config.pipeline_stage", "cp": "parallel_config.context_parallel",
+       "cp_algo": "parallel_config.context_parallel_algo",
+       "ep": "parallel_config.expert_parallel", "m": "parallel_config.micro_batch_num",
+       "vocab_emb_dp": "parallel_config.vocab_emb_dp", "sp": "parallel_config.use_seq_parallel",
+       "grad_group": "parallel_config.gradient_aggregation_group",
+       "full": "recompute_config.recompute", "selective": "recompute_config.select_recompute",
+       "selective_comm": "recompute_config.select_comm_recompute",
+       "seq": "model.model_config.seq_length", "offset": "model.model_config.offset",
+       "vpp": "model.model_config.pp_interleave_num",
+       "scheduler": "parallel.pipeline_config.pipeline_scheduler",
+       "interleave": "parallel.pipeline_config.pipeline_interleave",
+       "max_device_memory": "context.max_device_memory"}
+"""Strategy knob -> dotted YAML key: the one table the exporter and the reader
+(interop/mindformers.py) use."""
 
 
 class _Dumper(yaml.SafeDumper):
@@ -48,34 +65,40 @@ def _counts(strat: Strategy, counts, layers):
     return per_stage(strat, counts)
 
 
-def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
+    """(dotted key -> value; notes) expressing ``strat``. Without a pipeline MindFormers
+    accumulates ``runner_config.gradient_accumulation_steps`` micro-batches (micro_batch_num
+    is a pipeline setting), so pp = 1 writes both."""
     s = strat
     if s.pp > 1 and s.schedule not in ("1f1b", "interleaved"):
         raise cannot(TARGET, "schedule", s.schedule, "use --schedule 1f1b or interleaved")
     layers = chunk_layers(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
     base = sum(layers) // len(layers)
-    par = {"data_parallel": s.dp, "model_parallel": s.tp, "pipeline_stage": s.pp, "context_parallel": s.cp}
+    doc = {KEY["zero"]: s.zero >= 1, KEY["mbs"]: s.mbs}
+    if s.pp == 1:
+        doc[KEY["grad_accum"]] = s.m
+    doc |= {KEY["dp"]: s.dp, KEY["tp"]: s.tp, KEY["pp"]: s.pp, KEY["cp"]: s.cp}
     if model.is_moe:
-        par["expert_parallel"] = s.ep
-    par |= {"micro_batch_num": s.m, "vocab_emb_dp": s.tp == 1, "use_seq_parallel": s.sp and s.tp > 1,
-            "gradient_aggregation_group": GRADIENT_AGGREGATION_GROUP}
+        doc[KEY["ep"]] = s.ep
+    doc |= {KEY["m"]: s.m, KEY["vocab_emb_dp"]: s.tp == 1, KEY["sp"]: s.sp and s.tp > 1,
+            KEY["grad_group"]: GRADIENT_AGGREGATION_GROUP}
+    doc |= {KEY["full"]: _counts(s, full, layers),
+            KEY["selective"]: _counts(s, [f + x for f, x in zip(full, sel)], layers) if max(sel) else False}
     offset = [n - base for n in layers]
-    model_config = {"seq_length": s.seq, "offset": per_stage(s, offset) if any(offset) else 0}
+    doc |= {KEY["seq"]: s.seq, KEY["offset"]: per_stage(s, offset) if any(offset) else 0}
     if s.vpp > 1:
-        model_config["pp_interleave_num"] = s.vpp
-    doc = {"parallel": {"enable_parallel_optimizer": s.zero >= 1},
-           "runner_config": {"batch_size": s.mbs},
-           "parallel_config": par,
-           "recompute_config": {"recompute": _counts(s, full, layers),
-                                "select_recompute": _counts(s, [f + x for f, x in zip(full, sel)], layers)
-                                if max(sel) else False},
-           "model": {"model_config": model_config}}
+        doc |= {KEY["vpp"]: s.vpp, KEY["interleave"]: True}
     notes = []
     if s.zero >= 2:
         notes.append(f"zero {s.zero}: MindSpore optimizer parallel shards optimizer states (and, by its "
                      "parallel_optimizer_config, weights); check optimizer_weight_shard_size")
     if s.offload_optimizer:
         notes.append("optimizer offload is not expressed here")
-    head = header(TARGET, model, s) + [f"# note: {n}" for n in notes]
-    return "\n".join(head) + "\n" + yaml.dump(doc, Dumper=_Dumper, sort_keys=False)
+    return doc, notes
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    doc, notes = fields(model, strat, balance=balance)
+    head = header(TARGET, model, strat) + [f"# note: {n}" for n in notes]
+    return "\n".join(head) + "\n" + yaml.dump(nest(doc), Dumper=_Dumper, sort_keys=False)

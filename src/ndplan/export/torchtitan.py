@@ -35,13 +35,27 @@ from __future__ import annotations
 import json
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, header, recompute_counts, recompute_mode
+from ndplan.export.common import cannot, chunk_layers, header, nest, recompute_counts, recompute_mode
 from ndplan.strategy import Strategy
 
 TARGET = "torchtitan"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
 RESHARD = {1: "never", 2: "never", 3: "always"}
 """zero stage -> fsdp_reshard_after_forward."""
+KEY = {"dp_replicate": "parallelism.data_parallel_replicate_degree",
+       "dp_shard": "parallelism.data_parallel_shard_degree", "reshard": "parallelism.fsdp_reshard_after_forward",
+       "tp": "parallelism.tensor_parallel_degree", "cp": "parallelism.context_parallel_degree",
+       "pp": "parallelism.pipeline_parallel_degree", "schedule": "parallelism.pipeline_parallel_schedule",
+       "mbs": "parallelism.pipeline_parallel_microbatch_size",
+       "layers_per_stage": "parallelism.pipeline_parallel_layers_per_stage",
+       "split_points": "parallelism.pipeline_parallel_split_points",
+       "ep": "parallelism.expert_parallel_degree", "etp": "parallelism.expert_tensor_parallel_degree",
+       "local_batch": "training.local_batch_size", "gbs": "training.global_batch_size", "seq": "training.seq_len",
+       "param_dtype": "training.mixed_precision_param", "offload": "training.enable_cpu_offload",
+       "ac_mode": "activation_checkpoint.mode", "ac_option": "activation_checkpoint.selective_ac_option",
+       "model_name": "model.name", "model_flavor": "model.flavor"}
+"""Strategy knob -> dotted TOML key: the one table the exporter and the reader
+(interop/torchtitan.py) use."""
 
 
 def _value(v) -> str:
@@ -71,46 +85,50 @@ def _check(model: ModelSpec, s: Strategy) -> None:
         raise cannot(TARGET, "etp", s.etp, f"expert_tensor_parallel_degree must be 1 or tp={s.tp}")
 
 
-def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
+    """(dotted key -> value; notes) expressing ``strat``."""
     s = strat
     _check(model, s)
     layers = chunk_layers(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
-    par = {"data_parallel_replicate_degree": s.dp if s.zero == 0 else 1,
-           "data_parallel_shard_degree": 1 if s.zero == 0 else s.dp}
+    doc = {KEY["dp_replicate"]: s.dp if s.zero == 0 else 1, KEY["dp_shard"]: 1 if s.zero == 0 else s.dp}
     if s.zero:
-        par["fsdp_reshard_after_forward"] = RESHARD[s.zero]
-    par |= {"tensor_parallel_degree": s.tp, "context_parallel_degree": s.cp, "pipeline_parallel_degree": s.pp}
+        doc[KEY["reshard"]] = RESHARD[s.zero]
+    doc |= {KEY["tp"]: s.tp, KEY["cp"]: s.cp, KEY["pp"]: s.pp}
     notes = []
     if s.pp > 1:
-        par |= {"pipeline_parallel_schedule": SCHEDULES[s.schedule], "pipeline_parallel_microbatch_size": s.mbs}
+        doc |= {KEY["schedule"]: SCHEDULES[s.schedule], KEY["mbs"]: s.mbs}
         if len(set(layers)) == 1:
-            par["pipeline_parallel_layers_per_stage"] = layers[0]
+            doc[KEY["layers_per_stage"]] = layers[0]
         else:
             cuts, acc = [], 0
             for n in layers[:-1]:
                 acc += n
                 cuts.append(f"layers.{acc}")
-            par["pipeline_parallel_split_points"] = cuts
+            doc[KEY["split_points"]] = cuts
     if model.is_moe:
-        par |= {"expert_parallel_degree": s.ep, "expert_tensor_parallel_degree": s.etp}
+        doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
     if s.zero == 1 and s.dp > 1:
         notes.append("zero 1 is given as FSDP2 without resharding after forward (ZeRO-2: gradients sharded too)")
     if s.tp > 1 and not s.sp:
         notes.append("torchtitan's tensor parallelism always shards norms/dropout on the sequence (sp on)")
-    training = {"local_batch_size": s.gbs // s.dp if s.pp > 1 else s.mbs, "global_batch_size": s.gbs,
-                "seq_len": s.seq, "mixed_precision_param": "bfloat16"}
+    doc |= {KEY["local_batch"]: s.gbs // s.dp if s.pp > 1 else s.mbs, KEY["gbs"]: s.gbs, KEY["seq"]: s.seq,
+            KEY["param_dtype"]: "bfloat16"}
     if s.offload_optimizer:
-        training["enable_cpu_offload"] = True
+        doc[KEY["offload"]] = True
         notes.append("enable_cpu_offload moves FSDP parameters and gradients to host too, not only the optimizer")
     mode = recompute_mode(full, sel)
-    ac = {"mode": mode}
+    doc[KEY["ac_mode"]] = mode
     if mode == "selective":
-        ac["selective_ac_option"] = "op"
+        doc[KEY["ac_option"]] = "op"
     used = full if mode == "full" else sel
     if mode != "none" and any(u < n for u, n in zip(used, layers)):
         notes.append(f"{mode} recompute of {list(used)} layers per virtual stage; torchtitan applies "
                      f"mode {mode!r} to every layer")
-    head = header(TARGET, model, s) + [f"# note: {n}" for n in notes]
-    body = _toml({"parallelism": par, "training": training, "activation_checkpoint": ac})
-    return "\n".join(head + body) + "\n"
+    return doc, notes
+
+
+def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
+    doc, notes = fields(model, strat, balance=balance)
+    head = header(TARGET, model, strat) + [f"# note: {n}" for n in notes]
+    return "\n".join(head + _toml(nest(doc))) + "\n"

@@ -1,0 +1,220 @@
+"""``ndplan check``: estimate a user's framework config, say whether it fits, which
+terms make it not fit, and the nearest strategies that fit, each as a diff of the file.
+
+Memory limit, first that applies: ``mem_limit`` (GiB, or a fraction of HBM when <= 1);
+the file's own cap (MindFormers ``context.max_device_memory``); the device HBM. The
+engine's reserve (``mem.reserve``: CUDA context, allocator slack) is a term of the peak,
+so comparing the peak with HBM is comparing the rest with HBM minus the reserve.
+
+OOM causes: on the peak stage, the largest terms, largest first, until their sum covers
+the excess of the peak over the limit -- the terms that alone would have to go for the
+config to fit -- each with its bytes and its share of the peak.
+
+Nearest fitting strategies: ``sweep`` at the same devices, sequence length and global
+batch (engine, dtypes, flash attention and placement order kept; dp/tp/pp/cp, mbs,
+zero and recompute explored, the user's own schedule / vpp / sp and the plain 1f1b / vpp
+1 / sp on), feasible candidates only. Distance to the user's strategy = the number of
+``DISTANCE_FIELDS`` whose value differs (recompute counts as one field with its per-layer
+counts; dp counts on its own, so trading tp for dp is two changes); ties go to the
+shorter step time. The k nearest that the file's format can express are kept.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ndplan.catalog.hardware import Hardware
+from ndplan.catalog import load_hardware
+from ndplan.errors import NdplanError
+from ndplan.estimate import Estimate, estimate
+from ndplan.interop import READERS, REMOVE, CheckInput
+from ndplan.strategy import Strategy
+from ndplan.sweep import mem_limit as sweep_mem_limit
+from ndplan.sweep import sweep
+
+DISTANCE_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute", "schedule",
+                   "layers_per_stage")
+DEFAULT_HARDWARE = {"mindformers": "ascend-910b"}
+"""Hardware when ``-H`` is not given; others: h100-sxm (the CLI's default)."""
+
+
+def _value(s: Strategy, f: str):
+    return (s.recompute, s.recompute_layers) if f == "recompute" else getattr(s, f)
+
+
+def changed_fields(user: Strategy, other: Strategy) -> dict[str, tuple]:
+    """{field: (user value, other value)} over DISTANCE_FIELDS."""
+    out = {}
+    for f in DISTANCE_FIELDS:
+        a, b = _value(user, f), _value(other, f)
+        if a != b:
+            out[f] = (a, b)
+    return out
+
+
+def distance(user: Strategy, other: Strategy) -> int:
+    return len(changed_fields(user, other))
+
+
+@dataclass
+class Proposal:
+    strategy: Strategy
+    estimate: Estimate
+    changed: dict[str, tuple]
+    diff: str
+    """Unified diff of the user's file."""
+    text: str
+    """The user's file with the diff applied."""
+
+    @property
+    def distance(self) -> int:
+        return len(self.changed)
+
+    def to_json(self) -> dict:
+        return {"strategy": self.strategy.as_dict(), "distance": self.distance,
+                "changed": {k: [_plain(a), _plain(b)] for k, (a, b) in self.changed.items()},
+                "peak_bytes": self.estimate.peak_bytes, "step_s": self.estimate.step_s, "mfu": self.estimate.mfu,
+                "diff": self.diff}
+
+
+def _plain(v):
+    return [_plain(x) for x in v] if isinstance(v, tuple) else v
+
+
+@dataclass
+class CheckResult:
+    input: CheckInput
+    hardware: Hardware
+    estimate: Estimate
+    limit_bytes: int
+    limit_source: str
+    causes: list[dict] = field(default_factory=list)
+    """OOM causes: {key, bytes, share} on the peak stage (empty when it fits)."""
+    proposals: list[Proposal] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.peak_bytes <= self.limit_bytes
+
+    def to_json(self) -> dict:
+        ci = self.input
+        return {"file": str(ci.path), "format": ci.fmt, "model_source": ci.model_origin, "gpus": ci.gpus,
+                "origin": ci.origin, "unknown": list(ci.unknown), "notes": list(ci.notes),
+                "estimate": self.estimate.to_json(),
+                "limit": {"bytes": self.limit_bytes, "source": self.limit_source},
+                "fits": self.fits, "oom_causes": self.causes, "proposals": [p.to_json() for p in self.proposals]}
+
+
+def limit_of(ci: CheckInput, hw: Hardware, mem_limit: float | None) -> tuple[int, str]:
+    if mem_limit is not None:
+        return sweep_mem_limit(hw, mem_limit), "--mem-limit"
+    if ci.mem_limit_bytes:
+        return ci.mem_limit_bytes, f"the file's {ci.mem_limit_origin}"
+    return hw.hbm_bytes, f"{hw.name} HBM (the engine reserve is the mem.reserve term of the peak)"
+
+
+def oom_causes(est: Estimate, limit: int) -> list[dict]:
+    """Largest terms of the peak stage, largest first, until they cover the excess."""
+    stage = max(est.per_stage, key=lambda s: s["peak_bytes"])
+    excess = stage["peak_bytes"] - limit
+    out, acc = [], 0
+    for key, b in sorted(stage["terms"].items(), key=lambda kv: -kv[1]):
+        if acc >= excess:
+            break
+        out.append({"key": key, "bytes": b, "share": b / stage["peak_bytes"], "stage": stage["stage"]})
+        acc += b
+    return out
+
+
+def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
+    """(unified diff, new text): the user's file rewritten to express ``strat``.
+
+    Only the values that differ between the two strategies' forms are touched; when the
+    edited file does not read back as ``strat`` (a key the file leaves to the framework's
+    default whose default now means something else, e.g. torchtitan's global batch =
+    local x dp), the proposal's keys absent from the file are written out too (one
+    such key if that is enough, else all of them). A file
+    that still does not read back as ``strat`` raises NdplanError (not expressible)."""
+    mod = READERS[ci.fmt]
+    try:
+        old, _ = mod.fields(ci.model, ci.strategy)
+    except NdplanError:
+        old = {}
+    new, _ = mod.fields(ci.model, strat)  # NdplanError: the format cannot express it
+    changes = {k: v for k, v in new.items() if old.get(k) != v} | {k: REMOVE for k in old if k not in new}
+    absent = {k: v for k, v in new.items() if k not in ci.lines}
+    for extra in [{}] + [{k: v} for k, v in absent.items()] + [absent]:
+        text = mod.edit(ci.text, changes | extra)
+        try:
+            back = mod.read(ci.path, text, model=ci.model, gpus=ci.gpus, **ci.overrides).strategy
+        except NdplanError:
+            back = None
+        if back == strat:
+            name = ci.path.name
+            diff = difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}", f"b/{name}")
+            return "".join(diff), text
+    raise NdplanError("strategy", _plain_strategy(strat), f"{ci.fmt} form does not read back as this strategy")
+
+
+def _plain_strategy(s: Strategy) -> str:
+    return f"dp={s.dp},tp={s.tp},pp={s.pp},cp={s.cp},vpp={s.vpp},mbs={s.mbs},zero={s.zero},recompute={s.recompute}"
+
+
+def _space(ci: CheckInput) -> dict:
+    u = ci.strategy
+    space = {"vpp": sorted({1, u.vpp}), "schedule": sorted({"1f1b", u.schedule}), "sp": sorted({True, u.sp}),
+             "mbs": sorted({1, 2, 4, 8, u.mbs})}
+    if ci.fmt == "deepspeed":
+        space |= {"cp": [1], "vpp": [1], "schedule": ["1f1b"]}
+    return space
+
+
+def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
+    u = ci.strategy
+    base = {f: getattr(u, f) for f in ("engine", "flash_attention", "order", "grad_dtype", "weight_dtype",
+                                       "offload_optimizer")}
+    try:
+        res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, limit=limit / 2 ** 30, base=base)
+    except NdplanError:  # no valid candidate at these devices / seq / gbs
+        return []
+    t, n = res.table, res.feasible
+    if not n:
+        return []
+    g = {f: t.grid[f][:n] for f in t.grid}
+    dist = np.zeros(n, dtype=int)
+    for f in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "schedule"):
+        dist += g[f] != getattr(u, f)
+    dist += g["sp"].astype(bool) != u.sp
+    dist += (g["recompute"] != u.recompute) | (u.recompute_layers is not None)
+    dist += u.layers_per_stage is not None
+    out: list[Proposal] = []
+    for i in np.lexsort((t.step_s[:n], dist)):
+        s = res.strategy(int(i))
+        try:
+            diff, text = file_diff(ci, s)
+        except NdplanError:
+            continue  # the file's format cannot express this candidate
+        out.append(Proposal(s, estimate(ci.model, hw, s, ci.gpus), changed_fields(u, s), diff, text))
+        if len(out) == k:
+            break
+    return out
+
+
+def check(ci: CheckInput, hardware: str | Hardware | None = None, *, mem_limit: float | None = None,
+          top: int = 3) -> CheckResult:
+    """Estimate ``ci`` (interop.read_config), compare with the limit, and when it does not
+    fit name the causes and propose the ``top`` nearest fitting strategies."""
+    if top < 0:
+        raise NdplanError("top", top, "must be >= 0")
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or DEFAULT_HARDWARE.get(ci.fmt, "h100-sxm"))
+    est = estimate(ci.model, hw, ci.strategy, ci.gpus)
+    limit, source = limit_of(ci, hw, mem_limit)
+    res = CheckResult(ci, hw, est, limit, source)
+    if not res.fits:
+        res.causes = oom_causes(est, limit)
+        if top:
+            res.proposals = nearest(ci, hw, limit, top)
+    return res

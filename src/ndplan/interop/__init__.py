@@ -1,0 +1,63 @@
+"""Read a user's framework config into a model + Strategy (``ndplan check``), and edit
+that file in place to express another strategy.
+
+One module per format (megatron, torchtitan, deepspeed, mindformers), each with
+``read(path, text, *, model, gpus, seq, gbs) -> CheckInput``, ``fields(model, strategy)``
+(the exporter's: dotted key or flag -> value) and ``edit(text, changes) -> text``.
+The key names live in the exporters' ``FLAG`` / ``KEY`` tables (export/), used both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from ndplan.errors import NdplanError
+from ndplan.interop import deepspeed, megatron, mindformers, torchtitan
+from ndplan.interop.base import CheckInput
+from ndplan.interop.textedit import REMOVE
+
+READERS = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "mindformers": mindformers}
+FORMATS = tuple(READERS)
+SUFFIXES = {".json": "deepspeed", ".toml": "torchtitan", ".yaml": "mindformers", ".yml": "mindformers",
+            ".sh": "megatron", ".bash": "megatron", ".args": "megatron", ".txt": "megatron"}
+
+__all__ = ["CheckInput", "FORMATS", "READERS", "REMOVE", "detect", "read_config"]
+
+
+def detect(path: Path, text: str) -> str:
+    """The format by suffix, else by content."""
+    if path.suffix.lower() in SUFFIXES:
+        return SUFFIXES[path.suffix.lower()]
+    s = text.lstrip()
+    if s.startswith("{"):
+        return "deepspeed"
+    if re.search(r"^\s*\[parallelism\]", text, re.M):
+        return "torchtitan"
+    if re.search(r"^parallel_config\s*:", text, re.M):
+        return "mindformers"
+    if re.search(r"(?<![\w-])--[a-z][\w-]*", text):
+        return "megatron"
+    raise NdplanError("--format", "auto", f"cannot tell the format of {path.name}; give --format "
+                                          f"{'|'.join(FORMATS)}")
+
+
+def read_config(path, fmt: str = "auto", *, model=None, gpus: int | None = None, seq: int | None = None,
+                gbs: int | None = None) -> CheckInput:
+    """Model, Strategy, device count and the origin of each value of a framework config.
+
+    ``model`` (ModelSpec, catalog name, YAML or HF config path) is needed when the file
+    does not carry the architecture; ``gpus``/``seq``/``gbs`` fill or override what the
+    file says (a ``gpus`` that disagrees with the file's degrees is an error)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise NdplanError("FILE", str(path), f"cannot read it ({e.strerror})") from None
+    if fmt == "auto":
+        fmt = detect(path, text)
+    if fmt not in READERS:
+        raise NdplanError("--format", fmt, f"choose one of {', '.join(FORMATS)} or auto")
+    ci = READERS[fmt].read(path, text, model=model, gpus=gpus, seq=seq, gbs=gbs)
+    return dataclasses.replace(ci, overrides={"seq": seq, "gbs": gbs})

@@ -1,0 +1,79 @@
+"""What a reader returns (``CheckInput``) and the small helpers the readers share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ndplan.catalog.model import ModelSpec, load_model
+from ndplan.errors import NdplanError
+from ndplan.strategy import Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckInput:
+    path: Path
+    """The file read."""
+    fmt: str
+    """megatron | torchtitan | deepspeed | mindformers."""
+    text: str
+    """The file's text (proposals are diffs against it)."""
+    model: ModelSpec
+    model_origin: str
+    """Where the architecture came from (``-m NAME`` or the file's keys)."""
+    strategy: Strategy
+    gpus: int
+    origin: dict[str, str] = field(default_factory=dict)
+    """Strategy field (and ``gpus``) -> where its value came from: ``line N: key = value``,
+    a command-line flag, or the framework's default."""
+    lines: dict[str, int] = field(default_factory=dict)
+    """File key (flag or dotted key) -> 1-based line number."""
+    unknown: tuple[str, ...] = ()
+    """Flags / keys the reader does not use (listed, not errors)."""
+    notes: tuple[str, ...] = ()
+    """What the file says that the estimate does not model, and defaults taken."""
+    mem_limit_bytes: int | None = None
+    """A device-memory cap the file sets (MindFormers ``context.max_device_memory``)."""
+    mem_limit_origin: str | None = None
+    overrides: dict = field(default_factory=dict)
+    """``seq`` / ``gbs`` given on top of the file (re-reading an edited file uses them too)."""
+
+
+def resolve_model(model, file_model: ModelSpec | None, where: str, fix: str) -> tuple[ModelSpec, str]:
+    """``-m`` (a ModelSpec or a catalog name / YAML / HF config path) wins over the
+    architecture the file carries; one of them is required."""
+    if model is not None:
+        spec = model if isinstance(model, ModelSpec) else load_model(str(model))
+        return spec, f"-m {spec.name}"
+    if file_model is not None:
+        return file_model, where
+    raise NdplanError("model", None, fix)
+
+
+def positive(field_: str, value, where: str) -> int:
+    """An integer >= 1 read from a file, or NdplanError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise NdplanError(field_, value, f"must be a positive integer (in {where})")
+    return value
+
+
+def world_dp(gpus: int | None, tp: int, pp: int, cp: int, field_: str, where: str) -> tuple[int, int]:
+    """(gpus, dp) when dp fills the devices the other degrees leave."""
+    if gpus is None:
+        raise NdplanError("gpus", None, f"{where} does not say the device count; give --gpus N")
+    if gpus <= 0 or gpus % (tp * pp * cp):
+        raise NdplanError("gpus", gpus, f"not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp} "
+                                         f"({field_}); change a degree or --gpus")
+    return gpus, gpus // (tp * pp * cp)
+
+
+def make_strategy(kw: dict, notes: list[str]) -> Strategy:
+    """Strategy(**kw); falls back to bf16 weights if the fp32 weight dtype is rejected."""
+    try:
+        return Strategy(**kw)
+    except NdplanError as e:
+        if kw.get("weight_dtype") == "fp32" and e.field == "weight_dtype":
+            notes.append("param_dtype float32 but Strategy rejects weight_dtype='fp32' "
+                         f"({e.fix}); fell back to bf16 (weights/accu_grad under-counted 2x)")
+            return Strategy(**(kw | {"weight_dtype": "bf16"}))
+        raise

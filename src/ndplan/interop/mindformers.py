@@ -1,0 +1,249 @@
+"""MindFormers training YAML -> model + Strategy (the inverse of export/mindformers.py,
+with the same key table ``KEY``).
+
+The rules, checked against the measured MindSpore peaks in
+shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc``):
+
+* model <- ``model.model_config``: hidden_size, num_layers, num_heads, n_kv_heads (absent:
+  num_heads, MHA), intermediate_size, else MindFormers' LlamaFeedForward rule (x = 4h; if
+  ffn_dim_multiplier: x = int((ffn_dim_multiplier + 0.01) x); x = int(2x/3); round up to
+  multiple_of), vocab_size; llama layout, untied embeddings unless tie_word_embeddings.
+* dp / tp / pp / cp <- ``parallel_config`` data_parallel / model_parallel / pipeline_stage /
+  context_parallel; sp <- ``use_seq_parallel`` (on when tp = 1, where it does nothing: the
+  sweep's canonical form); vpp <- ``model_config.pp_interleave_num`` when
+  ``parallel.pipeline_config.pipeline_interleave``; schedule interleaved when vpp > 1.
+* mbs <- ``runner_config.batch_size``; micro-batches m <- ``micro_batch_num`` with a
+  pipeline, ``runner_config.gradient_accumulation_steps`` (default 1) without one (README
+  section 2); gbs = mbs * dp * m (the MindFormers / MemEst convention; CP does not multiply).
+* seq <- ``model_config.seq_length``; zero <- 1 when
+  ``parallel.enable_parallel_optimizer`` (weights + moments sharded over dp; the mindspore
+  engine profile shards weights from zero >= 1); engine mindspore; flash_attention <-
+  ``use_flash_attention``; weight_dtype fp32 when ``param_init_type`` is float32.
+* recompute: ``recompute`` True -> full (selective settings then do nothing); a per-stage
+  list -> full on that many layers per stage (a VPP list of lists: the stage totals,
+  dealt over the chunks); ``select_recompute`` True -> selective, a list -> selective per
+  stage (all zero -> none); ``select_comm_recompute`` alone -> none (not modelled).
+* layers_per_stage <- ``model_config.offset`` when non-zero: L/(pp vpp) + offset per
+  (chunk, stage), model order v = chunk*pp + stage.
+* memory limit <- ``context.max_device_memory`` ("58GB": MindSpore reads GB as 2^30 bytes).
+
+Not modelled (a note each): the CP algorithm, vocab_emb_dp with tp > 1,
+fine_grain_interleave, micro_batch_interleave_num, optimizer_weight_shard_size; other
+pipeline schedulers (seqpipe, zero_bubble_v) are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from ndplan.catalog.model import model_from_config
+from ndplan.errors import NdplanError
+from ndplan.export import mindformers as X
+from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
+from ndplan.interop.textedit import yaml_edit, yaml_locate
+
+KEY = X.KEY
+MC = "model.model_config"
+
+
+def get(doc: dict, dotted: str, default=None):
+    node = doc
+    for k in dotted.split("."):
+        if not isinstance(node, dict) or k not in node:
+            return default
+        node = node[k]
+    return default if node is None else node
+
+
+def ffn_hidden_size(mc: dict, h: int) -> int:
+    """MindFormers LlamaFeedForward: x = 4h; if ffn_dim_multiplier: x = int((fdm + 0.01) x);
+    x = int(2x/3); round up to multiple_of."""
+    if mc.get("intermediate_size"):
+        return int(mc["intermediate_size"])
+    x = 4 * h
+    if mc.get("ffn_dim_multiplier"):
+        x = int((float(mc["ffn_dim_multiplier"]) + 0.01) * x)
+    x = int(2 * x / 3)
+    mult = int(mc.get("multiple_of") or 256)
+    return mult * ((x + mult - 1) // mult)
+
+
+def model_of(doc: dict, name: str, where: str):
+    mc = get(doc, MC)
+    if not isinstance(mc, dict):
+        return None
+    need = ("hidden_size", "num_layers", "num_heads", "vocab_size")
+    if any(mc.get(k) is None for k in need):
+        return None
+    h = positive(f"{MC}.hidden_size", mc["hidden_size"], where)
+    a = positive(f"{MC}.num_heads", mc["num_heads"], where)
+    return model_from_config({"model_type": "llama", "hidden_size": h,
+                              "num_hidden_layers": positive(f"{MC}.num_layers", mc["num_layers"], where),
+                              "num_attention_heads": a, "num_key_value_heads": mc.get("n_kv_heads") or a,
+                              "intermediate_size": ffn_hidden_size(mc, h), "vocab_size": mc["vocab_size"],
+                              "tie_word_embeddings": bool(mc.get("tie_word_embeddings"))},
+                             name, f"MindFormers model_config in {name}")
+
+
+def _flat_counts(v) -> list[int] | None:
+    """Layer counts from a yaml list, flattened ((chunk, stage) order with VPP); None if
+    ``v`` is not a list."""
+    if isinstance(v, list):
+        out = []
+        for x in v:
+            out.extend(_flat_counts(x) if isinstance(x, list) else [int(x)])
+        return out
+    return None
+
+
+def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tuple:
+    """Per-stage counts (pp ints, or with VPP a list of vpp lists) -> recompute_layers."""
+    rows = counts if isinstance(counts[0], list) else [counts]
+    if any(len(r) != pp for r in rows):
+        raise NdplanError("recompute_config", counts, f"give one count per stage (pipeline_stage={pp})")
+    per_stage = tuple(sum(int(r[s]) for r in rows) for s in range(pp))
+    if max(per_stage) > layers:
+        notes.append(f"recompute counts {list(per_stage)} clamped to {layers} layers (MindFormers clamps)")
+        per_stage = tuple(min(x, layers) for x in per_stage)
+    if len(rows) > 1:
+        notes.append(f"VPP recompute lists {counts}: per stage the total {list(per_stage)}, dealt "
+                     "round-robin over the chunks (the explicit per-chunk split is not kept)")
+    return per_stage[0] if len(set(per_stage)) == 1 else per_stage
+
+
+def _recompute(doc: dict, pp: int, vpp: int, L: int, notes: list) -> dict:
+    full, sel = get(doc, KEY["full"], False), get(doc, KEY["selective"], False)
+    full_list, sel_list = _flat_counts(full), _flat_counts(sel)
+    if full is True:
+        if sel:
+            notes.append("full recompute covers all layers; selective settings ignored (README section 2)")
+        return {"recompute": "full"}
+    if full_list is not None and any(full_list):
+        if sel is True or (sel_list is not None and any(sel_list)):
+            notes.append(f"full list {full_list} with selective {sel}: selective on the non-full layers not modelled")
+        return {"recompute": "full", "recompute_layers": _per_stage(full, pp, vpp, notes, L)}
+    if sel is True:
+        return {"recompute": "selective"}
+    if sel_list is not None and any(sel_list):
+        return {"recompute": "selective", "recompute_layers": _per_stage(sel, pp, vpp, notes, L)}
+    if get(doc, KEY["selective_comm"]):
+        notes.append("select_comm_recompute only: comm recompute not modelled -> none")
+    return {"recompute": "none"}
+
+
+def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int):
+    off = get(doc, KEY["offset"], 0)
+    flat = _flat_counts(off)
+    if flat is None:
+        if off not in (0, None):
+            raise NdplanError(KEY["offset"], off, "give 0, a list of pp ints, or (VPP) a list of vpp lists")
+        return None
+    if not any(flat):
+        return None
+    rows = off if isinstance(off[0], list) else [off]
+    if len(rows) != vpp or any(len(x) != pp for x in rows):
+        raise NdplanError(KEY["offset"], off, f"needs vpp={vpp} x pp={pp} entries")
+    lps = tuple(L // (pp * vpp) + int(rows[ch][s]) for ch in range(vpp) for s in range(pp))
+    if sum(lps) != L:
+        raise NdplanError(KEY["offset"], off, f"gives {sum(lps)} layers, the model has {L}")
+    return lps
+
+
+def memory_limit(doc: dict) -> int | None:
+    """``context.max_device_memory`` in bytes ("58GB" = 58 x 2^30: MindSpore's GB)."""
+    v = get(doc, KEY["max_device_memory"])
+    if v is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9.]+)\s*GB\s*", str(v), re.IGNORECASE)
+    if not m:
+        raise NdplanError(KEY["max_device_memory"], v, 'write it as MindSpore does, e.g. "58GB"')
+    return int(float(m.group(1)) * 2 ** 30)
+
+
+def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int | None = None,
+             gbs: int | None = None) -> tuple:
+    """(model, model origin, strategy kwargs, notes) of a parsed MindFormers yaml."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("parallel_config"), dict):
+        raise NdplanError("parallel_config", None, f"{name} has no parallel_config mapping; "
+                                                   "is this a MindFormers training yaml?")
+    notes: list[str] = []
+    spec, origin = resolve_model(model, model_of(doc, name, name), f"{MC} in {name}",
+                                 f"{name} has no complete {MC} (hidden_size, num_layers, num_heads, "
+                                 "vocab_size); give -m MODEL")
+    sched = str(get(doc, KEY["scheduler"], "1f1b"))
+    if sched != "1f1b":
+        raise NdplanError(KEY["scheduler"], sched, "ndplan models 1f1b and interleaved pipelines only")
+    if (get(doc, KEY["ep"], 1) or 1) != 1 and not spec.is_moe:
+        raise NdplanError(KEY["ep"], get(doc, KEY["ep"]), "expert parallelism on a dense model; set 1")
+    dp, tp, pp = (positive(KEY[k], get(doc, KEY[k], 1), name) for k in ("dp", "tp", "pp"))
+    cp = positive(KEY["cp"], get(doc, KEY["cp"], 1), name)
+    vpp = positive(KEY["vpp"], get(doc, KEY["vpp"], 1), name) if get(doc, KEY["interleave"], False) else 1
+    mbs = positive(KEY["mbs"], get(doc, KEY["mbs"], 1), name)
+    if pp > 1:
+        m = positive(KEY["m"], get(doc, KEY["m"], 1), name)
+    else:
+        m = positive(KEY["grad_accum"], get(doc, KEY["grad_accum"], 1), name)
+        notes.append(f"pp=1: micro-batches = gradient_accumulation_steps = {m} (micro_batch_num ignored)")
+    mc = get(doc, MC, {})
+    seq_ = seq if seq is not None else positive(KEY["seq"], mc.get("seq_length"), name)
+    kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
+              seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
+              engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
+              weight_dtype="fp32" if str(mc.get("param_init_type")) == "float32" else "bf16",
+              schedule="interleaved" if vpp > 1 else "1f1b")
+    L = spec.num_hidden_layers
+    lps = _layers_per_stage(doc, L, pp, vpp)
+    if lps is not None:
+        kw["layers_per_stage"] = lps
+        notes.append(f"offset -> layers_per_stage={list(lps)}")
+    kw |= _recompute(doc, pp, vpp, L, notes)
+    if cp > 1:
+        notes.append(f"context_parallel_algo={get(doc, KEY['cp_algo'], 'colossalai_cp')}: "
+                     "ndplan has one CP activation model")
+    if get(doc, KEY["vocab_emb_dp"], True) and tp > 1:
+        notes.append("vocab_emb_dp=True: embedding/head replicated over TP in MindFormers, sharded by tp in ndplan")
+    if (mc.get("fine_grain_interleave") or 1) > 1:
+        notes.append(f"fine_grain_interleave={mc['fine_grain_interleave']} not modelled")
+    if (doc.get("micro_batch_interleave_num") or 1) > 1:
+        notes.append(f"micro_batch_interleave_num={doc['micro_batch_interleave_num']} not modelled")
+    shard = get(doc, "parallel.parallel_optimizer_config.optimizer_weight_shard_size")
+    if shard:
+        notes.append(f"optimizer_weight_shard_size={shard} not modelled")
+    return spec, origin, kw, notes
+
+
+def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise NdplanError("yaml", path.name, f"malformed YAML{f' at line {mark.line + 1}' if mark else ''}: "
+                                             f"{getattr(e, 'problem', e)}") from None
+    name = f"{path.parent.name}/{path.stem}"
+    spec, origin, kw, notes = read_doc(doc, model=model, name=name, seq=seq, gbs=gbs)
+    strat = make_strategy(kw, notes)
+    world = strat.dp * strat.tp * strat.pp * strat.cp
+    if gpus is not None and gpus != world:
+        raise NdplanError("gpus", gpus, f"{path.name} uses data_parallel*model_parallel*pipeline_stage*"
+                                        f"context_parallel = {world} devices; drop --gpus or change the yaml")
+    loc = {k: v[0] + 1 for k, v in yaml_locate(text).items()}
+    where = {f: KEY[f] for f in ("dp", "tp", "pp", "cp", "mbs", "seq", "vpp", "sp", "zero")}
+    origin_ = {f: (f"line {loc[k]}: {k}" if k in loc else f"default ({k} absent)") for f, k in where.items()}
+    origin_["m"] = f"line {loc.get(KEY['m'] if strat.pp > 1 else KEY['grad_accum'], '?')}: micro-batches"
+    origin_["recompute"] = ", ".join(f"line {loc[KEY[k]]}: {KEY[k]}" for k in ("full", "selective") if KEY[k] in loc)
+    origin_["gpus"] = "dp*tp*pp*cp of the yaml"
+    if seq is not None:
+        origin_["seq"] = "--seq"
+    limit = memory_limit(doc)
+    return CheckInput(path=path, fmt="mindformers", text=text, model=spec, model_origin=origin, strategy=strat,
+                      gpus=world, origin=origin_, lines={k: v for k, v in loc.items()}, notes=tuple(notes),
+                      mem_limit_bytes=limit,
+                      mem_limit_origin=f"line {loc.get(KEY['max_device_memory'], '?')}: context.max_device_memory"
+                      if limit else None)
+
+
+fields = X.fields
+edit = yaml_edit

@@ -1,0 +1,128 @@
+"""torchtitan job TOML -> Strategy (the inverse of export/torchtitan.py, with its key
+table ``KEY``); the model comes from ``-m``, or from ``[model] name``/``flavor`` when the
+catalog has ``<name>-<flavor>`` (``llama3`` + ``8B`` -> ``llama3-8b``).
+
+Mapping (torchtitan job_config defaults where a key is absent): dp = replicate x shard
+(``data_parallel_shard_degree = -1`` takes the devices the other degrees leave, so it
+needs ``--gpus``); zero 0 when only replicated (DDP), else from
+``fsdp_reshard_after_forward``: ``never`` -> 2, ``always`` -> 3, ``default`` (absent) ->
+3 without pipeline, 2 with it (torchtitan reshards after forward unless PP); tp / cp /
+pp / ep / etp <- the degrees; schedule and vpp <- ``pipeline_parallel_schedule`` and the
+stage count (L / ``pipeline_parallel_layers_per_stage``, or the split points + 1);
+mbs <- ``pipeline_parallel_microbatch_size`` with pp, else ``local_batch_size`` (older:
+``batch_size``); gbs <- ``global_batch_size`` (absent or -1: local x dp); seq <- ``seq_len``
+(default 2048); recompute <- ``[activation_checkpoint] mode`` (default selective); sp on
+(torchtitan's TP always shards norms on the sequence); engine fsdp.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ndplan.catalog.files import catalog_names
+from ndplan.errors import NdplanError
+from ndplan.export import torchtitan as X
+from ndplan.export.common import flatten
+from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
+from ndplan.interop.textedit import toml_edit, toml_locate
+from ndplan.strategy import Strategy
+
+KEY = X.KEY
+SCHEDULE_OF = {v: k for k, v in X.SCHEDULES.items()}
+DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "cp": 1, "pp": 1, "ep": 1, "etp": 1, "schedule": "1F1B",
+            "mbs": 1, "gbs": -1, "seq": 2048, "ac_mode": "selective", "reshard": "default", "offload": False}
+"""torchtitan/config/job_config.py defaults of the keys read."""
+
+
+def _catalog_model(flat: dict):
+    name, flavor = flat.get(KEY["model_name"]), flat.get(KEY["model_flavor"])
+    if name and flavor and f"{name}-{str(flavor).lower()}" in catalog_names("models"):
+        return f"{name}-{str(flavor).lower()}"
+    return None
+
+
+def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
+    try:
+        flat = flatten(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as e:
+        raise NdplanError("toml", path.name, f"malformed TOML: {e}") from None
+    if not any(k.startswith("parallelism.") for k in flat):
+        raise NdplanError("parallelism", None, f"{path.name} has no [parallelism] table; is it a torchtitan job config?")
+
+    def get(k):
+        return flat.get(KEY[k], DEFAULTS.get(k))
+
+    guess = _catalog_model(flat) if model is None else None
+    spec, origin = resolve_model(model if guess is None else guess, None, "",
+                                 f"{path.name} names the model only as [model] name/flavor "
+                                 f"({flat.get(KEY['model_name'])!r}/{flat.get(KEY['model_flavor'])!r}); give -m MODEL")
+    if guess:
+        origin = f"[model] name/flavor -> catalog {guess}"
+    notes: list[str] = []
+    tp, cp, pp = (positive(KEY[k], get(k), path.name) for k in ("tp", "cp", "pp"))
+    rep = positive(KEY["dp_replicate"], get("dp_replicate"), path.name)
+    shard = get("dp_shard")
+    if shard == -1:
+        gpus, rest = world_dp(gpus, tp * rep, pp, cp, "data_parallel_shard_degree = -1", path.name)
+        shard, gsrc = rest, "--gpus"
+    else:
+        shard = positive(KEY["dp_shard"], shard, path.name)
+        world = rep * shard * tp * pp * cp
+        if gpus is not None and gpus != world:
+            raise NdplanError("gpus", gpus, f"{path.name} uses replicate*shard*tp*pp*cp = {world} devices; "
+                                            "drop --gpus or set data_parallel_shard_degree = -1")
+        gpus, gsrc = world, "product of the [parallelism] degrees"
+    dp = rep * shard
+    reshard = str(get("reshard"))
+    if shard == 1 and KEY["reshard"] not in flat:
+        zero = 0
+    elif reshard in ("never", "always", "default"):
+        zero = {"never": 2, "always": 3}.get(reshard, 3 if pp == 1 else 2)
+    else:
+        raise NdplanError(KEY["reshard"], reshard, "must be default, always or never")
+    if rep > 1 and shard > 1:
+        notes.append(f"HSDP {rep} x {shard}: ndplan shards over the whole dp={dp} (memory under-counted)")
+    sched_name = str(get("schedule"))
+    if pp > 1 and sched_name not in SCHEDULE_OF:
+        raise NdplanError(KEY["schedule"], sched_name, f"ndplan reads {', '.join(SCHEDULE_OF)}")
+    schedule = SCHEDULE_OF.get(sched_name, "1f1b") if pp > 1 else "1f1b"
+    L, lps, vpp = spec.num_hidden_layers, None, 1
+    if pp > 1 and KEY["split_points"] in flat:
+        cuts = [int(str(c).rsplit(".", 1)[-1]) for c in flat[KEY["split_points"]]]
+        bounds = [0] + cuts + [L]
+        lps = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+        vpp = len(lps) // pp
+    elif pp > 1 and KEY["layers_per_stage"] in flat:
+        per = positive(KEY["layers_per_stage"], flat[KEY["layers_per_stage"]], path.name)
+        if L % (per * pp):
+            raise NdplanError(KEY["layers_per_stage"], per, f"pp*{per} must divide the {L} layers")
+        vpp = L // (per * pp)
+    elif schedule in ("interleaved", "zbv"):
+        vpp = 2
+        notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank assumed")
+    local = flat.get(KEY["local_batch"], flat.get("training.batch_size", 8))
+    local = positive(KEY["local_batch"], local, path.name)
+    mbs = positive(KEY["mbs"], get("mbs"), path.name) if pp > 1 else local
+    glob = get("gbs")
+    gbs_ = gbs or (local * dp if glob in (-1, None) else positive(KEY["gbs"], glob, path.name))
+    mode = str(get("ac_mode"))
+    if mode not in ("none", "selective", "full"):
+        raise NdplanError(KEY["ac_mode"], mode, "must be none, selective or full")
+    strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
+                     seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
+                     recompute=mode, schedule=schedule if pp > 1 else "1f1b", engine="fsdp",
+                     offload_optimizer=bool(get("offload")), layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
+    strat.check(spec, gpus)
+    loc = toml_locate(text)
+    org = {f: (f"line {loc[KEY[k]] + 1}: {KEY[k]}" if KEY[k] in loc else f"torchtitan default ({KEY[k]})")
+           for f, k in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("seq", "seq"), ("recompute", "ac_mode"),
+                        ("gbs", "gbs"), ("schedule", "schedule"))}
+    org |= {"gpus": gsrc, "dp": "data_parallel_replicate_degree x data_parallel_shard_degree",
+            "zero": f"{KEY['reshard']} = {reshard}", "mbs": KEY["mbs"] if pp > 1 else KEY["local_batch"]}
+    return CheckInput(path=path, fmt="torchtitan", text=text, model=spec, model_origin=origin, strategy=strat,
+                      gpus=gpus, origin=org, lines={k: v + 1 for k, v in loc.items()}, notes=tuple(notes))
+
+
+fields = X.fields
+edit = toml_edit
