@@ -445,3 +445,11 @@ def test_bad_input_is_one_line_exit_2(name, tmp_path):
 def test_missing_file_exit_2(tmp_path):
     r = CliRunner().invoke(main, ["check", str(tmp_path / "nope.sh")])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+
+
+def test_megatron_removed_flag_keeps_indentation():
+    """Removing a switch from a continued line leaves the line's indentation as written."""
+    from ndplan.interop import megatron as mg
+    text = "torchrun pretrain_gpt.py \\\n    --sequence-parallel --use-distributed-optimizer --bf16 \\\n    --seq-length 8\n"
+    out = mg.edit(text, {"--use-distributed-optimizer": mg.REMOVE})
+    assert out.splitlines()[1] == "    --sequence-parallel --bf16 \\"

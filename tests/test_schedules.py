@@ -29,7 +29,7 @@ import re
 
 import pytest
 
-from ndplan.formulas.schedules import inflight, virtual_stage
+from ndplan.formulas.schedules import held_profiles, inflight, op_order, virtual_stage
 
 # --------------------------------------------------------------------------------------
 # Literal timelines
@@ -362,3 +362,32 @@ def test_simulator_detects_deadlock():
     # sending F1, while stage 1 waits for F1 before running B0.
     with pytest.raises(AssertionError, match="deadlock"):
         simulate(["F0 B0 F1 B1", "F0 F1 B0 B1"], "1f1b", 2, 1)
+
+
+@pytest.mark.parametrize("pp,m,rows", [(2, 4, ZBV_PP2_M4), (3, 6, ZBV_PP3_M6)])
+def test_zbv_op_order_is_the_hand_schedule(pp, m, rows):
+    """schedules.op_order("zbv") reproduces the orders written above from the paper's figure."""
+    for stage, row in enumerate(rows):
+        got = [f"{k}{j}.{c}" for k, c, j in op_order("zbv", stage, pp, 2, m)]
+        assert got == row.split()
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (3, 2, 6)])
+def test_held_profiles_interleaved(pp, vpp, m):
+    """Every held vector sums to the stage total of the in-flight table, and the table's
+    split is one of them (exact for equal chunks). pp=2, vpp=2, m=4, stage 0 by hand from
+    Megatron's order F0.0 F1.0 F0.1 F1.1 | F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 ...:
+    after the warm-up (2, 2) is held, then F2.0 gives (3, 2), and B0.1 F3.0 gives (4, 1)."""
+    for s in range(pp):
+        table = tuple(inflight("interleaved", s, c, pp, vpp, m) for c in range(vpp))
+        prof = held_profiles("interleaved", s, pp, vpp, m)
+        assert table in prof and all(sum(h) == sum(table) for h in prof)
+    if (pp, vpp, m) == (2, 2, 4):
+        assert set(held_profiles("interleaved", 0, 2, 2, 4)) == {(3, 2), (4, 1)}
+
+
+def test_zbh1_op_order_is_the_hand_schedule():
+    """schedules.op_order("zb-h1") reproduces ZBH1_PP3_M6 above (Qi et al. 2024 Fig. 3)."""
+    for stage, row in enumerate(ZBH1_PP3_M6):
+        got = [f"{k}{j}" for k, _, j in op_order("zb-h1", stage, 3, 1, 6)]
+        assert got == row.split()

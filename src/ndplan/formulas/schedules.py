@@ -97,8 +97,24 @@ def op_order(schedule: str, stage: int, pp: int, vpp: int, m: int) -> list[tuple
       remaining backwards. The per-chunk split of the held micro-batches moves during the
       steady state (chunk 0 refills while chunk vpp-1 drains); ``inflight`` gives the split
       at the end of warm-up, the stage total is the same throughout.
-    zbv has no fixed order here (simulate.py replays it with a greedy rule).
+    * zb-h1 (Qi et al. 2024 Sec. 2.1): 1F1B's F/B order, kinds F, B (input gradient
+      only) and W (weight gradient), stage i running W_k after B_{k+i}.
+    * zbv (Qi et al. 2024 Sec. 6, the handcrafted ZB-V schedule; ``_zbv_order``): kinds F,
+      B (input gradient only) and W; chunk 0 of stage i is virtual stage i, chunk 1 is
+      2*pp-1-i.
     """
+    if schedule == "zbv":
+        return _zbv_order(stage, pp, m)
+    if schedule == "zb-h1":
+        # 1F1B's order with W apart: stage i runs W_k right after B_{k+i}, the rest at the
+        # end (Qi et al. 2024 Sec. 2.1 / Fig. 3; the hand-written pp=3, m=6 order in
+        # tests/test_schedules.py)
+        ops = []
+        for kind, c, j in op_order("1f1b", stage, pp, vpp, m):
+            ops.append((kind, c, j))
+            if kind == "B" and j - stage >= 0:
+                ops.append(("W", c, j - stage))
+        return ops + [("W", 0, j) for j in range(max(m - stage, 0), m)]
     if schedule == "gpipe":
         return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in reversed(range(m))]
     if schedule == "1f1b":
@@ -136,16 +152,65 @@ def held_profiles(schedule: str, stage: int, pp: int, vpp: int, m: int) -> tuple
     drains), every vector summing to the stage total of ``inflight``; ``inflight``'s split
     is the first of them, so with equal chunks the table is exact and with unequal chunks
     it can be low (e.g. pp=16, vpp=2, m=32, stage 8: the table says (16, 15), the
-    steady state reaches (31, 0)). zbv has no fixed order: the replay caps each chunk at
-    ``inflight``, so that vector bounds every instant.
+    steady state reaches (31, 0)). zbv: from its order as well (``inflight``'s vector is
+    its first peak).
     """
-    if schedule in ("zbv", "zb-h1"):
-        return (tuple(inflight(schedule, stage, c, pp, vpp, m) for c in range(vpp)),)
     held = [0] * vpp
     seen = set()
     for kind, chunk, _ in op_order(schedule, stage, pp, vpp, m):
-        held[chunk] += 1 if kind == "F" else -1
         if kind == "F":
+            held[chunk] += 1
             seen.add(tuple(held))
+        elif kind == "B":  # activations are freed by the input-gradient pass (W keeps none)
+            held[chunk] -= 1
     top = [h for h in seen if not any(g != h and all(x >= y for x, y in zip(g, h)) for g in seen)]
     return tuple(sorted(top, reverse=True))
+
+
+def _zbv_order(stage: int, pp: int, m: int) -> list[tuple[str, int, int]]:
+    """ZB-V order of worker ``stage`` (Qi et al. 2024 Sec. 6 figure; the hand-written
+    pp=2, m=4 and pp=3, m=6 orders in tests/test_schedules.py):
+
+    1. 2*(pp-i)-1 chunk-0 forwards;
+    2. i pairs (F chunk 1, F chunk 0);
+    3. pp-i triples (F, B, W of chunk 1);
+    4. while chunk-1 forwards remain: (F chunk 0 if any left), B, W of chunk 0, then
+       F, B, W of chunk 1;
+    5. cool-down: i pairs (B chunk 0, B chunk 1), then (B chunk 0, W chunk 0) while chunk-0
+       backwards remain, then the remaining chunk-1 W's, then the chunk-0 W's.
+    Each op is emitted only while its chunk has micro-batches left (small m)."""
+    i = stage
+    nxt = {(k, c): 0 for k in "FBW" for c in (0, 1)}
+    ops: list[tuple[str, int, int]] = []
+
+    def op(kind: str, c: int) -> None:
+        j = nxt[kind, c]
+        if j < m and (kind == "F" or j < nxt["F" if kind == "B" else "B", c]):
+            ops.append((kind, c, j))
+            nxt[kind, c] = j + 1
+
+    for _ in range(2 * (pp - i) - 1):
+        op("F", 0)
+    for _ in range(i):
+        op("F", 1)
+        op("F", 0)
+    for _ in range(pp - i):
+        for kind in "FBW":
+            op(kind, 1)
+    while nxt["F", 1] < m:
+        for kind in "FBW":
+            op(kind, 0)
+        for kind in "FBW":
+            op(kind, 1)
+    for _ in range(i):
+        op("B", 0)
+        op("B", 1)
+    while nxt["B", 0] < m:
+        op("B", 0)
+        op("W", 0)
+    for c in (1, 0):
+        while nxt["B", c] < m:
+            op("B", c)
+        while nxt["W", c] < m:
+            op("W", c)
+    return ops

@@ -269,7 +269,8 @@ def edit(text: str, changes: dict) -> str:
                         lines[i - 1] = lines[i - 1].rstrip()[:-1].rstrip()
                     del lines[i]
                 else:
-                    lines[i] = re.sub(r"[ \t]{2,}", " ", new) if new.strip() else new
+                    indent = re.match(r"[ \t]*", new).group(0)  # keep the line's indentation
+                    lines[i] = indent + re.sub(r"[ \t]{2,}", " ", new[len(indent):])
             elif not switch:
                 m = rx.search(lines[i])
                 lines[i] = lines[i][:m.start(1)] + shlex.quote(str(value)) + lines[i][m.end(1):]

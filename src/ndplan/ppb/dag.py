@@ -1,18 +1,20 @@
 """The dependency DAG of a fixed-order pipeline schedule and its longest path.
 
-Nodes are ops (kind, v, j): kind F (forward) or B (backward: input gradient, the layers'
-recompute and the weight gradient), v the virtual stage (model slice, layer order), j the
+Nodes are ops (kind, v, j): kind F (forward), B (backward: input gradient and the
+layers' recompute, plus the weight gradient unless the schedule runs it apart) or W
+(weight gradient, zb-h1 and zbv), v the virtual stage (model slice, layer order), j the
 micro-batch. Edges:
 
 * data: F(v, j) after F(v-1, j); B(v, j) after B(v+1, j); the last slice's B after its F;
+  W(v, j) after B(v, j);
 * device order: each stage runs its ops in ``schedules.op_order`` (gpipe, 1f1b,
-  interleaved), one at a time.
+  interleaved, zb-h1, zbv), one at a time.
 
 With every op started as soon as its predecessors end (what the schedule's runtime does,
 and what simulate.py replays), the step time is the longest path, whose length is a
-sum of op durations: sum_v nF_v F_v + nB_v (B_v + W_v) with path counts nF, nB. For a
+sum of op durations: sum_v nF_v F_v + nB_v B_v (+ nW_v W_v) with path counts n. For a
 fixed pipeline configuration the DAG does not depend on the plan, so every path's count
-vector gives a cut ``step >= sum_v nF_v F_v + nB_v (B_v + W_v)`` valid for every plan;
+vector gives a cut ``step >= sum_v n_v . dur_v`` valid for every plan;
 model.py minimises over such cuts and solve.py adds the critical path of each plan it
 meets until the plan's longest path equals the model's objective.
 """
@@ -25,8 +27,10 @@ from functools import lru_cache
 
 from ndplan.formulas.schedules import op_order, virtual_stage
 
-FIXED_ORDER_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+FIXED_ORDER_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 """Schedules with one op order per stage, independent of op durations."""
+SPLIT_W_SCHEDULES = ("zb-h1", "zbv")
+"""Schedules whose weight gradient is its own op W (else part of B)."""
 
 Op = tuple[str, int, int]
 
@@ -37,6 +41,8 @@ class Dag:
     """Ops in a topological order."""
     preds: tuple[tuple[int, ...], ...]
     """preds[i]: indices (into ``nodes``) of the ops node i waits for."""
+    orders: tuple[tuple[int, ...], ...]
+    """orders[s]: indices of stage s's ops in the order it runs them."""
 
 
 @lru_cache(maxsize=64)
@@ -55,6 +61,8 @@ def build(schedule: str, pp: int, vpp: int, m: int) -> Dag:
                 ps.append(("F", v - 1, j))
             elif kind == "B":
                 ps.append(("B", v + 1, j) if v < V - 1 else ("F", v, j))
+            elif kind == "W":
+                ps.append(("B", v, j))
             preds[op] = ps
     # Kahn's algorithm; a cycle would mean the op order deadlocks
     succ: dict[Op, list[Op]] = {op: [] for op in preds}
@@ -74,7 +82,8 @@ def build(schedule: str, pp: int, vpp: int, m: int) -> Dag:
     if len(topo) != len(preds):
         raise RuntimeError(f"{schedule} op order with pp={pp} vpp={vpp} m={m} deadlocks")
     index = {op: i for i, op in enumerate(topo)}
-    return Dag(nodes=tuple(topo), preds=tuple(tuple(index[q] for q in preds[op]) for op in topo))
+    return Dag(nodes=tuple(topo), preds=tuple(tuple(index[q] for q in preds[op]) for op in topo),
+               orders=tuple(tuple(index[op] for op in order) for order in orders))
 
 
 def _forward(dag: Dag, dur) -> tuple[list[float], list[int]]:
@@ -143,19 +152,23 @@ def paths_through(dag: Dag, dur: dict[tuple[str, int], float], groups: dict) -> 
     return out
 
 
-def chain_counts(schedule: str, stage: int, pp: int, vpp: int, m: int) -> Counter:
-    """Counts of the path through forward fill to ``stage`` (micro-batch 0's chunk-0
-    forwards on stages before it), all of the stage's own ops, and the backward drain
-    from it: a path in the DAG of every fixed-order schedule (each stage's first op is
-    F(chunk 0, first micro-batch), its last op B(chunk 0), whose drain is B of the chunk-0
-    slices below it)."""
-    counts: Counter = Counter()
-    for s in range(stage):
-        v = virtual_stage(schedule, s, 0, pp)
-        counts["F", v] += 1
-        counts["B", v] += 1
-    for c in range(vpp):
-        v = virtual_stage(schedule, stage, c, pp)
-        counts["F", v] += m
-        counts["B", v] += m
-    return counts
+def chain_counts(dag: Dag, stage: int) -> Counter:
+    """Counts of a path through all of ``stage``'s ops: back from its first op along
+    first predecessors to a source, its whole op chain, on from its last op along first
+    successors to a sink. Its length is at least m x the stage's time per micro-batch plus
+    a fill and a drain, for every plan."""
+    order = dag.orders[stage]
+    path = list(order)
+    i = order[0]
+    while dag.preds[i]:
+        i = dag.preds[i][0]
+        path.append(i)
+    succ: dict[int, int] = {}
+    for k, ps in enumerate(dag.preds):
+        for q in ps:
+            succ.setdefault(q, k)
+    i = order[-1]
+    while i in succ:
+        i = succ[i]
+        path.append(i)
+    return _counts(dag, path)

@@ -37,8 +37,8 @@ from ndplan.units import MIB
 
 MODES = ("none", "selective", "full")
 """Recompute modes, least to most recomputation."""
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbv")
-"""Schedules PPB balances (zb-h1 is not offered: its W placement is not replayed)."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+"""Schedules PPB balances (every one with a fixed op order, schedules.op_order)."""
 FORMAT = "ndplan-layers/1"
 
 
@@ -107,7 +107,7 @@ class Pipeline:
                 raise NdplanError(f, v, "must be a positive integer")
         if self.schedule not in SCHEDULES:
             raise NdplanError("schedule", self.schedule, f"PPB balances {', '.join(SCHEDULES)}")
-        if self.schedule in ("gpipe", "1f1b") and self.vpp != 1:
+        if self.schedule in ("gpipe", "1f1b", "zb-h1") and self.vpp != 1:
             raise NdplanError("vpp", self.vpp, f"{self.schedule} has one chunk per stage; use vpp=1")
         if self.schedule == "zbv" and self.vpp != 2:
             raise NdplanError("vpp", self.vpp, "zbv runs two chunks (a V) per stage; use vpp=2")

@@ -24,7 +24,7 @@ above the table's split (the stage total is the same in every vector).
 
 Objective (step time), per schedule:
 
-* gpipe, 1f1b, interleaved: the makespan of the schedule's dependency DAG (dag.py):
+* gpipe, 1f1b, interleaved, zbv: the makespan of the schedule's dependency DAG (dag.py):
   every stage runs its ops in ``schedules.op_order``, F(v, j) after F(v-1, j), B(v, j)
   after B(v+1, j), so the step time is the longest path, a sum of op durations. The
   DAG is fixed by (schedule, pp, vpp, m); only durations depend on the plan, so each
@@ -40,16 +40,10 @@ Objective (step time), per schedule:
   Unequal stages or chunks can make the longest path differ from either closed form in
   both directions: a light last stage hides under the bottleneck (1f1b below the closed
   form), uneven chunks stall the interleaved steady state (above it).
-* zbv (Qi et al. 2024 Sec. 6; formulas/step.py): per chunk (half a stage) the bubble is
-  (pp-1) max(T_F, T_F + T_B - 2 T_W) (the paper's T_F + T_B - 2 T_W, never below the
-  start-up, where device i waits for i chunk forwards). With stage totals F_s = 2 T_F,
-  B_s = 2 T_B (incl. recompute), W_s = 2 T_W, t_s = F_s + B_s + W_s this is
-  (pp-1) max(F_s, t_s - 3 W_s) / 2, formulas/step.py's max(F, t-3W)/(2t) factor on the
-  1F1B bubble (pp-1) t. For unequal stages the bottleneck form keeps it linear:
-      T = m t_max + (pp-1)/2 * max_s max(F_s, t_s - 3 W_s),
-  objective units = 2 x time units. Equal to formulas/step.py on uniform stages. zbv has
-  no fixed op order (the replay's greedy rule depends on durations), so this stays a
-  closed form; tests/test_ppb_simulate.py states how the replay compares.
+* zbv: the same longest path over the ZB-V op order (``schedules.op_order``: the
+  paper's handcrafted V schedule), with W (weight gradient) its own op after B; on
+  uniform stages it reaches formulas/step.py's bubble (pp-1) max(T_F, T_F + T_B - 2 T_W)
+  per chunk (tests/test_ppb_simulate.py).
 
 """
 
@@ -58,7 +52,7 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from ndplan.formulas.schedules import held_profiles
-from ndplan.ppb.dag import FIXED_ORDER_SCHEDULES, chain_counts
+from ndplan.ppb import dag
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, slot
 from ndplan.ppb.scale import Scaled
@@ -71,9 +65,7 @@ class PPBModel:
         self.inst, self.sc, self.p = inst, sc, inst.pipeline
         self.L, self.V = len(inst.layers), inst.pipeline.chunks
         self.model = cp_model.CpModel()
-        self.divisor = 1
-        """Objective units per time unit (zbv: 2)."""
-        self.lazy = objective == "time" and self.p.schedule in FIXED_ORDER_SCHEDULES
+        self.lazy = objective == "time" and self.p.schedule in dag.FIXED_ORDER_SCHEDULES
         """True when the objective is the DAG longest path over cuts (``add_path_cut``)."""
         self._add_boundaries()
         self._add_type_counts()
@@ -85,7 +77,7 @@ class PPBModel:
         elif self.lazy:
             self._add_path_objective()
         else:
-            self._add_zbv_objective()
+            raise ValueError(f"PPB has no step-time objective for schedule {self.p.schedule!r}")
 
     # ---- decisions
     def _add_boundaries(self):
@@ -166,9 +158,6 @@ class PPBModel:
             rec = sum(n * r for v in self._slices(s) for k, t in enumerate(types) for n, r in zip(self.n[v][k], t.rec))
             md.Add(x == base + rec)
             self.t.append(x)
-        self.tmax = md.NewIntVar(0, self.horizon, "tmax")  # >= every t[s]; = max_s t[s] at an optimum
-        for x in self.t:
-            md.Add(self.tmax >= x)
 
     def _slices(self, s: int) -> list[int]:
         return [v for v in range(self.V) if slot(self.p, v)[0] == s]
@@ -192,30 +181,20 @@ class PPBModel:
                     self.model.Add(e <= self.sc.budget)
 
     # ---- objectives
-    def cap_stage_time(self, T: int) -> None:
-        """Feasibility form: every stage time <= T, no objective."""
-        for x in self.t:
-            self.model.Add(x <= T)
-        self.model.ClearObjective()
-
-    def floor_stage_time(self, T: int) -> None:
-        """Cut: no plan has all stage times below T (proven by cap_stage_time(T - 1))."""
-        self.model.AddMaxEquality(self.tmax, self.t)
-        self.model.Add(self.tmax >= T)
-        if self.lazy:
-            self.model.Add(self.Z >= self.p.m * self.tmax)
-
     def _add_path_objective(self):
         p = self.p
-        # dur[kind, v]: one micro-batch's op on slice v (B includes recompute and W)
+        split_w = p.schedule in dag.SPLIT_W_SCHEDULES
+        # dur[kind, v]: one micro-batch's op on slice v (B includes recompute, and W unless split)
         self.dur = {}
         for v in range(self.V):
             self.dur["F", v] = self.F[v]
-            self.dur["B", v] = self.B[v] + self.W[v]
+            self.dur["B", v] = self.B[v] + (0 if split_w else self.W[v])
+            self.dur["W", v] = self.W[v]
         self.Z = self.model.NewIntVar(0, self.horizon, "step")  # >= every path added
         self.cuts: set = set()
+        graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
         for s in range(p.pp):
-            self.add_path_cut(chain_counts(p.schedule, s, p.pp, p.vpp, p.m))
+            self.add_path_cut(dag.chain_counts(graph, s))
         self.model.Minimize(self.Z)
 
     def add_path_cut(self, counts) -> bool:
@@ -226,16 +205,6 @@ class PPBModel:
         self.cuts.add(key)
         self.model.Add(self.Z >= sum(n * self.dur[kv] for kv, n in counts.items()))
         return True
-
-    def _add_zbv_objective(self):
-        md, p = self.model, self.p
-        self.divisor = 2
-        umax = md.NewIntVar(0, self.horizon, "umax")  # max_s max(F_s, t_s - 3 W_s)
-        for s in range(p.pp):
-            F = sum(self.F[v] for v in self._slices(s))
-            md.Add(umax >= F)
-            md.Add(umax >= self.t[s] - 3 * sum(self.W[v] for v in self._slices(s)))
-        md.Minimize(2 * p.m * self.tmax + (p.pp - 1) * umax)
 
     def _add_memory_objective(self):
         z = self.model.NewIntVar(0, sum(t.static + self.p.m * max(t.act) for t in

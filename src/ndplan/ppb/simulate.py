@@ -7,11 +7,9 @@ F (forward), B (input gradient + the layers' recompute) and W (weight gradient; 
 into B except under zbv). Dependencies: F(v, j) after F(v-1, j); B(v, j) after
 B(v+1, j), the last virtual stage's B after its F; W(v, j) after B(v, j).
 
-Device orders: gpipe, 1f1b and interleaved run ``schedules.op_order`` (the schedule's
-definition, shared with the CP-SAT model as the in-flight table is); the replay's
-timing, memory accounting and zbv policy are its own.
-* zbv: greedy: a ready B first (latest chunk), then a ready F while the chunk holds
-  fewer micro-batches than the in-flight table allows (schedules.inflight), then W.
+Device orders: every schedule runs ``schedules.op_order`` (the schedule's definition,
+shared with the CP-SAT model as the in-flight table is); the replay's timing and memory
+accounting are its own.
 
 Memory: a chunk's activations for micro-batch j are alive from the start of F(v, j)
 to the end of B(v, j) (as in the memory model, which frees at B).
@@ -19,7 +17,8 @@ to the end of B(v, j) (as in the memory model, which frees at B).
 Idle split per stage s (busy = m t_s incl. recompute; idle = step - busy):
 recompute_s = m x its recompute seconds; bubble_s = the schedule's bubble for a
 perfectly balanced pipeline of the same total work (1f1b/gpipe (pp-1) tbar,
-interleaved (pp-1) tbar/vpp, zbv (pp-1) max(Fbar, tbar - 3 Wbar)/2 (formulas/step.py),
+interleaved (pp-1) tbar/vpp, zb-h1 (pp-1) max(tbar - 2 Wbar, 0), zbv (pp-1)
+max(Fbar, tbar - 3 Wbar)/2 (formulas/step.py),
 tbar, Fbar, Wbar = stage means);
 bubble_s is at most the stage's idle time (a stage busier than the mean idles less than a
 balanced pipeline would), imbalance_s = idle_s - bubble_s >= 0.
@@ -30,7 +29,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from ndplan.formulas.schedules import inflight, op_order, virtual_stage
+from ndplan.formulas.schedules import op_order, virtual_stage
+from ndplan.ppb.dag import SPLIT_W_SCHEDULES
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, chunk_time_s, slot
 
@@ -63,7 +63,7 @@ class SimResult:
 def simulate(inst: Instance, plan: Plan) -> SimResult:
     p = inst.pipeline
     pp, vpp, m, V = p.pp, p.vpp, p.m, p.chunks
-    zb = p.schedule == "zbv"
+    zb = p.schedule in SPLIT_W_SCHEDULES
     times = [chunk_time_s(inst, plan, v) for v in range(V)]
     dur = {}
     for v, t in enumerate(times):
@@ -87,30 +87,14 @@ def simulate(inst: Instance, plan: Plan) -> SimResult:
             need = ("B", v, j)
         return need is None or (need in done and done[need] <= now)
 
-    orders = None if zb else [[(k, vs(s, c), j) for k, c, j in op_order(p.schedule, s, pp, vpp, m)] for s in range(pp)]
+    orders = [[(k, vs(s, c), j) for k, c, j in op_order(p.schedule, s, pp, vpp, m)] for s in range(pp)]
     pos = [0] * pp
-    held = {v: 0 for v in range(V)}  # micro-batches whose activations v holds
-    cap = {vs(s, c): inflight(p.schedule, s, c, pp, vpp, m) for s in range(pp) for c in range(vpp)}
-    todo = {s: {"F": [(vs(s, c), j) for c in range(vpp) for j in range(m)], "B": [], "W": []} for s in range(pp)}
-    started: set = set()
 
     def pick(s, now):
-        if not zb:
-            if pos[s] < len(orders[s]) and ready(*orders[s][pos[s]], now):
-                pos[s] += 1
-                return orders[s][pos[s] - 1]
-            return None
-        cands = [("B", v, j) for v in (vs(s, 1), vs(s, 0)) for j in range(m)
-                 if ("B", v, j) not in started and ("F", v, j) in started and ready("B", v, j, now)]
-        if cands:
-            return min(cands, key=lambda o: (o[2], -o[1]))
-        cands = [("F", v, j) for v in (vs(s, 1), vs(s, 0)) for j in range(m)
-                 if ("F", v, j) not in started and held[v] < cap[v] and ready("F", v, j, now)]
-        if cands:
-            return min(cands, key=lambda o: (o[2], -o[1]))
-        cands = [("W", v, j) for v in (vs(s, 1), vs(s, 0)) for j in range(m)
-                 if ("W", v, j) not in started and ("B", v, j) in done and done["B", v, j] <= now]
-        return min(cands, key=lambda o: (o[2], -o[1])) if cands else None
+        if pos[s] < len(orders[s]) and ready(*orders[s][pos[s]], now):
+            pos[s] += 1
+            return orders[s][pos[s] - 1]
+        return None
 
     n_ops = V * m * (3 if zb else 2)
     busy_until = [0.0] * pp
@@ -126,10 +110,8 @@ def simulate(inst: Instance, plan: Plan) -> SimResult:
             if op is None:
                 continue
             kind, v, j = op
-            started.add(op)
             end = now + dur[kind, v]
             if kind == "F":
-                held[v] += 1
                 cur[s] += act[v]
                 mem[s].append((now, cur[s]))
             heapq.heappush(events, (end, s, op))
@@ -144,7 +126,6 @@ def simulate(inst: Instance, plan: Plan) -> SimResult:
             done[op] = end
             kind, v, j = op
             if kind == "B":
-                held[v] -= 1
                 cur[s] -= act[v]
                 mem[s].append((end, cur[s]))
             idle.add(s)
@@ -158,7 +139,8 @@ def simulate(inst: Instance, plan: Plan) -> SimResult:
         f_stage[slot(p, v)[0]] += t["F"]
     tbar = sum(busy) / m / pp
     wbar, fbar = sum(w_stage) / pp, sum(f_stage) / pp
-    factor = {"gpipe": tbar, "1f1b": tbar, "interleaved": tbar / vpp, "zbv": max(fbar, tbar - 3 * wbar) / 2}
+    factor = {"gpipe": tbar, "1f1b": tbar, "interleaved": tbar / vpp, "zb-h1": max(tbar - 2 * wbar, 0.0),
+              "zbv": max(fbar, tbar - 3 * wbar) / 2}
     bubble = (pp - 1) * factor[p.schedule]
     idle_s = [step - b for b in busy]
     bubbles = [min(bubble, i) for i in idle_s]

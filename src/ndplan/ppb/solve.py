@@ -96,91 +96,27 @@ def greedy_hint(inst: Instance) -> Plan:
     return uniform_plan(inst, "full")
 
 
-FIRST_PASS_SHARE = 0.3
-"""Share of the time limit for the first optimisation pass; the rest goes to proving
-the least bottleneck time and to the final pass (see ``solve``)."""
-
-
-def _min_bottleneck(inst, sc, lo: int, hi: int, cfg: Config, deadline: float) -> int:
-    """Largest T' <= the least feasible max stage time that was proven, by bisection on
-    feasibility models (every t_s <= T): with T fixed, linear propagation of the layer
-    counts refutes a too-small T at once, which the LP of the optimisation model cannot."""
-    while lo < hi and time.perf_counter() < deadline:
-        mid = (lo + hi) // 2
-        pm = PPBModel(inst, sc)
-        pm.cap_stage_time(mid)
-        left = deadline - time.perf_counter()
-        status, solver, _ = _run(pm, replace(cfg, time_limit_s=max(left, 0.01)))
-        if status == "INFEASIBLE":
-            lo = mid + 1
-        elif status in ("OPTIMAL", "FEASIBLE"):
-            hi = max(solver.Value(x) for x in pm.t)
-        else:
-            break
-    return lo
-
-
 def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> Solution:
-    """Minimise the step time under the memory budget.
-
-    Three passes within ``cfg.time_limit_s``: (1) optimise from the greedy hint for
-    FIRST_PASS_SHARE of the time; if not proven optimal, (2) bisect the least feasible
-    bottleneck stage time T* with feasibility models, (3) re-optimise with the valid cut
-    max_s t_s >= T* and the incumbent as hint. The cut closes the gap the LP relaxation
-    leaves (layers are indivisible: a pigeonhole argument LP bounds do not see)."""
+    """Minimise the step time (the longest path of the schedule's op DAG) under the
+    memory budget, from ``hint`` or the greedy even split (``_solve_paths``)."""
     t0 = time.perf_counter()
-    deadline = t0 + cfg.time_limit_s
     sc = scale_instance(inst, cfg.scale)
-    pm = PPBModel(inst, sc)
-    start_plan = hint or greedy_hint(inst)
-    if pm.lazy:
-        return _solve_paths(inst, sc, pm, cfg, start_plan, t0)
-    pm.hint(start_plan)
-    first = replace(cfg, time_limit_s=cfg.time_limit_s * FIRST_PASS_SHARE)
-    status, solver, _ = _run(pm, first)
-    unit = cfg.scale.time_s / pm.divisor
-    if status not in ("OPTIMAL", "FEASIBLE"):
-        if status == "UNKNOWN":
-            left = deadline - time.perf_counter()
-            status, solver, _ = _run(pm, replace(cfg, time_limit_s=max(left, 0.01)))
-        if status == "UNKNOWN" and max(stage_memory_bytes(inst, start_plan)) <= inst.pipeline.budget_bytes:
-            # no solution found in time (large DAG models): the hint plan fits, return it
-            obj = evaluate(inst, start_plan, cfg)
-            return Solution(status="FEASIBLE", plan=start_plan, objective_s=obj,
-                            bound_s=min(solver.BestObjectiveBound() * unit, obj), wall_s=time.perf_counter() - t0)
-        if status not in ("OPTIMAL", "FEASIBLE"):
-            return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
-    best = (status, pm.plan(solver), solver.ObjectiveValue(), solver.BestObjectiveBound())
-    if status == "FEASIBLE":
-        t_inc = max(solver.Value(x) for x in pm.t)
-        t_star = _min_bottleneck(inst, sc, 0, t_inc, cfg, t0 + cfg.time_limit_s * (1 + FIRST_PASS_SHARE) / 2)
-        pm2 = PPBModel(inst, sc)
-        pm2.floor_stage_time(t_star)
-        pm2.hint(best[1])
-        left = deadline - time.perf_counter()
-        st2, s2, _ = _run(pm2, replace(cfg, time_limit_s=max(left, 0.01)))
-        if st2 in ("OPTIMAL", "FEASIBLE") and s2.ObjectiveValue() <= best[2]:
-            best = (st2, pm2.plan(s2), s2.ObjectiveValue(), max(s2.BestObjectiveBound(), best[3]))
-        elif st2 == "INFEASIBLE" or (st2 == "OPTIMAL"):
-            best = ("OPTIMAL", best[1], best[2], best[2])
-    status, plan, obj, bound = best
-    # a FEASIBLE DAG solution's makespan variable may sit above its plan's longest path:
-    # report the plan's own objective (the same model with the plan fixed)
-    objective_s = evaluate(inst, plan, cfg) if status == "FEASIBLE" else obj * unit
-    return Solution(status=status, plan=plan, objective_s=objective_s, bound_s=min(bound * unit, objective_s),
-                    wall_s=time.perf_counter() - t0)
+    return _solve_paths(inst, sc, PPBModel(inst, sc), cfg, hint or greedy_hint(inst), t0)
 
 
 def unit_durations(inst: Instance, sc: Scaled, plan: Plan) -> dict[tuple[str, int], int]:
-    """dur[kind, v] of one micro-batch in time units (rounded per layer, as the model)."""
+    """dur[kind, v] of one micro-batch in time units (rounded per layer, as the model);
+    B includes recompute, and W unless the schedule runs W apart (dag.SPLIT_W_SCHEDULES)."""
+    split_w = inst.pipeline.schedule in dag.SPLIT_W_SCHEDULES
     out = {}
     for v in range(inst.pipeline.chunks):
-        F = B = 0
+        F = B = W = 0
         for i in plan.layers(v):
             t = sc.types[sc.type_of[i]]
             F += t.F
-            B += t.B + t.W + t.rec[t.modes.index(plan.recompute[i])]
-        out["F", v], out["B", v] = F, B
+            B += t.B + t.rec[t.modes.index(plan.recompute[i])]
+            W += t.W
+        out["F", v], out["B", v], out["W", v] = F, B + (0 if split_w else W), W
     return out
 
 
@@ -293,15 +229,8 @@ def evaluate(inst: Instance, plan: Plan, cfg: Config = Config()) -> float:
     plan.check(inst)
     sc = scale_instance(inst, cfg.scale)
     p = inst.pipeline
-    if p.schedule in dag.FIXED_ORDER_SCHEDULES:
-        graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
-        return dag.longest_path(graph, unit_durations(inst, sc, plan))[0] * cfg.scale.time_s
-    pm = PPBModel(inst, sc, enforce_memory=False)
-    pm.fix(plan)
-    status, solver, _ = _run(pm, cfg)
-    if status != "OPTIMAL":
-        raise RuntimeError(f"evaluating a fixed plan returned {status}")
-    return solver.ObjectiveValue() * cfg.scale.time_s / pm.divisor
+    graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
+    return dag.longest_path(graph, unit_durations(inst, sc, plan))[0] * cfg.scale.time_s
 
 
 def diagnose(inst: Instance, cfg: Config = Config()) -> Diagnosis:
