@@ -172,3 +172,4 @@ def chain_counts(dag: Dag, stage: int) -> Counter:
         i = succ[i]
         path.append(i)
     return _counts(dag, path)
+

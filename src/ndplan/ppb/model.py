@@ -61,7 +61,8 @@ class PPBModel:
     """Builds the CP-SAT model; ``objective`` is "time" (step time) or "memory" (the
     smallest peak memory over plans, for infeasibility diagnosis)."""
 
-    def __init__(self, inst: Instance, sc: Scaled, *, objective: str = "time", enforce_memory: bool = True):
+    def __init__(self, inst: Instance, sc: Scaled, *, objective: str = "time", enforce_memory: bool = True,
+                 chunk_slack: int | None = None):
         self.inst, self.sc, self.p = inst, sc, inst.pipeline
         self.L, self.V = len(inst.layers), inst.pipeline.chunks
         self.model = cp_model.CpModel()
@@ -72,6 +73,8 @@ class PPBModel:
         self._add_recompute_counts()
         self._add_stage_times()
         self._add_memory(enforce_memory)
+        if chunk_slack is not None:
+            self._add_chunk_balance(chunk_slack)
         if objective == "memory":
             self._add_memory_objective()
         elif self.lazy:
@@ -162,6 +165,16 @@ class PPBModel:
     def _slices(self, s: int) -> list[int]:
         return [v for v in range(self.V) if slot(self.p, v)[0] == s]
 
+    def _add_chunk_balance(self, slack: int):
+        """Restriction (solve.py's first phase): the chunks of a stage hold layer counts
+        within ``slack`` of each other."""
+        for s in range(self.p.pp):
+            sizes = [self.b[v + 1] - self.b[v] for v in self._slices(s)]
+            for a, b in zip(sizes, sizes[1:] + sizes[:1]):
+                if a is not b:
+                    self.model.Add(a - b <= slack)
+                    self.model.Add(b - a <= slack)
+
     def _add_memory(self, enforce: bool):
         types, p = self.sc.types, self.p
         # mem[s]: one expression per held vector of stage s (schedules.held_profiles)
@@ -196,6 +209,10 @@ class PPBModel:
         for s in range(p.pp):
             self.add_path_cut(dag.chain_counts(graph, s))
         self.model.Minimize(self.Z)
+
+    def add_path_cuts(self, cuts) -> None:
+        for key in cuts:
+            self.add_path_cut(dict(key))
 
     def add_path_cut(self, counts) -> bool:
         """Z >= the path's length (counts[kind, v] ops of each kind and slice); False if known."""

@@ -96,12 +96,31 @@ def greedy_hint(inst: Instance) -> Plan:
     return uniform_plan(inst, "full")
 
 
+BALANCED_PHASE_SHARE = 0.4
+"""vpp > 1: share of the time limit for a first search among plans whose chunks on a
+stage differ by at most CHUNK_SLACK layers (uneven chunks stall the steady state, so good
+plans are there and the restricted relaxation is much tighter); its plan and path cuts
+seed the unrestricted search, which alone gives the bound and the status."""
+CHUNK_SLACK = 1
+
+
 def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> Solution:
     """Minimise the step time (the longest path of the schedule's op DAG) under the
     memory budget, from ``hint`` or the greedy even split (``_solve_paths``)."""
     t0 = time.perf_counter()
     sc = scale_instance(inst, cfg.scale)
-    return _solve_paths(inst, sc, PPBModel(inst, sc), cfg, hint or greedy_hint(inst), t0)
+    start = hint or greedy_hint(inst)
+    pm = PPBModel(inst, sc)
+    if inst.pipeline.vpp > 1:
+        first = PPBModel(inst, sc, chunk_slack=CHUNK_SLACK)
+        sol = _solve_paths(inst, sc, first, replace(cfg, time_limit_s=cfg.time_limit_s * BALANCED_PHASE_SHARE),
+                           start, time.perf_counter())
+        pm.add_path_cuts(first.cuts)
+        if sol.plan is not None and (not unit_memory_fits(inst, sc, start) or sol.objective_s <= evaluate(inst, start, cfg)):
+            start = sol.plan
+    left = replace(cfg, time_limit_s=max(cfg.time_limit_s - (time.perf_counter() - t0), 0.01))
+    sol = _solve_paths(inst, sc, pm, left, start, time.perf_counter())
+    return replace(sol, wall_s=time.perf_counter() - t0)
 
 
 def unit_durations(inst: Instance, sc: Scaled, plan: Plan) -> dict[tuple[str, int], int]:
