@@ -367,9 +367,9 @@ def mindformers_strategies(draw):
     s = _shape(draw)
     rec = draw(st.sampled_from(["none", "selective", "full"]))
     per_chunk = 32 // (s["pp"] * s["vpp"])
-    # per-stage counts below the layers of a stage; vpp = 1 only (with vpp > 1 the exporter
-    # writes per-chunk counts and MindFormers deals a stage's total: not the same number)
-    rl = draw(st.sampled_from([None] + list(range(1, per_chunk)))) if rec != "none" and s["vpp"] == 1 else None
+    # per-stage counts below the layers of a stage (MindFormers deals a stage's count over
+    # its chunks; the exporter writes the dealt per-chunk lists)
+    rl = draw(st.sampled_from([None] + list(range(1, per_chunk * s["vpp"])))) if rec != "none" else None
     return ndplan.Strategy(**s, seq=4096, zero=draw(st.sampled_from([0, 1])),
                            sp=True if s["tp"] == 1 else draw(st.booleans()), recompute=rec, recompute_layers=rl,
                            engine="mindspore", flash_attention=False,  # the emitted yaml has no use_flash_attention
@@ -453,3 +453,30 @@ def test_megatron_removed_flag_keeps_indentation():
     text = "torchrun pretrain_gpt.py \\\n    --sequence-parallel --use-distributed-optimizer --bf16 \\\n    --seq-length 8\n"
     out = mg.edit(text, {"--use-distributed-optimizer": mg.REMOVE})
     assert out.splitlines()[1] == "    --sequence-parallel --bf16 \\"
+
+
+def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(tmp_path):
+    """vp2.yaml has select_comm_recompute: [10,8,6,4,2,0,0,0], one entry per stage of
+    pipeline_stage 8. A proposal with another pp must not leave that 8-entry list."""
+    f = tmp_path / "vp2.yaml"
+    f.write_text((DATA / "llama3" / "vp2.yaml").read_text())
+    res = check(read_config(f), top=5)
+    moved = [p for p in res.proposals if p.strategy.pp != 8]
+    assert moved, "expected a proposal that changes pp"
+    for p in moved:
+        assert yaml.safe_load(p.text)["recompute_config"]["select_comm_recompute"] is False
+    for p in res.proposals:
+        if p.strategy.pp == 8:
+            assert yaml.safe_load(p.text)["recompute_config"]["select_comm_recompute"] == [10, 8, 6, 4, 2, 0, 0, 0]
+
+
+def test_proposals_do_not_add_changes_to_an_earlier_one_without_being_faster(tmp_path):
+    """A proposal that makes every change of an earlier one and more must be faster."""
+    f = tmp_path / "vp2.yaml"
+    f.write_text((DATA / "llama3" / "vp2.yaml").read_text())
+    ps = check(read_config(f), top=6).proposals
+    for i, later in enumerate(ps):
+        for earlier in ps[:i]:
+            more = len(later.changed) > len(earlier.changed) and all(
+                later.changed.get(k, (None, None))[1] == v for k, (_, v) in earlier.changed.items())
+            assert not more or later.estimate.step_s < earlier.estimate.step_s

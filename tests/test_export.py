@@ -303,3 +303,17 @@ def test_cli_sweep_emit_all(tmp_path):
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["rank1.yaml", "rank2.yaml"]
     assert yaml.safe_load((tmp_path / "rank1.yaml").read_text())["parallel_config"]["pipeline_stage"] == 1
+
+
+def test_mindformers_deals_a_stage_count_over_chunks():
+    """MindFormers deals a stage's recompute count over its chunks one layer at a time
+    (chunk 0, 1, 0, ...): llama3-70b, pp=4, vpp=2 (10 layers a chunk), 3 selective layers
+    a stage under the mindspore engine -> chunk 0 gets 2, chunk 1 gets 1. The megatron
+    engine's count is per chunk: 3 and 3."""
+    import yaml as _yaml
+    kw = dict(dp=1, tp=8, pp=4, vpp=2, mbs=1, gbs=16, seq=4096, recompute="selective", recompute_layers=3,
+              schedule="interleaved")
+    ms = _yaml.safe_load(emit("mindformers", DENSE, Strategy(**kw, engine="mindspore")))
+    assert ms["recompute_config"]["select_recompute"] == [[2, 2, 2, 2], [1, 1, 1, 1]]
+    mg = _yaml.safe_load(emit("mindformers", DENSE, Strategy(**kw, engine="megatron")))
+    assert mg["recompute_config"]["select_recompute"] == [[3, 3, 3, 3], [3, 3, 3, 3]]

@@ -145,6 +145,8 @@ def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
         old = {}
     new, _ = mod.fields(ci.model, strat)  # NdplanError: the format cannot express it
     changes = {k: v for k, v in new.items() if old.get(k) != v} | {k: REMOVE for k in old if k not in new}
+    if hasattr(mod, "follow_up"):  # keys the format ties to the changed ones (mindformers)
+        changes |= mod.follow_up(ci, strat)
     absent = {k: v for k, v in new.items() if k not in ci.lines}
     for extra in [{}] + [{k: v} for k, v in absent.items()] + [absent]:
         text = mod.edit(ci.text, changes | extra)
@@ -193,14 +195,22 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     out: list[Proposal] = []
     for i in np.lexsort((t.step_s[:n], dist)):
         s = res.strategy(int(i))
+        changed = changed_fields(u, s)
+        if any(_adds_to(changed, p.changed) and t.step_s[i] >= p.estimate.step_s for p in out):
+            continue  # an earlier proposal's changes plus more, and not faster
         try:
             diff, text = file_diff(ci, s)
         except NdplanError:
             continue  # the file's format cannot express this candidate
-        out.append(Proposal(s, estimate(ci.model, hw, s, ci.gpus), changed_fields(u, s), diff, text))
+        out.append(Proposal(s, estimate(ci.model, hw, s, ci.gpus), changed, diff, text))
         if len(out) == k:
             break
     return out
+
+
+def _adds_to(changed: dict, earlier: dict) -> bool:
+    """True when ``changed`` makes every change of ``earlier`` (same new values) and more."""
+    return len(changed) > len(earlier) and all(changed.get(f, (None, None))[1] == b for f, (_, b) in earlier.items())
 
 
 def check(ci: CheckInput, hardware: str | Hardware | None = None, *, mem_limit: float | None = None,

@@ -30,16 +30,26 @@ def recompute_counts(model: ModelSpec, strat: Strategy, balance=None) -> tuple[t
     """(fully, selectively) recomputed decoder layers of every virtual stage.
 
     From the PPB plan when given; else ``strat.recompute`` on the first
-    ``recompute_layers`` layers of each chunk (one count, or one per stage), all
-    layers when it is None.
+    ``recompute_layers`` layers of each chunk (one count, or one per stage; an engine
+    with ``recompute_count_per_stage`` deals a stage's count over its chunks,
+    ``memory.chunk_recompute_count``), all layers when it is None.
     """
     if balance is not None:
         return balance.recompute_counts()
+    from ndplan.engines import ENGINE_PROFILES
+    from ndplan.formulas.memory import chunk_recompute_count
+    from ndplan import symbols as S
+    eng = ENGINE_PROFILES[strat.engine]
     layers = chunk_layers(model, strat)
     counts = []
     for v, n in enumerate(layers):
         rl = strat.recompute_layers
-        k = n if rl is None else min(n, rl[slot(strat, v)[0]] if isinstance(rl, tuple) else rl)
+        if rl is None:
+            k = n
+        else:
+            stage, chunk = slot(strat, v)
+            nrec = rl[stage] if isinstance(rl, tuple) else rl
+            k = min(n, int(chunk_recompute_count(eng, strat, chunk).subs(S.nrec, nrec)))
         counts.append(0 if strat.recompute == "none" else k)
     zero = (0,) * len(layers)
     if strat.recompute == "full":

@@ -247,3 +247,14 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
 
 fields = X.fields
 edit = yaml_edit
+
+
+def follow_up(ci: CheckInput, strat) -> dict:
+    """Keys ndplan does not model whose shape must follow a new pipeline: a per-stage
+    ``select_comm_recompute`` list has one entry per stage (per chunk and stage with
+    VPP), so when pp or vpp changes it is switched off rather than left the wrong length
+    (ndplan's estimate does not count communication recompute either way)."""
+    doc = yaml.safe_load(ci.text) or {}
+    if isinstance(get(doc, KEY["selective_comm"]), list) and (strat.pp, strat.vpp) != (ci.strategy.pp, ci.strategy.vpp):
+        return {KEY["selective_comm"]: False}
+    return {}
