@@ -163,29 +163,44 @@ LOCAL_SEARCH_SHARE = 0.1
 longest path per move, ~1 ms at 32 slices x 32 micro-batches)."""
 
 
+def _moves(inst: Instance, sc: Scaled, plan: Plan):
+    """Neighbours of a plan: every slice boundary moved by one layer (layers keep their
+    modes), then one layer of a (slice, type, mode) recomputed less (identical layers of a
+    slice are interchangeable, so one representative each)."""
+    b = plan.bounds
+    for v in range(1, inst.pipeline.chunks):
+        for d in (-1, 1):
+            if b[v - 1] < b[v] + d < b[v + 1]:
+                yield replace(plan, bounds=b[:v] + (b[v] + d,) + b[v + 1:])
+    for v in range(inst.pipeline.chunks):
+        seen = set()
+        for i in plan.layers(v):
+            layer, mode = inst.layers[i], plan.recompute[i]
+            key = (sc.type_of[i], mode)
+            if key in seen:
+                continue
+            seen.add(key)
+            for lighter in layer.modes[:layer.modes.index(mode)]:
+                yield replace(plan, recompute=plan.recompute[:i] + (lighter,) + plan.recompute[i + 1:])
+
+
 def _polish(inst: Instance, sc: Scaled, graph, plan: Plan, length: int, deadline: float,
             on_path) -> tuple[int, Plan]:
-    """First-improvement hill climbing over single boundary moves (+-1 layer, each layer
-    keeping its recompute mode), scored by the exact longest path, memory enforced;
-    ``on_path(counts)`` receives every evaluated plan's critical path (a valid cut)."""
+    """First-improvement hill climbing over ``_moves``, scored by the exact longest path,
+    memory enforced; ``on_path(counts)`` receives every evaluated plan's critical path (a
+    valid cut)."""
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        for v in range(1, inst.pipeline.chunks):
-            for d in (-1, 1):
-                b = list(plan.bounds)
-                b[v] += d
-                if not b[v - 1] < b[v] < b[v + 1]:
-                    continue
-                cand = replace(plan, bounds=tuple(b))
-                if not unit_memory_fits(inst, sc, cand):
-                    continue
-                x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
-                on_path(counts)
-                if x < length:
-                    plan, length, improved = cand, x, True
-                    break
+        for cand in _moves(inst, sc, plan):
             if time.perf_counter() >= deadline:
+                break
+            if not unit_memory_fits(inst, sc, cand):
+                continue
+            x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
+            on_path(counts)
+            if x < length:
+                plan, length, improved = cand, x, True
                 break
     return length, plan
 
