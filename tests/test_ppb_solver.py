@@ -3,6 +3,7 @@ even split, infeasible budgets are diagnosed, and the replay agrees with the obj
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -140,6 +141,14 @@ def test_optimum_equals_brute_force(schedule, data):
     sol.plan.check(inst)  # order, contiguity, non-empty slices, offered modes
     assert max(oracle_memory(inst, sol.plan)) <= inst.pipeline.budget_bytes
     assert oracle_time(inst, sol.plan) == pytest.approx(sol.objective_s, abs=1e-9)
+    # no recompute that buys nothing: recomputing any one layer less either breaks the
+    # budget or makes the step slower
+    for i, mode in enumerate(sol.plan.recompute):
+        modes = inst.layers[i].modes
+        for lighter in modes[:modes.index(mode)]:
+            cand = dataclasses.replace(sol.plan, recompute=sol.plan.recompute[:i] + (lighter,) + sol.plan.recompute[i + 1:])
+            assert (max(oracle_memory(inst, cand)) > inst.pipeline.budget_bytes
+                    or oracle_time(inst, cand) > sol.objective_s + 1e-9), (i, mode, lighter)
 
 
 def _llm(n_layers, pp, vpp, m, schedule, budget_gib):
@@ -159,6 +168,25 @@ def test_never_worse_than_even_split(schedule, vpp, budget_gib):
         even = uniform_plan(inst, mode)
         if max(stage_memory_bytes(inst, even)) <= inst.pipeline.budget_bytes:
             assert sol.objective_s <= evaluate(inst, even) + 1e-9
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
+def test_no_recompute_without_memory_pressure(schedule, vpp):
+    """Recompute only lengthens B, and a longest path never shrinks when an op grows, so
+    when the budget holds every plan, a plan with any recompute is never faster than the
+    same split without it: the solver must return none (it breaks ties towards less
+    recompute)."""
+    inst = _llm(14, 4, vpp, 8, schedule, 1000)
+    sol = solve(inst, CFG)
+    assert sol.status == "OPTIMAL"
+    assert set(sol.plan.recompute) == {"none"}
+    # the sharpest case: recompute declared free in time, so every mode ties, and the
+    # search starts from an all-full plan
+    free = layer(4, 4, 4, 1000, {"none": 800, "selective": 500, "full": 100}, {"selective": 0, "full": 0}, "decoder")
+    inst = dataclasses.replace(inst, layers=(inst.layers[0],) + (free,) * 14 + (inst.layers[-1],))
+    sol = solve(inst, CFG, hint=uniform_plan(inst, "full"))
+    assert sol.status == "OPTIMAL"
+    assert set(sol.plan.recompute) == {"none"}
 
 
 def test_infeasible_budget_names_stage_and_smallest_budget():

@@ -41,6 +41,8 @@ peak memory equal to 1F1B for ZB-H1 and to pM_B for ZB-V).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import sympy as sp
 
 
@@ -141,6 +143,7 @@ def op_order(schedule: str, stage: int, pp: int, vpp: int, m: int) -> list[tuple
     return ops + bwd[total - warm:]
 
 
+@lru_cache(maxsize=4096)
 def held_profiles(schedule: str, stage: int, pp: int, vpp: int, m: int) -> tuple[tuple[int, ...], ...]:
     """Per-chunk held micro-batches at every instant the stage may peak, reduced to the
     maximal vectors (none is dominated by another). Ints only.

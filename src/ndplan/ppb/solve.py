@@ -161,17 +161,22 @@ used (an unproven relaxation still gives a valid bound and a plan to cut)."""
 LOCAL_SEARCH_SHARE = 0.1
 """Share of the time limit spent moving slice boundaries of each solved plan (exact
 longest path per move, ~1 ms at 32 slices x 32 micro-batches)."""
+FINAL_POLISH_SHARE = 0.05
+"""Share of the time limit kept for a last ``_polish`` of the best plan, so even a plan
+proven optimal by the relaxation drops recompute that does not change its step time."""
 
 
 def _moves(inst: Instance, sc: Scaled, plan: Plan):
-    """Neighbours of a plan: every slice boundary moved by one layer (layers keep their
-    modes), then one layer of a (slice, type, mode) recomputed less (identical layers of a
-    slice are interchangeable, so one representative each)."""
+    """Neighbours of a plan, each with whether it is accepted at an equal step time:
+    every slice boundary moved by one layer (layers keep their modes; only if faster),
+    then one layer of a (slice, type, mode) recomputed less (identical layers of a slice
+    are interchangeable, so one representative each; also at an equal step time, so a
+    plan never recomputes what does not buy memory it needs)."""
     b = plan.bounds
     for v in range(1, inst.pipeline.chunks):
         for d in (-1, 1):
             if b[v - 1] < b[v] + d < b[v + 1]:
-                yield replace(plan, bounds=b[:v] + (b[v] + d,) + b[v + 1:])
+                yield replace(plan, bounds=b[:v] + (b[v] + d,) + b[v + 1:]), False
     for v in range(inst.pipeline.chunks):
         seen = set()
         for i in plan.layers(v):
@@ -181,25 +186,26 @@ def _moves(inst: Instance, sc: Scaled, plan: Plan):
                 continue
             seen.add(key)
             for lighter in layer.modes[:layer.modes.index(mode)]:
-                yield replace(plan, recompute=plan.recompute[:i] + (lighter,) + plan.recompute[i + 1:])
+                yield replace(plan, recompute=plan.recompute[:i] + (lighter,) + plan.recompute[i + 1:]), True
 
 
 def _polish(inst: Instance, sc: Scaled, graph, plan: Plan, length: int, deadline: float,
             on_path) -> tuple[int, Plan]:
-    """First-improvement hill climbing over ``_moves``, scored by the exact longest path,
-    memory enforced; ``on_path(counts)`` receives every evaluated plan's critical path (a
-    valid cut)."""
+    """First-improvement descent over ``_moves``, scored by the exact longest path, memory
+    enforced: a move is taken if it is faster, or if it recomputes less at the same step
+    time (each move lowers (step time, recompute) lexicographically, so it ends);
+    ``on_path(counts)`` receives every evaluated plan's critical path (a valid cut)."""
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        for cand in _moves(inst, sc, plan):
+        for cand, tie_ok in _moves(inst, sc, plan):
             if time.perf_counter() >= deadline:
                 break
             if not unit_memory_fits(inst, sc, cand):
                 continue
             x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
             on_path(counts)
-            if x < length:
+            if x < length or (tie_ok and x == length):
                 plan, length, improved = cand, x, True
                 break
     return length, plan
@@ -213,7 +219,8 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_pl
     polished by boundary moves (``_polish``) before the next solve."""
     p = inst.pipeline
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
-    deadline = t0 + cfg.time_limit_s
+    end = t0 + cfg.time_limit_s
+    deadline = end - FINAL_POLISH_SHARE * cfg.time_limit_s
     stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
     for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
         for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
@@ -250,6 +257,8 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_pl
         if bound >= best[0] or (status == "OPTIMAL" and not new):
             break  # proven (a relaxation optimum whose critical paths are all cuts is its longest path)
     unit = cfg.scale.time_s
+    if best is not None:
+        best = _polish(inst, sc, graph, best[1], best[0], end, pm.add_path_cut)
     wall = time.perf_counter() - t0
     if best is None:
         return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
