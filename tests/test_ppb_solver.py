@@ -201,3 +201,28 @@ def test_infeasible_budget_names_stage_and_smallest_budget():
     short = dataclasses.replace(inst, pipeline=dataclasses.replace(inst.pipeline, budget_bytes=d.min_budget_bytes - MB))
     assert solve(short, CFG).status == "INFEASIBLE"
     assert "stage" in d.message() and "smallest budget" in d.message()
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=6))
+def test_layer_shifts_are_every_one_layer_move(sizes):
+    """local._shifts yields exactly the plans whose slice sizes differ from the plan's by
+    -1 at one slice and +1 at another (all slices non-empty), each once; counted here by
+    enumerating size vectors."""
+    from ndplan.ppb.local import _shifts
+    V = len(sizes)
+    bounds = (0,) + tuple(itertools.accumulate(sizes))
+    plan = Plan(bounds=bounds, recompute=("none",) * bounds[-1])
+    got = []
+    for cand, receiver in _shifts(plan, V):
+        got.append(tuple(b - a for a, b in zip(cand.bounds, cand.bounds[1:])))
+        assert got[-1][receiver] == sizes[receiver] + 1
+    want = set()
+    for a in range(V):
+        for c in range(V):
+            if a != c and sizes[a] > 1:
+                new = list(sizes)
+                new[a] -= 1
+                new[c] += 1
+                want.add(tuple(new))
+    assert len(got) == len(set(got)) and set(got) == want

@@ -4,7 +4,8 @@ instance.py  layer description + pipeline configuration (validated), file format
 scale.py     integer scaling (time resolution, memory rounded up) in one place
 dag.py       the schedule's op DAG (schedules.op_order), longest path and path cuts
 model.py     CP-SAT builder, one ``_add_*`` method per constraint family
-solve.py     Config / Solution, lazy path cuts, polishing, infeasibility diagnosis
+solve.py     Config / Solution, lazy path cuts, infeasibility diagnosis
+local.py     a plan in model units; local search (layer shifts, recompute moves)
 simulate.py  discrete-event replay of a plan, independent of the CP-SAT model
 forms.py     MindFormers / Megatron-LM forms of a plan
 svg.py       hand-written SVG timeline

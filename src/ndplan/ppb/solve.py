@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
-from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb import dag
 from ndplan.ppb.instance import MODES, Instance
+from ndplan.ppb.local import polish, unit_durations, unit_memory_fits
 from ndplan.ppb.model import PPBModel
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, uniform_plan
 from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Scale, Scaled, scale_instance
@@ -123,92 +123,14 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     return replace(sol, wall_s=time.perf_counter() - t0)
 
 
-def unit_durations(inst: Instance, sc: Scaled, plan: Plan) -> dict[tuple[str, int], int]:
-    """dur[kind, v] of one micro-batch in time units (rounded per layer, as the model);
-    B includes recompute, and W unless the schedule runs W apart (dag.SPLIT_W_SCHEDULES)."""
-    split_w = inst.pipeline.schedule in dag.SPLIT_W_SCHEDULES
-    out = {}
-    for v in range(inst.pipeline.chunks):
-        F = B = W = 0
-        for i in plan.layers(v):
-            t = sc.types[sc.type_of[i]]
-            F += t.F
-            B += t.B + t.rec[t.modes.index(plan.recompute[i])]
-            W += t.W
-        out["F", v], out["B", v], out["W", v] = F, B + (0 if split_w else W), W
-    return out
-
-
-def unit_memory_fits(inst: Instance, sc: Scaled, plan: Plan) -> bool:
-    """The model's memory constraint (memory units, layers rounded up) for a given plan."""
-    p = inst.pipeline
-    for s in range(p.pp):
-        static, act = 0, [0] * p.vpp
-        for c in range(p.vpp):
-            for i in plan.layers(virtual_stage(p.schedule, s, c, p.pp)):
-                t = sc.types[sc.type_of[i]]
-                static += t.static
-                act[c] += t.act[t.modes.index(plan.recompute[i])]
-        if any(static + sum(h * a for h, a in zip(hv, act)) > sc.budget
-               for hv in held_profiles(p.schedule, s, p.pp, p.vpp, p.m)):
-            return False
-    return True
-
-
 PASS_SHARE = 0.3
 """Share of the time limit one relaxation solve may take before its plan and bound are
 used (an unproven relaxation still gives a valid bound and a plan to cut)."""
-LOCAL_SEARCH_SHARE = 0.1
-"""Share of the time limit spent moving slice boundaries of each solved plan (exact
-longest path per move, ~1 ms at 32 slices x 32 micro-batches)."""
-FINAL_POLISH_SHARE = 0.05
-"""Share of the time limit kept for a last ``_polish`` of the best plan, so even a plan
+LOCAL_SEARCH_SHARE = 0.2
+"""Share of the time limit spent on local search (local.py) from each solved plan."""
+FINAL_POLISH_SHARE = 0.1
+"""Share of the time limit kept for a last ``polish`` of the best plan, so even a plan
 proven optimal by the relaxation drops recompute that does not change its step time."""
-
-
-def _moves(inst: Instance, sc: Scaled, plan: Plan):
-    """Neighbours of a plan, each with whether it is accepted at an equal step time:
-    every slice boundary moved by one layer (layers keep their modes; only if faster),
-    then one layer of a (slice, type, mode) recomputed less (identical layers of a slice
-    are interchangeable, so one representative each; also at an equal step time, so a
-    plan never recomputes what does not buy memory it needs)."""
-    b = plan.bounds
-    for v in range(1, inst.pipeline.chunks):
-        for d in (-1, 1):
-            if b[v - 1] < b[v] + d < b[v + 1]:
-                yield replace(plan, bounds=b[:v] + (b[v] + d,) + b[v + 1:]), False
-    for v in range(inst.pipeline.chunks):
-        seen = set()
-        for i in plan.layers(v):
-            layer, mode = inst.layers[i], plan.recompute[i]
-            key = (sc.type_of[i], mode)
-            if key in seen:
-                continue
-            seen.add(key)
-            for lighter in layer.modes[:layer.modes.index(mode)]:
-                yield replace(plan, recompute=plan.recompute[:i] + (lighter,) + plan.recompute[i + 1:]), True
-
-
-def _polish(inst: Instance, sc: Scaled, graph, plan: Plan, length: int, deadline: float,
-            on_path) -> tuple[int, Plan]:
-    """First-improvement descent over ``_moves``, scored by the exact longest path, memory
-    enforced: a move is taken if it is faster, or if it recomputes less at the same step
-    time (each move lowers (step time, recompute) lexicographically, so it ends);
-    ``on_path(counts)`` receives every evaluated plan's critical path (a valid cut)."""
-    improved = True
-    while improved and time.perf_counter() < deadline:
-        improved = False
-        for cand, tie_ok in _moves(inst, sc, plan):
-            if time.perf_counter() >= deadline:
-                break
-            if not unit_memory_fits(inst, sc, cand):
-                continue
-            x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
-            on_path(counts)
-            if x < length or (tie_ok and x == length):
-                plan, length, improved = cand, x, True
-                break
-    return length, plan
 
 
 def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_plan: Plan, t0: float) -> Solution:
@@ -216,7 +138,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_pl
     paths of each solved plan until a solve's optimum is its own longest path. Every
     relaxation bound is a valid bound (it has a subset of the paths); the incumbent is
     the best plan by its longest path, the replayed step time; each solved plan is
-    polished by boundary moves (``_polish``) before the next solve."""
+    polished by local search (local.py) before the next solve."""
     p = inst.pipeline
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
     end = t0 + cfg.time_limit_s
@@ -249,7 +171,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_pl
         for c in dag.paths_through(graph, dur, stages):
             new |= pm.add_path_cut(c)
         if length > bound:
-            length, plan = _polish(inst, sc, graph, plan, length,
+            length, plan = polish(inst, sc, graph, plan, length,
                                    min(deadline, time.perf_counter() + LOCAL_SEARCH_SHARE * cfg.time_limit_s),
                                    pm.add_path_cut)
         if best is None or length < best[0]:
@@ -258,7 +180,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_pl
             break  # proven (a relaxation optimum whose critical paths are all cuts is its longest path)
     unit = cfg.scale.time_s
     if best is not None:
-        best = _polish(inst, sc, graph, best[1], best[0], end, pm.add_path_cut)
+        best = polish(inst, sc, graph, best[1], best[0], end, pm.add_path_cut)
     wall = time.perf_counter() - t0
     if best is None:
         return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
