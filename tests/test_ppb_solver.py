@@ -226,3 +226,30 @@ def test_layer_shifts_are_every_one_layer_move(sizes):
                 new[c] += 1
                 want.add(tuple(new))
     assert len(got) == len(set(got)) and set(got) == want
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb-h1", "zbv"])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_batched_lengths_equal_the_oracle(schedule, data):
+    """dag.lengths (all plans at once, used by local search) equals this file's oracle
+    (its own walk over the op orders) on random plans of a random instance."""
+    import numpy as np
+
+    from ndplan.ppb import dag
+    from ndplan.ppb.local import evaluate_bounds
+    from ndplan.ppb.scale import Scale, scale_instance
+    inst = data.draw(instances(schedule))
+    p = inst.pipeline
+    L, V = len(inst.layers), p.chunks
+    plans = []
+    for _ in range(data.draw(st.integers(1, 6))):
+        cuts = sorted(data.draw(st.sets(st.integers(1, L - 1), min_size=V - 1, max_size=V - 1)))
+        rec = tuple(data.draw(st.sampled_from(x.modes)) for x in inst.layers)
+        plans.append(Plan(bounds=(0, *cuts, L), recompute=rec))
+    sc = scale_instance(inst, Scale(time_s=MS))  # test times are whole ms: exact at this resolution
+    for plan in plans:
+        dur, fits = evaluate_bounds(inst, sc, plan.recompute, np.array([plan.bounds]))
+        got = dag.lengths(dag.build(schedule, p.pp, p.vpp, p.m), dur)[0] * MS
+        assert got == pytest.approx(oracle_time(inst, plan), abs=1e-9)
+        assert bool(fits[0]) == (max(oracle_memory(inst, plan)) <= inst.pipeline.budget_bytes)

@@ -25,6 +25,8 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from ndplan.formulas.schedules import op_order, virtual_stage
 
 FIXED_ORDER_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
@@ -118,6 +120,27 @@ def longest_path(dag: Dag, dur: dict[tuple[str, int], float]) -> tuple[float, Co
         path.append(i)
         i = via[i]
     return max(end), _counts(dag, path)
+
+
+KINDS = ("F", "B", "W")
+"""Row order of the duration arrays of ``lengths``."""
+
+
+def lengths(dag: Dag, dur: np.ndarray) -> np.ndarray:
+    """Longest-path lengths of K plans at once: ``dur[k, KINDS.index(kind), v]`` is plan
+    k's op duration (integers). The same recursion as ``longest_path``, one node at a time
+    over all K plans (numpy), about 50x faster than K scalar calls at 2048 nodes."""
+    K = dur.shape[0]
+    rows = dur.reshape(K, -1).T.copy()  # rows[KINDS.index(kind) * V + v] = durations over plans
+    V = dur.shape[2]
+    end = np.empty((len(dag.nodes), K), dtype=dur.dtype)
+    zero = np.zeros(K, dtype=dur.dtype)
+    for i, (kind, v, _) in enumerate(dag.nodes):
+        start = zero
+        for q in dag.preds[i]:  # at most two: the stage's previous op and one data dependency
+            start = end[q] if start is zero else np.maximum(start, end[q])
+        np.add(start, rows[KINDS.index(kind) * V + v], out=end[i])
+    return end.max(axis=0)
 
 
 def paths_through(dag: Dag, dur: dict[tuple[str, int], float], groups: dict) -> list[Counter]:

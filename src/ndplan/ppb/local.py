@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb import dag
 from ndplan.ppb.instance import Instance
@@ -27,36 +29,70 @@ from ndplan.ppb.plan import Plan, slot
 from ndplan.ppb.scale import Scaled
 
 
+COLUMNS = ("F", "B", "W", "static", "act")
+"""Per-layer columns of ``_layer_table`` (time units, memory units); B includes the
+layer's recompute."""
+
+
+def _layer_table(sc: Scaled, recompute: tuple[str, ...]) -> np.ndarray:
+    rows = []
+    for i, mode in enumerate(recompute):
+        t = sc.types[sc.type_of[i]]
+        j = t.modes.index(mode)
+        rows.append((t.F, t.B + t.rec[j], t.W, t.static, t.act[j]))
+    return np.array(rows, dtype=np.int64)
+
+
+def evaluate_bounds(inst: Instance, sc: Scaled, recompute: tuple[str, ...],
+                    bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Durations and the memory verdict of K plans that share ``recompute`` and differ in
+    ``bounds`` (K x V+1): (dur[k, dag.KINDS.index(kind), v] in time units, as model.py
+    rounds them: B includes recompute, and W unless the schedule runs W apart;
+    fits[k]: model.py's memory constraint, static + held vector . chunk activations
+    <= budget on every stage and every held vector)."""
+    p = inst.pipeline
+    table = np.vstack([np.zeros((1, len(COLUMNS)), dtype=np.int64), np.cumsum(_layer_table(sc, recompute), axis=0)])
+    sums = table[bounds[:, 1:]] - table[bounds[:, :-1]]  # (K, V, column)
+    F, B, W, static, act = (sums[:, :, COLUMNS.index(c)] for c in COLUMNS)
+    split_w = p.schedule in dag.SPLIT_W_SCHEDULES
+    dur = np.stack([F, B + (0 if split_w else W), W], axis=1)
+    fits = np.ones(len(bounds), dtype=bool)
+    for s in range(p.pp):
+        vs = [virtual_stage(p.schedule, s, c, p.pp) for c in range(p.vpp)]
+        base = static[:, vs].sum(axis=1)
+        for h in held_profiles(p.schedule, s, p.pp, p.vpp, p.m):
+            fits &= base + sum(h_c * act[:, v] for h_c, v in zip(h, vs)) <= sc.budget
+    return dur, fits
+
+
 def unit_durations(inst: Instance, sc: Scaled, plan: Plan) -> dict[tuple[str, int], int]:
-    """dur[kind, v] of one micro-batch in time units (rounded per layer, as the model);
-    B includes recompute, and W unless the schedule runs W apart (dag.SPLIT_W_SCHEDULES)."""
-    split_w = inst.pipeline.schedule in dag.SPLIT_W_SCHEDULES
-    out = {}
-    for v in range(inst.pipeline.chunks):
-        F = B = W = 0
-        for i in plan.layers(v):
-            t = sc.types[sc.type_of[i]]
-            F += t.F
-            B += t.B + t.rec[t.modes.index(plan.recompute[i])]
-            W += t.W
-        out["F", v], out["B", v], out["W", v] = F, B + (0 if split_w else W), W
-    return out
+    """dur[kind, v] of one micro-batch of ``plan`` in time units (``evaluate_bounds``)."""
+    dur, _ = evaluate_bounds(inst, sc, plan.recompute, np.array([plan.bounds]))
+    return {(k, v): int(dur[0, j, v]) for j, k in enumerate(dag.KINDS) for v in range(inst.pipeline.chunks)}
 
 
 def unit_memory_fits(inst: Instance, sc: Scaled, plan: Plan) -> bool:
-    """The model's memory constraint (memory units, layers rounded up) for a given plan."""
-    p = inst.pipeline
-    for s in range(p.pp):
-        static, act = 0, [0] * p.vpp
-        for c in range(p.vpp):
-            for i in plan.layers(virtual_stage(p.schedule, s, c, p.pp)):
-                t = sc.types[sc.type_of[i]]
-                static += t.static
-                act[c] += t.act[t.modes.index(plan.recompute[i])]
-        if any(static + sum(h * a for h, a in zip(hv, act)) > sc.budget
-               for hv in held_profiles(p.schedule, s, p.pp, p.vpp, p.m)):
-            return False
-    return True
+    """model.py's memory constraint (memory units, layers rounded up) for ``plan``."""
+    return bool(evaluate_bounds(inst, sc, plan.recompute, np.array([plan.bounds]))[1][0])
+
+
+BATCH_CELLS = 4_000_000
+"""Batched longest paths keep at most this many (node, plan) lengths at once (32 MiB)."""
+
+
+def _shift_scores(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, shifts, deadline: float):
+    """(lengths, fits) of the shifted plans (all share the plan's per-layer modes), in
+    batches of BATCH_CELLS; the first ones only if the deadline passes between batches."""
+    bounds = np.array([c.bounds for c, _ in shifts], dtype=np.int64)
+    dur, fits = evaluate_bounds(inst, sc, plan.recompute, bounds)
+    step = max(1, BATCH_CELLS // len(graph.nodes))
+    parts = []
+    for i in range(0, len(dur), step):
+        if parts and time.perf_counter() >= deadline:
+            break
+        parts.append(dag.lengths(graph, dur[i:i + step]))
+    lengths = np.concatenate(parts)
+    return lengths, fits[:len(lengths)]
 
 
 def _shifts(plan: Plan, V: int):
@@ -94,49 +130,45 @@ def _recomputed(inst: Instance, sc: Scaled, plan: Plan, slices, deeper: bool):
 
 
 def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, deadline: float,
-           on_path) -> tuple[int, Plan]:
-    """First-improvement descent (module docstring) until no move improves or the
-    deadline; every move lowers (step time, recompute) lexicographically, so it ends.
-    ``on_path(counts)`` receives the critical path of every plan taken (a valid cut for
-    the relaxation; cutting every evaluated plan floods the relaxation and slows it)."""
+           on_path, repairs_tried: int = 32) -> tuple[int, Plan]:
+    """Descent (module docstring) until no move improves or the deadline: the fastest
+    shift that fits (all shifts scored at once, ``_shift_scores``); else the fastest
+    memory repair of the ``repairs_tried`` fastest shifts that do not fit; else the first
+    lighter recompute at no slower step time. Every move lowers (step time, recompute)
+    lexicographically, so it ends. ``on_path(counts)`` receives the critical path of
+    every plan taken (a valid cut for the relaxation)."""
     p = inst.pipeline
 
-    def score(cand: Plan):
-        return dag.longest_path(graph, unit_durations(inst, sc, cand))
+    def take(cand: Plan) -> tuple[int, Plan]:
+        x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
+        on_path(counts)
+        return x, cand
 
-    improved = True
-    while improved and time.perf_counter() < deadline:
-        improved = False
-        for cand, c in _shifts(plan, p.chunks):
-            if time.perf_counter() >= deadline:
-                return length, plan
-            x, counts = score(cand)
-            if x >= length:
+    while time.perf_counter() < deadline:
+        shifts = list(_shifts(plan, p.chunks))
+        if shifts:
+            lengths, fits = _shift_scores(inst, sc, graph, plan, shifts, deadline)
+            faster = lengths < length
+            if (faster & fits).any():
+                k = int(np.argmin(np.where(fits, lengths, np.iinfo(np.int64).max)))
+                length, plan = take(shifts[k][0])
                 continue
-            if unit_memory_fits(inst, sc, cand):
-                on_path(counts)
-                plan, length, improved = cand, x, True
-                break
-            stage = slot(p, c)[0]
             repairs = []
-            for fix in _recomputed(inst, sc, cand, [v for v in range(p.chunks) if slot(p, v)[0] == stage], True):
-                if unit_memory_fits(inst, sc, fix):
-                    repairs.append((*score(fix), fix))
+            for k in [k for k in np.argsort(lengths, kind="stable") if faster[k]][:repairs_tried]:
+                cand, c = shifts[k]
+                stage = slot(p, c)[0]
+                for fix in _recomputed(inst, sc, cand, [v for v in range(p.chunks) if slot(p, v)[0] == stage], True):
+                    if unit_memory_fits(inst, sc, fix):
+                        repairs.append((dag.longest_path(graph, unit_durations(inst, sc, fix))[0], fix))
             if repairs and min(r[0] for r in repairs) < length:
-                length, counts, plan = min(repairs, key=lambda r: r[0])
-                on_path(counts)
-                improved = True
-                break
-        if improved:
-            continue
+                length, plan = take(min(repairs, key=lambda r: r[0])[1])
+                continue
         for cand in _recomputed(inst, sc, plan, range(p.chunks), False):
             if time.perf_counter() >= deadline:
                 return length, plan
-            if not unit_memory_fits(inst, sc, cand):
-                continue
-            x, counts = score(cand)
-            if x <= length:
-                on_path(counts)
-                plan, length, improved = cand, x, True
+            if unit_memory_fits(inst, sc, cand) and dag.longest_path(graph, unit_durations(inst, sc, cand))[0] <= length:
+                length, plan = take(cand)
                 break
+        else:
+            break
     return length, plan
