@@ -331,7 +331,7 @@ def _shape(draw, pp_max=4, cp=True, vpp=True) -> dict:
     pp = draw(st.sampled_from([p for p in (1, 2, 4) if p <= pp_max]))
     dp, mbs = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2]))
     v = draw(st.sampled_from([1, 2])) if vpp and pp > 1 else 1
-    m = draw(st.integers(pp if v > 1 else 1, 8))
+    m = pp * draw(st.integers(1, 8 // pp)) if v > 1 else draw(st.integers(1, 8))  # interleaved: pp | m
     return dict(dp=dp, tp=tp, pp=pp, cp=draw(st.sampled_from([1, 2])) if cp else 1, vpp=v, mbs=mbs,
                 gbs=dp * mbs * m, schedule="interleaved" if v > 1 else "1f1b")
 

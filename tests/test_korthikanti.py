@@ -218,6 +218,38 @@ def test_pipeline_identity_175b_1f1b_vs_interleaved(recompute):
     assert (stage0(vpp) - counts[0] * emb_mask) / (stage0(1) - pp * emb_mask) == 1 + Fraction(pp - 1, pp * vpp)
 
 
+def test_uneven_interleaved_chunks_peak_on_the_heavier_chunk():
+    """A given uneven layout under the interleaved schedule: the stage peaks at the held
+    vector that favours its heavier chunk, not at the warm-up split.
+
+    Hand timeline of rank 0 (Megatron-LM order), pp = 2, vpp = 2, m = 4: forward k runs
+    chunk (k // pp) % vpp; warm-up 2*(pp-1) + (vpp-1)*pp = 4 forwards F0c0 F1c0 F0c1 F1c1,
+    then F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0, then the remaining backwards. Held
+    (chunk 0, chunk 1) micro-batches right after each steady forward: (3, 2), (4, 1),
+    (4, 1), (3, 2); so the peak is max(3 A0 + 2 A1, 4 A0 + A1) with A_c a chunk's bytes
+    per micro-batch (chunk 0 of rank 0 also keeps the embedding dropout mask).
+    Layers: Korthikanti Table 2 (tp + sp), 96 layers as 36 | 24 | 12 | 24 per virtual
+    stage, so rank 0 runs 36 layers in chunk 0 and 12 in chunk 1 (and the mirror 12 | 36).
+    """
+    name, recompute = "megatron-gpt-175b", "selective"
+    h, a, L, _ = PAPER_MODELS[name]
+    t, pp, vpp, b, m = 8, 2, 2, 1, 4
+    layer = table2_tp_sp_selective(SEQ, b, h, a, t)
+    emb_mask = Fraction(SEQ * b * h, t)
+    model, hw = ndplan.load_model(name), ndplan.load_hardware("h100-sxm")
+
+    def stage0(layout):
+        strat = strategy(t, True, recompute, pp=pp, vpp=vpp, mbs=b, gbs=m * b, schedule="interleaved",
+                         layers_per_stage=layout)
+        return ndplan.estimate(model, hw, strat, gpus=t * pp).per_stage[0]["terms"]["mem.activations"]
+
+    for layout, (n0, n1) in [((36, 24, 12, 24), (36, 12)), ((12, 24, 36, 24), (12, 36))]:
+        A0, A1 = n0 * layer + emb_mask, n1 * layer
+        assert stage0(layout) == max(3 * A0 + 2 * A1, 4 * A0 + A1)
+    # the heavy-chunk-0 layout peaks at (4, 1): 24 layers' worth more than the warm-up split
+    assert stage0((36, 24, 12, 24)) - (3 * (36 * layer + emb_mask) + 2 * 12 * layer) == 24 * layer + emb_mask
+
+
 @pytest.mark.parametrize("name", ["megatron-gpt-175b", "megatron-gpt-530b", "megatron-gpt-1t"])
 def test_first_stage_holds_L_layers_with_1f1b(name):
     """Table 3 pipeline sizes (175B pp=8, 530B pp=35, 1T pp=64) with 1F1B: the first

@@ -67,7 +67,7 @@ def valid_strategies(draw, spec, allow_uneven=True, allow_tuple=True,
     mbs = draw(st.sampled_from([1, 2]))
     m = draw(st.integers(1, 12))
     if schedule == "interleaved" and pp > 1:
-        m = max(m, pp)
+        m = pp * -(-m // pp)  # Megatron's interleaved schedule: m a multiple of pp
     seq = draw(st.sampled_from([512, 2048, 4096]))
     ep = etp = 1
     if spec.is_moe:
@@ -303,7 +303,7 @@ def test_dp_doubling_does_not_increase_memory(name, data):
     try:
         same_gbs = _with(strat, dp=2 * strat.dp)
     except NdplanError:
-        return  # gbs not divisible by 2*dp*mbs, or interleaved m < pp
+        return  # gbs not divisible by 2*dp*mbs, or interleaved m not a multiple of pp
     e3 = ndplan.estimate(spec, HW, same_gbs)
     for r1, r3 in zip(e1.per_stage, e3.per_stage):
         where = f"stage {r1['stage']}, dp {strat.dp} -> {2 * strat.dp}, gbs={strat.gbs}"
@@ -374,6 +374,7 @@ def any_strategy(draw):
 def test_check_accepts_exactly_the_rules(name, drawn, gpus_factor):
     """Soundness: every strategy Strategy(...) + Strategy.check accept satisfies the
     rules (heads % tp, kv % tp, layers % (pp*vpp) for even splits, gbs % (dp*mbs),
+    interleaved: m % pp,
     ep*etp | dp*cp*tp, experts % ep, dp*tp*pp*cp == gpus). Completeness: every strategy
     that satisfies them is accepted (no hidden extra rule)."""
     spec = spec_of(name)
@@ -381,7 +382,7 @@ def test_check_accepts_exactly_the_rules(name, drawn, gpus_factor):
     if strat is None:
         # rejected at construction: then some construction-time rule fails
         d, mbs, gbs, seq, cp = kw["dp"], kw["mbs"], kw["gbs"], kw["seq"], kw["cp"]
-        interleaved_m = kw["schedule"] == "interleaved" and kw["pp"] > 1 and gbs // (d * mbs) < kw["pp"]
+        interleaved_m = kw["schedule"] == "interleaved" and kw["pp"] > 1 and (gbs // (d * mbs)) % kw["pp"] != 0
         assert gbs % (d * mbs) or seq % cp or interleaved_m, kw
         return
     world = strat.world

@@ -263,3 +263,18 @@ def test_why_point_errors():
         why(spec("llama3-8b"), 8, 4096, 64, None, {"tpp": 2})
     with pytest.raises(NdplanError, match="gbs="):
         generate(spec("llama3-8b"), 8, 4096, 0)
+
+
+@pytest.mark.parametrize("gbs,ok", [(4, True), (8, True), (6, False), (5, False), (2, False)])
+def test_interleaved_needs_m_a_multiple_of_pp(gbs, ok):
+    """Megatron-core's interleaved schedule runs micro-batches in groups of
+    microbatch_group_size_per_vp_stage (default pp) and refuses a last group smaller
+    than pp (schedules.py, forward_backward_pipelining_with_interleaving), so with the
+    default m must be a multiple of pp: pp = 4, dp = mbs = 1, m = gbs."""
+    def make():
+        return ndplan.Strategy(dp=1, tp=1, pp=4, vpp=2, gbs=gbs, schedule="interleaved")
+    if ok:
+        assert make().m == gbs
+    else:
+        with pytest.raises(NdplanError, match="multiple of pp=4"):
+            make()

@@ -121,7 +121,7 @@ def _schedule_fail(c: _Ctx) -> np.ndarray:
     if c.schedule in ONE_CHUNK_SCHEDULES:
         return c.full(c.vpp != 1)
     if c.schedule == "interleaved":
-        return (c.pp == 1) | (c.vpp < 2) | (c.m < c.pp)
+        return (c.pp == 1) | (c.vpp < 2) | (c.m % c.pp != 0)
     return (c.pp == 1) | (c.vpp != 2)  # zbv
 
 
@@ -135,7 +135,8 @@ def _schedule_why(c: _Ctx) -> str:
         return f"zbv places two chunks (a V) per stage, so vpp={c.vpp} must be 2"
     if c.vpp < 2:
         return f"interleaved needs vpp >= 2 (vpp={c.vpp})"
-    return f"interleaved needs micro-batches m=gbs/(dp*mbs)={c.gbs}/({c.dp}*{c.mbs})={c.m} >= pp={c.pp}"
+    return (f"interleaved needs micro-batches m=gbs/(dp*mbs)={c.gbs}/({c.dp}*{c.mbs})={c.m} a multiple of pp={c.pp} "
+            "(Megatron-LM groups micro-batches by pp)")
 
 
 def _duplicate_why(c: _Ctx) -> str:
@@ -177,7 +178,7 @@ _RULES = (
           lambda c: c.model.num_hidden_layers % (c.pp * c.vpp) != 0,
           lambda c: (f"pp*vpp={c.pp}*{c.vpp}={c.pp * c.vpp} does not divide "
                      f"num_hidden_layers={c.model.num_hidden_layers}"), False),
-    _Rule("schedule", "gpipe/1f1b/zb-h1: vpp == 1; interleaved: pp > 1, vpp >= 2, m >= pp; zbv: pp > 1, vpp == 2",
+    _Rule("schedule", "gpipe/1f1b/zb-h1: vpp == 1; interleaved: pp > 1, vpp >= 2, m a multiple of pp; zbv: pp > 1, vpp == 2",
           _schedule_fail, _schedule_why, False),
     _Rule("duplicate", "canonical form: pp == 1 keeps only schedule 1f1b with vpp 1; tp == 1 keeps only sp=True",
           lambda c: ((c.pp == 1) & ((c.schedule != "1f1b") | (c.vpp != 1))) | ((c.tp == 1) & (not c.sp)),

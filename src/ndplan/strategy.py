@@ -124,8 +124,12 @@ class Strategy:
             raise NdplanError("vpp", self.vpp, "the interleaved schedule needs vpp >= 2")
         if self.schedule == "zbv" and self.vpp != 2:
             raise NdplanError("vpp", self.vpp, "zbv places two chunks (a V) per stage; set vpp=2")
-        if self.schedule == "interleaved" and self.pp > 1 and self.m < self.pp:
-            raise NdplanError("gbs", self.gbs, f"interleaved needs micro-batches m={self.m} >= pp={self.pp}; raise gbs or lower mbs/dp")
+        if self.schedule == "interleaved" and self.pp > 1 and self.m % self.pp:
+            # Megatron-core forward_backward_pipelining_with_interleaving: micro-batches run in
+            # groups of microbatch_group_size_per_vp_stage (default pp), and a last group
+            # smaller than pp is refused ("introduces dependency bubbles"), so m % pp == 0
+            raise NdplanError("gbs", self.gbs, f"interleaved needs micro-batches m={self.m} a multiple of pp={self.pp} "
+                              "(Megatron-LM groups micro-batches by pp); change gbs, mbs or dp")
 
     def check(self, model: ModelSpec, gpus: int | None = None) -> None:
         """Divisibility rules against a model and device count."""

@@ -22,7 +22,7 @@ from ndplan.engines import ENGINE_PROFILES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import params as P
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
-from ndplan.formulas.schedules import inflight
+from ndplan.formulas.schedules import held_profiles, inflight
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
@@ -194,25 +194,34 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     ctx = act_context(spec, strat)
     pp = pp_expr(spec, strat)
     cast = weight_cast(strat, eng)
-    acts = sp.Integer(0)
+    # per_mb[c]: activations chunk c of this stage keeps per micro-batch in flight
+    per_mb = []
     for c in range(strat.vpp):
         nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
-        acts += inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * chunk_activation(
-            spec, M, ctx, strat, nd, nm, cast, chunk_recompute_count(eng, strat, c))
+        per_mb.append(chunk_activation(spec, M, ctx, strat, nd, nm, cast, chunk_recompute_count(eng, strat, c)))
     first, last = is_first(stage), head_device_flag(strat.schedule, stage, pp)
     hc = head_chunk(strat.schedule, strat.vpp)
-    acts += first * inflight(strat.schedule, stage, 0, pp, strat.vpp, S.m) * A.embedding_activation(spec, M, ctx)
-    n_last = inflight(strat.schedule, stage, hc, pp, strat.vpp, S.m)
-    acts += last * n_last * A.head_activation(spec, M, ctx)
+    per_mb[0] += first * A.embedding_activation(spec, M, ctx)
+    per_mb[hc] += last * A.head_activation(spec, M, ctx)
     if spec.mtp_layers:
         mtp_kind = "moe" if spec.is_moe else "dense"
         mode = strat.recompute if strat.recompute_layers is None else "none"
-        acts += last * n_last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
-                                                   + A.head_activation(spec, M, ctx))
+        per_mb[hc] += last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
+                                                + A.head_activation(spec, M, ctx))
+    if strat.vpp > 1 and strat.layers_per_stage is not None:
+        # a given (uneven) layout: chunks differ, and the stage may peak holding more of its
+        # heavier chunk than the in-flight table's split (schedules.held_profiles: every
+        # per-chunk held vector the op order passes through; exact for any chunk sizes)
+        vectors = held_profiles(strat.schedule, int(stage), int(pp), strat.vpp, strat.m)
+        acts = sp.Max(*[sum(h * a for h, a in zip(vec, per_mb)) for vec in vectors])
+        how = "max over the held vectors of the schedule's op order (schedules.held_profiles)"
+    else:
+        acts = sum(inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * a for c, a in enumerate(per_mb))
+        how = "in-flight micro-batches of the schedule (schedules.inflight)"
     terms.append(Term(
         key="mem.activations", expr=acts, unit="bytes",
         source="Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py) x layers per "
-               "chunk x in-flight micro-batches of the schedule (formulas/schedules.py)",
+               f"chunk x {how}",
         note=f"{strat.recompute} recompute, schedule {strat.schedule}, vpp={strat.vpp}"))
 
     gather = sp.Integer(0)
