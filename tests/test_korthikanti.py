@@ -238,7 +238,7 @@ def test_uneven_interleaved_chunks_peak_on_the_heavier_chunk():
     emb_mask = Fraction(SEQ * b * h, t)
     model, hw = ndplan.load_model(name), ndplan.load_hardware("h100-sxm")
 
-    def stage0(layout):
+    def stage0(layout, m=m):
         strat = strategy(t, True, recompute, pp=pp, vpp=vpp, mbs=b, gbs=m * b, schedule="interleaved",
                          layers_per_stage=layout)
         return ndplan.estimate(model, hw, strat, gpus=t * pp).per_stage[0]["terms"]["mem.activations"]
@@ -248,6 +248,9 @@ def test_uneven_interleaved_chunks_peak_on_the_heavier_chunk():
         assert stage0(layout) == max(3 * A0 + 2 * A1, 4 * A0 + A1)
     # the heavy-chunk-0 layout peaks at (4, 1): 24 layers' worth more than the warm-up split
     assert stage0((36, 24, 12, 24)) - (3 * (36 * layer + emb_mask) + 2 * 12 * layer) == 24 * layer + emb_mask
+    # m = 2: the warm-up (4 forwards = m * vpp) runs every forward, so (2, 2) is held; the
+    # same layout at another m (compiled kernels are cached per layout) must not reuse m = 4
+    assert stage0((36, 24, 12, 24), m=2) == 2 * (36 * layer + emb_mask) + 2 * 12 * layer
 
 
 @pytest.mark.parametrize("name", ["megatron-gpt-175b", "megatron-gpt-530b", "megatron-gpt-1t"])

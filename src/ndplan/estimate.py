@@ -21,7 +21,7 @@ from ndplan.engines import ENGINE_PROFILES, EngineProfile
 from ndplan.formulas import flops as FL
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
-from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
+from ndplan.formulas.memory import STATIC_KEYS, host_memory, peaks_over_held_vectors, stage_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import cached_kernel
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
@@ -39,6 +39,8 @@ def structural_key(model: ModelSpec, strat: Strategy) -> tuple:
         key += ("pp", strat.pp)  # layer counts need a concrete pp
     if ENGINE_PROFILES[strat.engine].cp_implies_sp and not strat.sp:
         key += ("cp>1", strat.cp > 1)
+    if peaks_over_held_vectors(strat):
+        key += ("m", strat.m)  # the held vectors depend on m
     return key
 
 

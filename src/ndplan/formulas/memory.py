@@ -170,6 +170,14 @@ def static_terms(spec: ModelSpec, strat: Strategy, eng: EngineProfile, dense, ex
     ]
 
 
+def peaks_over_held_vectors(strat: Strategy) -> bool:
+    """A given (uneven) layout under vpp > 1: chunks differ, and the stage may peak
+    holding more of its heavier chunk than the in-flight table's split, so activations
+    are the max over every per-chunk held vector the op order passes through
+    (schedules.held_profiles, exact for any chunk sizes), which fixes m in the formula."""
+    return strat.vpp > 1 and strat.layers_per_stage is not None
+
+
 def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage,
                  engine: EngineProfile | None = None) -> Breakdown:
     """Peak memory Terms of one device of pipeline stage ``stage``."""
@@ -208,10 +216,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
         mode = strat.recompute if strat.recompute_layers is None else "none"
         per_mb[hc] += last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
                                                 + A.head_activation(spec, M, ctx))
-    if strat.vpp > 1 and strat.layers_per_stage is not None:
-        # a given (uneven) layout: chunks differ, and the stage may peak holding more of its
-        # heavier chunk than the in-flight table's split (schedules.held_profiles: every
-        # per-chunk held vector the op order passes through; exact for any chunk sizes)
+    if peaks_over_held_vectors(strat):
         vectors = held_profiles(strat.schedule, int(stage), int(pp), strat.vpp, strat.m)
         acts = sp.Max(*[sum(h * a for h, a in zip(vec, per_mb)) for vec in vectors])
         how = "max over the held vectors of the schedule's op order (schedules.held_profiles)"
