@@ -4,14 +4,14 @@
 Sections
 --------
 (a) MindSpore / MindFormers LLaMA-2/3 cases
-    (/work/shared/validation/mindformers/memory_cases.yaml, 37 cases, MB = MiB).
+    (../shared/validation/mindformers/memory_cases.yaml beside the project root, 37 cases, MB = MiB).
     "Measured" = Static + Dynamic of MindSpore's memory profiler per stage. 22 cases
     report > 64 GiB per device, so they must be compile-time memory plans rather than
     on-device observations (README §1); ``exceeds_64GiB`` marks them and a separate
     MAPE over the <= 64 GiB cases is printed.
     Upstream metric (MemEst tests): per case |real - pred| / real with real and pred
     the max over stages; MAPE over cases.
-(b) torchtitan rows of /work/shared/validation/published/cases.yaml
+(b) torchtitan rows of ../shared/validation/published/cases.yaml
     (ids torchtitan_202408_*). The metric there would be torch.cuda max *reserved*
     memory (NOTES.md), which runs above allocated tensors. If a row carries a numeric
     ``measured.peak_mem_gb`` it is compared like (a); otherwise the row is used as a
@@ -47,9 +47,12 @@ from ndplan.interop.mindformers import read_doc
 
 MIB = 2 ** 20
 GIB = 2 ** 30
-MF_CASES = Path("/work/shared/validation/mindformers/memory_cases.yaml")
-PUB_CASES = Path("/work/shared/validation/published/cases.yaml")
-PUB_HW = Path("/work/shared/validation/published/hardware.yaml")
+from shared_data import validation_dir  # noqa: E402 (benchmarks/shared_data.py)
+
+SHARED = validation_dir()
+MF_CASES = SHARED / "mindformers" / "memory_cases.yaml"
+PUB_CASES = SHARED / "published" / "cases.yaml"
+PUB_HW = SHARED / "published" / "hardware.yaml"
 
 
 class Skip(Exception):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Predicted vs published step time, and MindFormers step-time rankings.
 
-(a) Published cases (/work/shared/validation/published/cases.yaml; NOTES.md there).
+(a) Published cases (../shared/validation/published/cases.yaml beside the project root; NOTES.md there).
     Each source is compared in the quantity it publishes, turned into seconds per step
     only where the source's own formula makes that exact (NOTES.md "compare like with like"):
 
@@ -56,7 +56,7 @@
     Metric: error = (predicted - measured) / measured per case; the median of |error| per
     source, over the core sources (all but nemo) and over all.
 
-(b) MindFormers step-time sets (/work/shared/validation/mindformers/steptime_cases.yaml):
+(b) MindFormers step-time sets (../shared/validation/mindformers/steptime_cases.yaml):
     time unit unknown, so per set: is the measured-fastest row ranked first by predicted
     step time, and Spearman's rank correlation (ties averaged) between predicted and measured.
     Mapping: dp/tp/pp/micro_batch_num per row, mbs = base micro_batch_size, gbs = mbs x dp x
@@ -86,9 +86,9 @@ from ndplan.catalog.model import model_from_config
 from ndplan.engines import ENGINE_PROFILES
 from ndplan.formulas import flops as FL
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
-if not SHARED.exists():
-    SHARED = Path("/work/shared/validation")
+from shared_data import validation_dir  # noqa: E402 (benchmarks/shared_data.py)
+
+SHARED = validation_dir()
 PUB_CASES = SHARED / "published" / "cases.yaml"
 MF_CASES = SHARED / "mindformers" / "steptime_cases.yaml"
 

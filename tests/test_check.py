@@ -239,7 +239,7 @@ def test_megatron_cli_exit_1_and_json(tmp_path):
     r = CliRunner().invoke(main, ["check", str(f), "-m", "llama2-7b", "--top", "0", "--json"])
     assert r.exit_code == 1
     import json
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["fits"] is False and doc["oom_causes"][0]["key"] == "mem.activations"
 
 
@@ -412,16 +412,16 @@ def test_file_diff_of_same_strategy_is_empty(tmp_path):
 # --------------------------------------------------------------------------- bad input
 
 BAD = {  # name: (file name, text, extra CLI args, field named in the message)
-    "malformed-toml": ("a.toml", "[parallelism\ntensor_parallel_degree = 2\n", ["--gpus", "8"], "toml"),
+    "malformed-toml": ("a.toml", "[parallelism\ntensor_parallel_degree = 2\n", ["--gpus", "8"], "FILE"),
     "malformed-json": ("a.json", '{"train_batch_size": 8,,}', ["-m", "llama3-8b", "--gpus", "8", "--seq", "4096"],
-                       "json"),
-    "malformed-yaml": ("a.yaml", "parallel_config:\n  data_parallel: [1,\n", [], "yaml"),
-    "yaml-not-mindformers": ("a.yaml", "foo: 1\n", [], "parallel_config"),
-    "deepspeed-no-model": ("a.json", DEEPSPEED, ["--gpus", "8", "--seq", "4096"], "model"),
-    "deepspeed-no-seq": ("a.json", DEEPSPEED, ["-m", "llama3-8b", "--gpus", "8"], "seq"),
-    "torchtitan-unknown-flavor": ("a.toml", TORCHTITAN_8B.replace('"8B"', '"9B"'), ["--gpus", "16"], "model"),
+                       "FILE"),
+    "malformed-yaml": ("a.yaml", "parallel_config:\n  data_parallel: [1,\n", [], "FILE"),
+    "yaml-not-mindformers": ("a.yaml", "foo: 1\n", [], "FILE"),
+    "deepspeed-no-model": ("a.json", DEEPSPEED, ["--gpus", "8", "--seq", "4096"], "--model"),
+    "deepspeed-no-seq": ("a.json", DEEPSPEED, ["-m", "llama3-8b", "--gpus", "8"], "--seq"),
+    "torchtitan-unknown-flavor": ("a.toml", TORCHTITAN_8B.replace('"8B"', '"9B"'), ["--gpus", "16"], "--model"),
     "megatron-no-model": ("a.sh", "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
-                                  "--seq-length 4096\n", [], "model"),
+                                  "--seq-length 4096\n", [], "--model"),
     "megatron-degrees-do-not-divide": ("a.sh", MEGATRON_7B.replace("TP=2", "TP=3"), ["-m", "llama2-7b"], "gpus"),
     "deepspeed-degrees-do-not-divide": ("a.json", DEEPSPEED.replace('"bf16"', '"tensor_parallel": {"autotp_size": 3}, '
                                                                    '"bf16"'),

@@ -129,7 +129,7 @@ def test_no_traceback_on_any_error_case(tmp_path):
 def _estimate_json(args):
     res = run(["estimate", *args, "--json"])
     assert res.exit_code == 0, res.output
-    assert res.stderr.strip() == ""
+    assert all(ln.startswith("compiling") for ln in res.stderr.splitlines())  # progress only
     return json.loads(res.stdout)
 
 

@@ -280,7 +280,7 @@ def test_cli_estimate_emit_stdout_and_file(tmp_path):
     args = ["estimate", "-m", "llama3-70b", "--tp", "8", "--pp", "4", "--dp", "2", "--gbs", "64"]
     r = CliRunner().invoke(main, args + ["--emit", "torchtitan"])
     assert r.exit_code == 0, r.output
-    assert tomllib.loads(r.output)["parallelism"]["tensor_parallel_degree"] == 8
+    assert tomllib.loads(r.stdout)["parallelism"]["tensor_parallel_degree"] == 8
     out = tmp_path / "ds.json"
     r = CliRunner().invoke(main, args + ["--emit", "deepspeed", "--emit-out", str(out)])
     assert r.exit_code == 0 and "peak" in r.output

@@ -34,7 +34,7 @@ def test_set_overrides_an_engine_setting_without_code():
     hid = CliRunner().invoke(main, args + ["--set", "overlap_tp_comm=1"])
     assert base.exit_code == 0 and hid.exit_code == 0, hid.output
     import json
-    t0, t1 = json.loads(base.output)["time"]["terms"], json.loads(hid.output)["time"]["terms"]
+    t0, t1 = json.loads(base.stdout)["time"]["terms"], json.loads(hid.stdout)["time"]["terms"]
     assert t0["time.tp_comm"] > 0 and t1["time.tp_comm"] == 0
     bad = CliRunner().invoke(main, args + ["--set", "overlap_tp_com=1"])
     assert bad.exit_code == 2 and "overlap_tp_comm" in bad.output

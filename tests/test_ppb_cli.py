@@ -38,7 +38,7 @@ def test_balance_json_schema(tmp_path):
     r = _run(tmp_path, GOOD, "--pp", "2", "--vpp", "2", "--m", "4", "--budget-gib", "20", "--json",
              "--timeline", str(svg), "--time-limit", "5")
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["status"] == "OPTIMAL" and out["objective_s"] == pytest.approx(out["bound_s"])
     assert {"objective_s", "bound_s", "simulated_step_s", "stages", "mindformers", "megatron"} <= set(out)
     assert len(out["stages"]) == 4

@@ -55,10 +55,10 @@ def valid_strategies(draw, spec, allow_uneven=True, allow_tuple=True,
     vpp = {"interleaved": draw(st.sampled_from([2, 3, 4])), "zbv": 2}.get(schedule, 1)
     uneven = allow_uneven and draw(st.integers(0, 3)) == 0
     if uneven:
-        pp = draw(st.sampled_from([p for p in (1, 2, 3, 4) if p * vpp <= L]))
+        pp = draw(st.sampled_from([p for p in (1, 2, 3, 4) if p * vpp <= L and (vpp == 1 or p > 1)]))
         lps = _compositions(draw, L, pp * vpp)
     else:
-        pps = [p for p in _divisors(L, 8) if L % (p * vpp) == 0]
+        pps = [p for p in _divisors(L, 8) if L % (p * vpp) == 0 and (vpp == 1 or p > 1)]  # vpp > 1 needs pp > 1
         assume(pps)
         pp = draw(st.sampled_from(pps))
         lps = None
@@ -374,7 +374,7 @@ def any_strategy(draw):
 def test_check_accepts_exactly_the_rules(name, drawn, gpus_factor):
     """Soundness: every strategy Strategy(...) + Strategy.check accept satisfies the
     rules (heads % tp, kv % tp, layers % (pp*vpp) for even splits, gbs % (dp*mbs),
-    interleaved: m % pp,
+    interleaved: m % pp, vpp > 1 needs pp > 1,
     ep*etp | dp*cp*tp, experts % ep, dp*tp*pp*cp == gpus). Completeness: every strategy
     that satisfies them is accepted (no hidden extra rule)."""
     spec = spec_of(name)
@@ -383,7 +383,8 @@ def test_check_accepts_exactly_the_rules(name, drawn, gpus_factor):
         # rejected at construction: then some construction-time rule fails
         d, mbs, gbs, seq, cp = kw["dp"], kw["mbs"], kw["gbs"], kw["seq"], kw["cp"]
         interleaved_m = kw["schedule"] == "interleaved" and kw["pp"] > 1 and (gbs // (d * mbs)) % kw["pp"] != 0
-        assert gbs % (d * mbs) or seq % cp or interleaved_m, kw
+        vpp_without_pp = kw["vpp"] > 1 and kw["pp"] == 1  # Megatron-core: virtual chunks need pp > 1
+        assert gbs % (d * mbs) or seq % cp or interleaved_m or vpp_without_pp, kw
         return
     world = strat.world
     gpus = None if gpus_factor is None else world * gpus_factor

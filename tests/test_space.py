@@ -224,7 +224,7 @@ def test_load_space_reads_yaml(tmp_path):
     ("- tp\n- pp\n", "space", ["mapping"]),
     ("tpp: 8\n", "space", ["tpp", "did you mean tp"]),
     ("gbs: 512\n", "space", ["--gbs"]),
-    ("tp: -2\n", "tp", ["positive integer"]),
+    ("tp: -2\n", "tp", ["out of range 1..", "-2"]),
     ("schedule: foo\n", "schedule", ["foo", "1f1b"]),
     ("recompute: bar\n", "recompute", ["bar", "selective"]),
     ("zero: 5\n", "zero", ["0, 1, 2 or 3"]),
@@ -246,7 +246,7 @@ def test_load_space_errors(tmp_path, text, field, words):
     ({"tp": 3}, "tp", ["tp=3", "does not divide --gpus 64", "1, 2, 4"]),
     ({"ep": [2, 6]}, "ep", ["ep=6", "does not divide --gpus 64"]),
     ({"tp": 8, "pp": 16, "cp": 2}, "gpus", ["no dp*tp*pp*cp"]),
-    ({"mbs": 0}, "mbs", ["positive integer"]),
+    ({"mbs": 0}, "mbs", ["out of range 1..", "0"]),
 ])
 def test_generate_errors(space, field, words):
     with pytest.raises(NdplanError) as e:

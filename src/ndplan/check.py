@@ -1,7 +1,7 @@
 """``ndplan check``: estimate a user's framework config, say whether it fits, which
 terms make it not fit, and the nearest strategies that fit, each as a diff of the file.
 
-Memory limit, first that applies: ``mem_limit`` (GiB, or a fraction of HBM when <= 1);
+Memory limit, first that applies: ``mem_limit_gib`` (GiB) or ``mem_fraction`` (of HBM);
 the file's own cap (MindFormers ``context.max_device_memory``); the device HBM. The
 engine's reserve (``mem.reserve``: CUDA context, allocator slack) is a term of the peak,
 so comparing the peak with HBM is comparing the rest with HBM minus the reserve.
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog import load_hardware
 from ndplan.errors import NdplanError
@@ -34,6 +35,7 @@ from ndplan.interop import READERS, REMOVE, CheckInput
 from ndplan.strategy import Strategy
 from ndplan.sweep import mem_limit as sweep_mem_limit
 from ndplan.sweep import sweep
+from ndplan.units import GIB
 
 DISTANCE_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute", "schedule",
                    "layers_per_stage")
@@ -108,9 +110,11 @@ class CheckResult:
                 "fits": self.fits, "oom_causes": self.causes, "proposals": [p.to_json() for p in self.proposals]}
 
 
-def limit_of(ci: CheckInput, hw: Hardware, mem_limit: float | None) -> tuple[int, str]:
-    if mem_limit is not None:
-        return sweep_mem_limit(hw, mem_limit), "--mem-limit"
+def limit_of(ci: CheckInput, hw: Hardware, mem_limit_gib: float | None = None,
+             mem_fraction: float | None = None) -> tuple[int, str]:
+    if mem_limit_gib is not None or mem_fraction is not None:
+        return (sweep_mem_limit(hw, mem_limit_gib, mem_fraction),
+                "--mem-limit-gib" if mem_limit_gib is not None else "--mem-fraction")
     if ci.mem_limit_bytes:
         return ci.mem_limit_bytes, f"the file's {ci.mem_limit_origin}"
     return hw.hbm_bytes, f"{hw.name} HBM (the engine reserve is the mem.reserve term of the peak)"
@@ -158,7 +162,8 @@ def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
             name = ci.path.name
             diff = difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}", f"b/{name}")
             return "".join(diff), text
-    raise NdplanError("strategy", _plain_strategy(strat), f"{ci.fmt} form does not read back as this strategy")
+    raise NdplanError("strategy", _plain_strategy(strat), f"{ci.fmt} form does not read back as this strategy",
+                      "the file's format cannot express it")
 
 
 def _plain_strategy(s: Strategy) -> str:
@@ -179,7 +184,7 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     base = {f: getattr(u, f) for f in ("engine", "flash_attention", "order", "grad_dtype", "weight_dtype",
                                        "offload_optimizer")}
     try:
-        res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, limit=limit / 2 ** 30, base=base)
+        res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, mem_limit_gib=limit / GIB, base=base)
     except NdplanError:  # no valid candidate at these devices / seq / gbs
         return []
     t, n = res.table, res.feasible
@@ -213,15 +218,14 @@ def _adds_to(changed: dict, earlier: dict) -> bool:
     return len(changed) > len(earlier) and all(changed.get(f, (None, None))[1] == b for f, (_, b) in earlier.items())
 
 
-def check(ci: CheckInput, hardware: str | Hardware | None = None, *, mem_limit: float | None = None,
-          top: int = 3) -> CheckResult:
+def check(ci: CheckInput, hardware: str | Hardware | None = None, *, mem_limit_gib: float | None = None,
+          mem_fraction: float | None = None, top: int = 3) -> CheckResult:
     """Estimate ``ci`` (interop.read_config), compare with the limit, and when it does not
     fit name the causes and propose the ``top`` nearest fitting strategies."""
-    if top < 0:
-        raise NdplanError("top", top, "must be >= 0")
+    top = limits.count("top", top, 0, limits.MAX_TOP, "a number of proposals")
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or DEFAULT_HARDWARE.get(ci.fmt, "h100-sxm"))
+    limit, source = limit_of(ci, hw, mem_limit_gib, mem_fraction)
     est = estimate(ci.model, hw, ci.strategy, ci.gpus)
-    limit, source = limit_of(ci, hw, mem_limit)
     res = CheckResult(ci, hw, est, limit, source)
     if not res.fits:
         res.causes = oom_causes(est, limit)

@@ -1,50 +1,42 @@
 """ndplan command line: thin commands over the library API.
 
-Every library error (NdplanError) becomes one line on stderr and exit code 2.
+Every error (NdplanError, click usage errors) becomes one line on stderr and exit
+code 2 (cli_types.Cli); numeric options are checked against ndplan.limits on parsing.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 
 import click
 
-from ndplan.catalog import Hardware, list_hardware, list_models, load_hardware, load_model
+from ndplan import limits
+from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
 from ndplan.cli_balance import register as register_balance
 from ndplan.cli_check import register as register_check
-from ndplan.cli_emit import emit_cli, emit_options
+from ndplan.cli_emit import check_emit_out, emit_cli, emit_options
 from ndplan.cli_sweep import register as register_sweep
+from ndplan.cli_types import BATCH, DEGREE, DEVICES, SEQ, Cli, Count
 from ndplan.errors import NdplanError
+from ndplan.paths import output_file
 from ndplan.estimate import estimate as run_estimate
 from ndplan.report import cli as report_cli
 from ndplan.strategy import ENGINES, RECOMPUTE_MODES, SCHEDULES, Strategy
 from ndplan.units import GIB, fmt_bytes, fmt_count, fmt_seconds
 
 
-def _fail(msg: str) -> None:
-    click.echo(f"error: {msg}", err=True)
-    sys.exit(2)
-
-
-def library_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except NdplanError as e:
-            _fail(str(e))
-    return wrapper
-
-
 def _int_list(ctx, param, value):
     if value is None:
         return None
+    items = value.replace(" ", "").split(",")
     try:
-        return tuple(int(x) for x in value.replace(" ", "").split(","))
+        out = tuple(int(x) for x in items)
     except ValueError:
-        raise click.BadParameter(f"{value!r}: give comma-separated integers, e.g. 15,16,16,17") from None
+        raise NdplanError(param.opts[0], value, "not a comma-separated list of integers",
+                          "write e.g. 15,16,16,17") from None
+    for x in out:
+        limits.count(param.opts[0], x, 0, limits.MAX_LAYERS, "a layer count")
+    return out
 
 
 def _one_or_tuple(v):
@@ -56,17 +48,18 @@ def strategy_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json."),
         click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML."),
-        click.option("--gpus", "-n", type=int, default=None, help="Device count; must equal dp*tp*pp*cp (default: that product)."),
-        click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length, tokens."),
-        click.option("--gbs", type=int, default=None, help="Global batch, sequences (default: dp*mbs*pp)."),
-        click.option("--dp", type=int, default=None, help="Data-parallel degree (default: gpus/(tp*pp*cp))."),
-        click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree."),
-        click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages."),
-        click.option("--cp", type=int, default=1, show_default=True, help="Context-parallel degree."),
-        click.option("--ep", type=int, default=1, show_default=True, help="Expert-parallel degree (carved from dp*cp*tp)."),
-        click.option("--etp", type=int, default=1, show_default=True, help="Expert tensor-parallel degree."),
-        click.option("--vpp", type=int, default=1, show_default=True, help="Virtual chunks per stage."),
-        click.option("--mbs", type=int, default=1, show_default=True, help="Micro-batch size."),
+        click.option("--gpus", "-n", type=DEVICES, default=None, help="Device count; must equal dp*tp*pp*cp (default: that product)."),
+        click.option("--seq", type=SEQ, default=4096, show_default=True, help="Sequence length, tokens."),
+        click.option("--gbs", type=BATCH, default=None, help="Global batch, sequences (default: dp*mbs*pp)."),
+        click.option("--dp", type=DEGREE, default=None, help="Data-parallel degree (default: gpus/(tp*pp*cp))."),
+        click.option("--tp", type=DEGREE, default=1, show_default=True, help="Tensor-parallel degree."),
+        click.option("--pp", type=DEGREE, default=1, show_default=True, help="Pipeline stages."),
+        click.option("--cp", type=DEGREE, default=1, show_default=True, help="Context-parallel degree."),
+        click.option("--ep", type=DEGREE, default=1, show_default=True, help="Expert-parallel degree (carved from dp*cp*tp)."),
+        click.option("--etp", type=DEGREE, default=1, show_default=True, help="Expert tensor-parallel degree."),
+        click.option("--vpp", type=Count(hi=limits.MAX_LAYERS, what="a chunk count"), default=1, show_default=True,
+                     help="Virtual chunks per stage."),
+        click.option("--mbs", type=BATCH, default=1, show_default=True, help="Micro-batch size."),
         click.option("--zero", type=click.IntRange(0, 3), default=1, show_default=True,
                      help="0 none, 1 optimizer (distributed optimizer), 2 +grads, 3 +weights (FSDP)."),
         click.option("--sp/--no-sp", default=True, show_default=True, help="Sequence parallelism on the TP group."),
@@ -98,26 +91,28 @@ def parse_overrides(items) -> dict[str, float]:
     out = {}
     for item in items or ():
         name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise NdplanError("--set", item, "write NAME=VALUE, e.g. --set gemm_efficiency=0.7")
+        if not sep or not name.strip():
+            raise NdplanError("--set", item, "not NAME=VALUE", "write e.g. --set gemm_efficiency=0.7")
         try:
             out[name.strip()] = float(value)
         except ValueError:
-            raise NdplanError(name.strip(), value, "must be a number") from None
+            raise NdplanError(name.strip(), value, "not a number", f"write e.g. --set {name.strip()}=0.7") from None
     return out
 
 
 def apply_overrides(hardware: str, engine: str, items) -> tuple:
     """(hardware, engine name) with ``--set`` applied: hardware fields replace values of
-    the hardware entry, engine settings derive a named engine profile (engines.derive)."""
+    the hardware entry (checked by catalog.hardware.FIELD_RULES), engine settings derive a
+    named engine profile (engines.derive)."""
     from ndplan import engines
+    from ndplan.catalog.hardware import FIELD_RULES
     sets = parse_overrides(items)
-    hw_names = {f for f in Hardware.__dataclass_fields__} - {"name", "display_name", "sources"}
     for k in sets:
-        if k not in hw_names and k not in engines.engine_fields():
+        if k not in FIELD_RULES and k not in engines.engine_fields():
             import difflib
-            close = difflib.get_close_matches(k, sorted(hw_names | engines.engine_fields()), n=3)
-            raise NdplanError("--set", k, "unknown parameter; " + (f"did you mean {', '.join(close)}? " if close else "")
+            close = difflib.get_close_matches(k, sorted(set(FIELD_RULES) | engines.engine_fields()), n=3)
+            raise NdplanError("--set", k, "unknown parameter",
+                              (f"did you mean {', '.join(close)}? " if close else "")
                               + "hardware fields are in hardware/*.yaml, engine settings in engines.EngineProfile")
     eng = {k: v for k, v in sets.items() if k in engines.engine_fields()}
     hw = load_hardware(hardware).with_overrides({k: v for k, v in sets.items() if k not in eng})
@@ -131,17 +126,12 @@ def build(kw: dict):
     kw["engine"] = engine
     tp, pp, cp = kw["tp"], kw["pp"], kw["cp"]
     gpus = kw["gpus"]
-    for f in ("tp", "pp", "cp", "seq", "mbs", "vpp", "ep", "etp"):
-        if kw[f] is not None and kw[f] <= 0:
-            raise NdplanError(f, kw[f], "must be a positive integer")
-    if gpus is not None and gpus <= 0:
-        raise NdplanError("gpus", gpus, "must be a positive integer")
     dp = kw["dp"]
     if dp is None:
         if gpus is None:
             dp = 1
         elif gpus % (tp * pp * cp):
-            raise NdplanError("gpus", gpus, f"not divisible by tp*pp*cp={tp * pp * cp}; change a degree or --gpus")
+            raise NdplanError("--gpus", gpus, f"not divisible by tp*pp*cp={tp * pp * cp}", "change a degree or --gpus")
         else:
             dp = gpus // (tp * pp * cp)
     gbs = kw["gbs"] if kw["gbs"] is not None else dp * kw["mbs"] * pp
@@ -156,10 +146,13 @@ def build(kw: dict):
     return model, hw, strat, gpus
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ndplan")
 def main():
     """ndplan: plan N-dimensional parallel training (DP/ZeRO, TP+SP, PP+VPP, CP, EP).
+
+    Every error is one line, `error: <field>=<value>: <what is wrong>; <how to fix>`, with
+    exit code 2; `ndplan COMMAND --help` shows each command's options and examples.
 
     \b
     Examples:
@@ -168,6 +161,7 @@ def main():
       ndplan explain  -m llama3-8b --dp 8 --term mem.activations --symbolic
       ndplan sweep    -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024
       ndplan compare  -m llama2-70b -H a100-80gb --gpus 64 --gbs 128 "dp=4,tp=8,pp=2" "dp=8,tp=8,pp=1"
+      ndplan check    examples/torchtitan/llama3_8b.toml --gpus 16
     """
 
 
@@ -178,7 +172,6 @@ def main():
               help="Write the per-layer description for `ndplan balance` (YAML, or JSON by extension).")
 @emit_options
 @report_cli.report_csv_options
-@library_errors
 def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     """Per-stage peak memory of one strategy, with every term.
 
@@ -188,6 +181,9 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
           --seq 8192 --recompute selective --json
       ndplan estimate -m llama3-70b --gpus 64 --tp 8 --pp 4 --gbs 128 --emit megatron
     """
+    check_emit_out(emit_fmt, emit_out)
+    if export_layers:
+        output_file("--export-layers", export_layers)
     model, hw, strat, gpus = build(kw)
     if export_layers:
         _export_layers(export_layers, model, hw, strat)
@@ -249,11 +245,11 @@ def time_summary(est) -> str:
 @main.command()
 @strategy_options
 @click.option("--term", default=None, help="Only this term key (e.g. mem.activations).")
-@click.option("--stage", type=int, default=None, help="Pipeline stage to evaluate at (default: the peak stage).")
+@click.option("--stage", type=Count(lo=0, hi=limits.MAX_DEVICES, what="a stage index"), default=None,
+              help="Pipeline stage to evaluate at (default: the peak stage).")
 @click.option("--symbolic", is_flag=True, help="Keep model sizes as symbols (h, L, a, kv, d, f, V, ...).")
 @click.option("--latex", is_flag=True, help="Print formulas as LaTeX.")
 @click.option("--json", "as_json", is_flag=True)
-@library_errors
 def explain(term, stage, symbolic, latex, as_json, **kw):
     """Closed form of every term, its value at the strategy, unit and source.
 
@@ -268,7 +264,7 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
     if stage is None:
         stage = run_estimate(model, hw, strat, gpus).peak_stage
     elif not 0 <= stage < strat.pp:
-        raise NdplanError("stage", stage, f"must be in 0..{strat.pp - 1}")
+        raise NdplanError("--stage", stage, f"no such stage with pp={strat.pp}", f"give a stage in 0..{strat.pp - 1}")
     items = run_explain(model, strat, stage=stage, symbolic=symbolic, term=term, hardware=hw)
     if as_json:
         click.echo(json.dumps([vars(i) for i in items], indent=2))
@@ -284,9 +280,14 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
-@library_errors
 def models(as_json):
-    """List the model catalog (models/*.yaml)."""
+    """List the model catalog (models/*.yaml, and $NDPLAN_HOME/models/*.yaml).
+
+    \b
+    Examples:
+      ndplan models
+      ndplan models --json
+    """
     from ndplan.formulas.params import params_total
     rows = []
     for m in list_models():
@@ -302,9 +303,14 @@ def models(as_json):
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
-@library_errors
 def hardware(as_json):
-    """List the hardware catalog (hardware/*.yaml)."""
+    """List the hardware catalog (hardware/*.yaml, and $NDPLAN_HOME/hardware/*.yaml).
+
+    \b
+    Examples:
+      ndplan hardware
+      ndplan hardware --json
+    """
     rows = [{"name": h.name, "display_name": h.display_name, "bf16_tflops": h.bf16_tflops, "fp8_tflops": h.fp8_tflops,
              "hbm_gib": h.hbm_gib, "hbm_gb_per_s": h.hbm_gb_per_s, "intra_node_gb_per_s": h.intra_node_gb_per_s,
              "inter_node_gb_per_s": h.inter_node_gb_per_s, "devices_per_node": h.devices_per_node,
@@ -319,9 +325,9 @@ def hardware(as_json):
                    f"{r['devices_per_node']}/node  {r['display_name']}{flag}")
 
 
-register_sweep(main, library_errors, apply_overrides)
-register_balance(main, library_errors)
-register_check(main, library_errors)
+register_sweep(main, apply_overrides)
+register_balance(main)
+register_check(main)
 
 if __name__ == "__main__":
     main()

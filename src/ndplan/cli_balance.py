@@ -6,43 +6,59 @@ import json
 from pathlib import Path
 
 import click
-import yaml
 
-from ndplan.cli_emit import emit_cli, emit_options
+from ndplan.cli_emit import check_emit_out, emit_cli, emit_options
 from ndplan.errors import NdplanError
-from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, load_layers
+from ndplan import limits
+from ndplan.cli_types import Count, Real
+from ndplan.paths import output_file
+from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, layers_from_doc, load_layer_doc
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
 from ndplan.report import cli as report_cli
 from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, TIME_UNIT_S, Scale
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
 
-def _budget(path: str, budget_gib, hardware, reserve_gib) -> int:
-    """Given budget, or the hardware's HBM minus the reserve (default: the layer file's overhead_bytes)."""
+def _budget(meta: dict, budget_gib, hardware, reserve_gib) -> int:
+    """Given budget, or the hardware's HBM minus the reserve (default: the layer file's
+    overhead_bytes); ``meta`` is the parsed layer file."""
     if budget_gib is not None:
+        if hardware is not None or reserve_gib is not None:
+            raise NdplanError("--budget-gib", budget_gib, "given with --hardware/--reserve-gib",
+                              "give either --budget-gib or --hardware (and --reserve-gib)")
         return int(budget_gib * GIB)
-    doc = yaml.safe_load(Path(path).read_text()) if Path(path).exists() else {}
-    meta = doc if isinstance(doc, dict) else {}
     if hardware is not None:
         from ndplan.catalog import load_hardware
         hbm = load_hardware(hardware).hbm_bytes
     elif "hbm_bytes" in meta:
-        hbm = meta["hbm_bytes"]
+        hbm = limits.real("hbm_bytes", meta["hbm_bytes"], 0.0, limits.MAX_GIB * GIB, what="bytes (in the layer file)")
     else:
-        raise NdplanError("--budget-gib", None, "give --budget-gib, or --hardware (HBM minus --reserve-gib)")
-    reserve = reserve_gib * GIB if reserve_gib is not None else meta.get("overhead_bytes", 0)
+        raise NdplanError("--budget-gib", None, "no memory budget", "give --budget-gib, or --hardware (HBM minus --reserve-gib)")
+    if reserve_gib is not None:
+        reserve = reserve_gib * GIB
+    else:
+        reserve = limits.real("overhead_bytes", meta.get("overhead_bytes", 0), 0.0, limits.MAX_GIB * GIB,
+                              lo_open=False, what="bytes (in the layer file)")
+    if reserve >= hbm:
+        raise NdplanError("--reserve-gib", reserve / GIB, f"leaves nothing of the device's {hbm / GIB:g} GiB",
+                          "give a smaller reserve, or --budget-gib")
     return int(hbm - reserve)
 
 
 def _user_plan(inst: Instance, text: str | None, rec: str | None) -> Plan | None:
     if text is None:
+        if rec is not None:
+            raise NdplanError("--plan-recompute", rec, "given without --plan", "give --plan too, or drop it")
         return None
     try:
         sizes = [int(x) for x in text.split(",")]
     except ValueError:
-        raise NdplanError("--plan", text, "give layers per virtual stage, comma-separated, e.g. 21,20,20,21") from None
+        raise NdplanError("--plan", text, "not comma-separated integers",
+                          "give layers per virtual stage, e.g. 21,20,20,21") from None
     if len(sizes) != inst.pipeline.chunks or sum(sizes) != len(inst.layers) or min(sizes) < 1:
-        raise NdplanError("--plan", text, f"need {inst.pipeline.chunks} positive counts summing to {len(inst.layers)}")
+        raise NdplanError("--plan", text, f"{len(sizes)} counts summing to {sum(sizes)}",
+                          f"give {inst.pipeline.chunks} positive counts summing to {len(inst.layers)} "
+                          "(the layer file's layers, embedding and head included)")
     bounds = [0]
     for n in sizes:
         bounds.append(bounds[-1] + n)
@@ -65,11 +81,20 @@ def _row(inst, plan, sim) -> list[dict]:
     return sorted(rows, key=lambda r: (r["stage"], r["chunk"]))
 
 
+def _index_note(layers) -> str:
+    """What the layer indices of the table count."""
+    n = len(layers) - 1
+    if layers[0].kind == "embedding" and layers[-1].kind == "head":
+        return (f"layers are indices into the layer file: 0 is the embedding, {n} the head (and loss); "
+                f"decoder layer i is index i+1")
+    return f"layers are indices 0..{n} into the layer file's entries (embedding and head count as layers)"
+
+
 def _ranges(layers: list[int]) -> str:
     return f"{layers[0]}-{layers[-1]}" if layers else "-"
 
 
-def _emit_balanced(path: str, inst: Instance, plan: Plan, fmt: str, out: str | None) -> bool:
+def _emit_balanced(meta: dict, inst: Instance, plan: Plan, fmt: str, out: str | None) -> bool:
     """--emit the balanced plan with the strategy the layer file was exported at
     (``ndplan estimate --export-layers``), pp/vpp/m/schedule from this command."""
     import dataclasses
@@ -78,9 +103,9 @@ def _emit_balanced(path: str, inst: Instance, plan: Plan, fmt: str, out: str | N
     from ndplan.export import Balance
     from ndplan.export.common import recompute_mode
     from ndplan.strategy import Strategy
-    meta = yaml.safe_load(Path(path).read_text())
-    if not isinstance(meta, dict) or not isinstance(meta.get("strategy"), dict) or "model" not in meta:
-        raise NdplanError("--emit", fmt, "needs a layer file from `ndplan estimate --export-layers` (model, strategy)")
+    if not isinstance(meta.get("strategy"), dict) or "model" not in meta:
+        raise NdplanError("--emit", fmt, "the layer file has no model and strategy",
+                          "export it with `ndplan estimate --export-layers`")
     fields = {f.name for f in dataclasses.fields(Strategy)}
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["strategy"].items() if k in fields}
     bal = Balance(inst, plan)
@@ -91,27 +116,34 @@ def _emit_balanced(path: str, inst: Instance, plan: Plan, fmt: str, out: str | N
     return emit_cli(fmt, out, load_model(meta["model"]), strat, balance=bal)
 
 
-def register(main: click.Group, library_errors) -> None:
+def register(main: click.Group) -> None:
     @main.command("balance")
     @click.option("--layers", "layers_file", required=True, type=click.Path(dir_okay=False),
                   help="Layer description (ndplan-layers/1 JSON/YAML, or a SAPP layers_description file).")
-    @click.option("--pp", type=int, required=True, help="Pipeline stages.")
-    @click.option("--vpp", type=int, default=1, show_default=True, help="Chunks per stage.")
-    @click.option("--m", "m", type=int, required=True, help="Micro-batches per step.")
+    @click.option("--pp", type=Count(hi=limits.MAX_PP, what="a stage count"), required=True, help="Pipeline stages.")
+    @click.option("--vpp", type=Count(hi=limits.MAX_PP, what="a chunk count"), default=1, show_default=True,
+                  help="Chunks per stage.")
+    @click.option("--m", "m", type=Count(hi=limits.MAX_MICROBATCHES, what="a micro-batch count"), required=True,
+                  help="Micro-batches per step.")
     @click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="Default: 1f1b, interleaved if vpp>1.")
-    @click.option("--budget-gib", type=float, default=None, help="Per-device memory for static + activations.")
+    @click.option("--budget-gib", type=Real(limits.gib), default=None, help="Per-device memory for static + activations.")
     @click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib.")
-    @click.option("--reserve-gib", type=float, default=None, help="Default: the layer file's overhead_bytes.")
-    @click.option("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, show_default=True, help="CP-SAT seconds.")
-    @click.option("--workers", type=int, default=DEFAULT_WORKERS, show_default=True, help="CP-SAT workers.")
-    @click.option("--time-resolution-us", type=float, default=TIME_UNIT_S * 1e6, show_default=True)
-    @click.option("--plan", "user_plan", default=None, help="A plan to compare: layers per virtual stage, e.g. 21,20,20,21.")
+    @click.option("--reserve-gib", type=Real(lambda f, v: limits.gib(f, v, lo_open=False)), default=None,
+                  help="Default: the layer file's overhead_bytes.")
+    @click.option("--time-limit", type=Real(lambda f, v: limits.real(f, v, 0.0, limits.MAX_TIME_LIMIT_S, what="seconds")),
+                  default=DEFAULT_TIME_LIMIT_S, show_default=True, help="CP-SAT wall-clock seconds.")
+    @click.option("--workers", type=Count(hi=limits.MAX_WORKERS, what="a worker count"), default=DEFAULT_WORKERS,
+                  show_default=True, help="CP-SAT workers.")
+    @click.option("--time-resolution-us", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e6, what="microseconds")),
+                  default=TIME_UNIT_S * 1e6, show_default=True, help="Time unit of the CP-SAT model.")
+    @click.option("--plan", "user_plan", default=None,
+                  help="A plan to compare: layers per virtual stage (the layer file's layers, embedding and head "
+                       "included), e.g. 21,20,20,21.")
     @click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan.")
     @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here.")
     @click.option("--json", "as_json", is_flag=True)
     @emit_options
     @report_cli.report_csv_options
-    @library_errors
     def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit, workers,
                     time_resolution_us, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out,
                     **report_kw):
@@ -127,12 +159,13 @@ def register(main: click.Group, library_errors) -> None:
         from ndplan.ppb.simulate import simulate
         from ndplan.ppb.svg import timeline_svg
 
-        layers = load_layers(layers_file)
-        for f, v in (("time-limit", time_limit), ("workers", workers), ("time-resolution-us", time_resolution_us)):
-            if v <= 0:
-                raise NdplanError(f"--{f}", v, "must be positive")
+        check_emit_out(emit_fmt, emit_out)
+        if timeline:
+            output_file("--timeline", timeline)
+        doc = load_layer_doc(layers_file)
+        layers = layers_from_doc(doc)
         pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
-                        budget_bytes=_budget(layers_file, budget_gib, hardware, reserve_gib))
+                        budget_bytes=_budget(doc, budget_gib, hardware, reserve_gib))
         inst = Instance(layers=layers, pipeline=pipe)
         from ndplan.ppb.solve import Config, diagnose, evaluate, solve  # ortools: import on use (0.3 s)
         cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6))
@@ -146,12 +179,13 @@ def register(main: click.Group, library_errors) -> None:
                 out |= {"infeasible": {"stage": d.stage, "overflow_bytes": d.overflow_bytes,
                                        "min_budget_bytes": d.min_budget_bytes}}
                 if not as_json:
-                    raise NdplanError("budget", fmt_bytes(pipe.budget_bytes), d.message())
+                    raise NdplanError("budget", fmt_bytes(pipe.budget_bytes), d.message(),
+                                      "raise --budget-gib, or give more stages or recompute in the layer file")
             if as_json:
                 click.echo(json.dumps(out, indent=2))
                 return
-            raise NdplanError("--time-limit", time_limit, f"solver status {sol.status}: no plan found; raise it")
-        if emit_fmt and _emit_balanced(layers_file, inst, sol.plan, emit_fmt, emit_out):
+            raise NdplanError("--time-limit", time_limit, f"solver status {sol.status}: no plan found", "raise it")
+        if emit_fmt and _emit_balanced(doc, inst, sol.plan, emit_fmt, emit_out):
             return
         sim = simulate(inst, sol.plan)
         out["simulated_step_s"] = sim.step_s
@@ -181,6 +215,7 @@ def register(main: click.Group, library_errors) -> None:
         gap = f", gap {sol.gap:.2%}" if sol.gap else ""
         click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)}{gap}; "
                    f"replay {fmt_seconds(sim.step_s)}) in {sol.wall_s:.1f} s; budget {fmt_bytes(pipe.budget_bytes)}")
+        click.echo(_index_note(layers))
         click.echo("stage chunk  layers      full sel  t/mb      peak        bubble    imbalance recompute")
         for r in out["stages"]:
             click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {r['recompute'].count('full'):>4} "

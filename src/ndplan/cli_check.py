@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.interop import FORMATS
 from ndplan.units import fmt_bytes
 
@@ -56,7 +57,7 @@ def _print(res) -> None:
         click.echo(p.diff, nl=False)
 
 
-def register(main, library_errors):
+def register(main):
     @main.command("check")
     @click.argument("file", type=click.Path(dir_okay=False))
     @click.option("--format", "fmt", type=click.Choice(("auto",) + FORMATS), default="auto", show_default=True,
@@ -65,15 +66,13 @@ def register(main, library_errors):
                   help="Catalog name, model YAML or HF config.json; needed when the file has no architecture.")
     @click.option("--hardware", "-H", default=None,
                   help="Catalog name or hardware YAML (default: ascend-910b for MindFormers, else h100-sxm).")
-    @click.option("--gpus", "-n", type=int, default=None, help="Device count, when the file does not fix it.")
-    @click.option("--seq", type=int, default=None, help="Sequence length (DeepSpeed JSON; overrides the file).")
-    @click.option("--gbs", type=int, default=None, help="Global batch, sequences (overrides the file).")
-    @click.option("--mem-limit", type=float, default=None,
-                  help="Per-device limit: GiB, or a fraction of HBM when <= 1 (default: the file's cap, else HBM).")
-    @click.option("--top", type=int, default=3, show_default=True, help="Fitting strategies to propose on OOM.")
+    @click.option("--gpus", "-n", type=DEVICES, default=None, help="Device count, when the file does not fix it.")
+    @click.option("--seq", type=SEQ, default=None, help="Sequence length (DeepSpeed JSON; overrides the file).")
+    @click.option("--gbs", type=BATCH, default=None, help="Global batch, sequences (overrides the file).")
+    @mem_limit_options
+    @click.option("--top", type=TOP, default=3, show_default=True, help="Fitting strategies to propose on OOM.")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-    @library_errors
-    def check_cmd(file, fmt, model, hardware, gpus, seq, gbs, mem_limit, top, as_json):
+    def check_cmd(file, fmt, model, hardware, gpus, seq, gbs, mem_limit_gib, mem_fraction, top, as_json):
         """Estimate an existing Megatron-LM script / argument file, torchtitan TOML,
         DeepSpeed JSON or MindFormers YAML; on OOM name the terms that cause it and
         propose the nearest strategies that fit, each as a diff of FILE.
@@ -85,16 +84,17 @@ def register(main, library_errors):
         shorter step time. Each diff is checked: the edited file reads back as the proposal.
 
         \b
-        Examples:
-          ndplan check pretrain_llama2_7b.sh -m llama2-7b
-          ndplan check llama3_8b.toml --gpus 16
-          ndplan check ds_config.json -m llama3-8b --gpus 16 --seq 8192 --json
-          ndplan check finetune_llama3_70b.yaml --top 5
+        Examples (files in the repository's examples/ folder):
+          ndplan check examples/megatron/pretrain_llama2_7b.sh --top 3   # exits 1
+          ndplan check examples/megatron/pretrain_llama2_7b.sh --mem-limit-gib 120
+          ndplan check examples/torchtitan/llama3_8b.toml --gpus 16
+          ndplan check examples/deepspeed/ds_config_zero3.json -m llama3-8b --gpus 16 --seq 8192 --json
+          ndplan check examples/mindformers/pretrain_llama3_8b.yaml --top 5   # exits 1
         """
         from ndplan.check import check
         from ndplan.interop import read_config
         ci = read_config(file, fmt, model=model, gpus=gpus, seq=seq, gbs=gbs)
-        res = check(ci, hardware, mem_limit=mem_limit, top=top)
+        res = check(ci, hardware, mem_limit_gib=mem_limit_gib, mem_fraction=mem_fraction, top=top)
         if as_json:
             click.echo(json.dumps(res.to_json(), indent=2, default=str))
         else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from ndplan.errors import NdplanError
 from ndplan.export import EMITTERS, emit, write
+from ndplan.paths import output_dir, output_file
 
 
 def emit_options(fn):
@@ -24,3 +26,13 @@ def emit_cli(fmt: str | None, out: str | None, model, strategy, balance=None) ->
         return False
     click.echo(text, nl=False)
     return True
+
+
+def check_emit_out(fmt: str | None, out: str | None, directory: bool = False) -> None:
+    """Before any work: ``--emit-out`` needs ``--emit``, and names a file in an existing
+    folder (a folder, created if its parent exists, with ``directory``)."""
+    if out is None:
+        return
+    if fmt is None:
+        raise NdplanError("--emit-out", out, "given without --emit", "add --emit FORMAT, or drop --emit-out")
+    (output_dir if directory else output_file)("--emit-out", out)

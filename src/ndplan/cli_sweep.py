@@ -10,14 +10,15 @@ import sys
 import click
 import numpy as np
 
-from ndplan.catalog import load_hardware, load_model
-from ndplan.cli_emit import emit_cli, emit_options
+from ndplan.catalog import load_model
+from ndplan.cli_emit import check_emit_out, emit_cli, emit_options
+from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.errors import NdplanError
 from ndplan.estimate import Estimate, estimate
-from ndplan.space import DIMS, RULES, load_space, normalize_space, why
+from ndplan.space import DIMS, RULES, load_space, normalize_space, row_label, why
 from ndplan.strategy import ENGINES
 from ndplan.report import cli as report_cli
-from ndplan.sweep import SORT_KEYS, SweepResult, find_min_gpus, sweep
+from ndplan.sweep import SORT_KEYS, SweepResult, find_min_gpus, mem_limit, sweep
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
 
@@ -61,42 +62,36 @@ def _space(space_file, kw: dict) -> dict:
     return space
 
 
-def _parse_point(text: str) -> dict:
+def _parse_point(text: str, field: str = "--why") -> dict:
+    """``dim=value`` pairs (``"dp=8,tp=4,pp=2"``), one value per dimension."""
     point = {}
     for item in text.replace(" ", "").split(","):
         if not item:
             continue
         name, sep, value = item.partition("=")
-        if not sep:
-            raise NdplanError("--why", text, "write dim=value pairs, e.g. \"dp=8,tp=4,pp=2\"")
+        if not sep or not name or not value:
+            raise NdplanError(field, text, f"{item!r} is not a dim=value pair", "write e.g. \"dp=8,tp=4,pp=2\"")
         point[name] = value
-    normalize_space(point)
+    if not point:
+        raise NdplanError(field, text, "no dim=value pairs", "write e.g. \"dp=8,tp=4,pp=2\"")
+    try:
+        normalize_space(point)
+    except NdplanError as e:
+        raise NdplanError(field, text, f"{e.field}={e.value!r}: {e.problem}", e.fix) from None
     return point
 
 
 def _progress(n_groups: int, n_rows: int):
-    """A progress bar on stderr for sweeps that take more than a second (cold kernels)."""
-    import time
-    start = time.perf_counter()
-    state = {"done": 0, "bar": None}
+    """Tell the command's compile progress (cli_types.PROGRESS) how many candidate
+    groups are evaluated; it prints only while kernels compile."""
+    from ndplan import cli_types
+    state = {"done": 0}
 
     def tick(k: int) -> None:
         state["done"] += k
-        if state["bar"] is None and time.perf_counter() - start > 1.0 and sys.stderr.isatty():
-            state["bar"] = click.progressbar(length=n_groups, label=f"compiling/evaluating {n_rows:,} candidates",
-                                             file=sys.stderr)
-            state["bar"].__enter__()
-            state["bar"].update(state["done"])
-        elif state["bar"] is not None:
-            state["bar"].update(k)
-        if state["bar"] is not None and state["done"] >= n_groups:
-            state["bar"].__exit__(None, None, None)
+        if cli_types.PROGRESS is not None:
+            cli_types.PROGRESS.group_done(state["done"], n_groups)
     return tick
-
-
-def _row_label(p: dict) -> str:
-    return (f"dp={p['dp']} tp={p['tp']} pp={p['pp']} vpp={p['vpp']} cp={p['cp']} ep={p['ep']} etp={p['etp']} "
-            f"mbs={p['mbs']} zero={p['zero']} rc={p['recompute']} {p['schedule']}{'' if p['sp'] else ' no-sp'}")
 
 
 def _mem_terms(e: Estimate) -> str:
@@ -125,7 +120,7 @@ def _print_text(r: SweepResult, top: int) -> None:
     click.echo(head)
     for i, e in enumerate(r.top):
         p = r.table.point(i)
-        click.echo(f"{i + 1:>3}  {_row_label(p):<72} {e.peak_bytes / GIB:>8.2f} {fmt_seconds(e.step_s):>10} "
+        click.echo(f"{i + 1:>3}  {row_label(p):<72} {e.peak_bytes / GIB:>8.2f} {fmt_seconds(e.step_s):>10} "
                    f"{e.mfu:>6.1%} {e.tokens_per_s:>9,.0f}")
         click.echo(f"       memory  {_mem_terms(e)}")
         click.echo(f"       time    {_time_terms(e)}")
@@ -134,10 +129,11 @@ def _print_text(r: SweepResult, top: int) -> None:
     shown = front if len(front) <= PARETO_SHOWN else [front[round(k * (len(front) - 1) / (PARETO_SHOWN - 1))]
                                                       for k in range(PARETO_SHOWN)]
     more = "" if len(shown) == len(front) else f", {len(shown)} shown evenly; --json or --csv for all"
-    click.echo(f"Pareto front, peak memory vs step time ({len(front)} points{more}):")
+    click.echo(f"Pareto front, peak memory vs step time ({len(front)} points{more}; rank = row of --csv, "
+               f"of {r.feasible:,} feasible):")
     for i in shown:
-        click.echo(f"  #{i + 1:<6} {r.table.peak_bytes[i] / GIB:>7.2f} GiB  {fmt_seconds(r.table.step_s[i]):>10}  "
-                   f"{_row_label(r.table.point(i))}")
+        click.echo(f"  {r.table.peak_bytes[i] / GIB:>7.2f} GiB  {fmt_seconds(r.table.step_s[i]):>10}  "
+                   f"{row_label(r.table.point(i))}  (rank {i + 1:,})")
     click.echo("MFU: 3 x forward GEMM + causal attention FLOPs per step (no recompute) / (step x devices x bf16 peak)")
 
 
@@ -153,7 +149,7 @@ def _print_nothing_fits(r: SweepResult) -> None:
     st = max(e.per_stage, key=lambda s: s["peak_bytes"])
     big = max(st["terms"].items(), key=lambda kv: kv[1])
     click.echo(f"nothing fits in {fmt_bytes(r.mem_limit_bytes)}: the smallest peak is {fmt_bytes(e.peak_bytes)} "
-               f"({_row_label(r.table.point(i))}), largest term {big[0]} {fmt_bytes(big[1])} on stage {st['stage']}. "
+               f"({row_label(r.table.point(i))}), largest term {big[0]} {fmt_bytes(big[1])} on stage {st['stage']}. "
                "Try more devices (--find-min-gpus), a smaller --gbs/--seq, or allow recompute/zero/cp.")
 
 
@@ -191,11 +187,11 @@ def _why_report(r: SweepResult, model, space, text: str) -> str:
     best = int(idx[0])
     if best < r.feasible:
         return (f"{text}: feasible; best completion ranks #{best + 1} of {r.feasible} "
-                f"({_row_label(t.point(best))}: {t.peak_bytes[best] / GIB:.2f} GiB, {fmt_seconds(t.step_s[best])}); "
+                f"({row_label(t.point(best))}: {t.peak_bytes[best] / GIB:.2f} GiB, {fmt_seconds(t.step_s[best])}); "
                 f"{int((idx < r.feasible).sum())} of its {len(idx)} completions fit")
     low = int(idx[np.argmin(t.peak_bytes[idx])])
     return (f"{text}: infeasible by memory: all {len(idx)} completions exceed {fmt_bytes(r.mem_limit_bytes)}; "
-            f"the smallest needs {fmt_bytes(t.peak_bytes[low])} ({_row_label(t.point(low))})")
+            f"the smallest needs {fmt_bytes(t.peak_bytes[low])} ({row_label(t.point(low))})")
 
 
 def _print_balanced(r: SweepResult, to_stderr: bool) -> None:
@@ -203,7 +199,7 @@ def _print_balanced(r: SweepResult, to_stderr: bool) -> None:
     click.echo("balanced (ndplan balance on each top candidate with pp > 1), re-ranked:", err=to_stderr)
     for i, b in enumerate(rerank(r.top, r.mem_limit_bytes), 1):
         tag = f"not balanced (pp={b.estimate.strategy.pp}, {b.estimate.strategy.schedule})" if b.solution is None else f"{b.solution.status}, was {fmt_seconds(b.estimate.step_s)}"
-        click.echo(f"{i:>3}. {fmt_seconds(b.step_s):<10} {_row_label(b.estimate.strategy.as_dict())}  [{tag}]",
+        click.echo(f"{i:>3}. {fmt_seconds(b.step_s):<10} {row_label(b.estimate.strategy.as_dict())}  [{tag}]",
                    err=to_stderr)
 
 
@@ -215,39 +211,37 @@ def _emit(r: SweepResult, fmt: str, out: str | None, every: bool) -> bool:
     from ndplan.export import SUFFIX
     if not every:
         return emit_cli(fmt, out, r.model, r.top[0].strategy)
-    Path(out).mkdir(parents=True, exist_ok=True)
     for i, e in enumerate(r.top, 1):
         emit_cli(fmt, str(Path(out) / f"rank{i}{SUFFIX[fmt]}"), r.model, e.strategy)
     return False
 
 
-def register(main: click.Group, library_errors, apply_overrides) -> None:
+def register(main: click.Group, apply_overrides) -> None:
     @main.command("sweep")
     @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
     @click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML.")
-    @click.option("--gpus", "-n", type=int, default=None, help="Device count (required unless --find-min-gpus).")
-    @click.option("--seq", type=int, default=4096, show_default=True, help="Sequence length, tokens.")
-    @click.option("--gbs", type=int, required=True, help="Global batch, sequences.")
+    @click.option("--gpus", "-n", type=DEVICES, default=None, help="Device count (required unless --find-min-gpus).")
+    @click.option("--seq", type=SEQ, default=4096, show_default=True, help="Sequence length, tokens.")
+    @click.option("--gbs", type=BATCH, required=True, help="Global batch, sequences.")
     @click.option("--space", "space_file", type=click.Path(dir_okay=False), default=None,
                   help="Space YAML: dim: value | [values] | auto. Flags override it.")
     @_dim_options
     @_base_options
-    @click.option("--mem-limit", type=float, default=None,
-                  help="Per-device memory limit: a fraction of HBM (<= 1) or GiB (> 1). Default: all HBM.")
-    @click.option("--top", type=int, default=5, show_default=True, help="How many ranked candidates to detail.")
+    @mem_limit_options
+    @click.option("--top", type=TOP, default=5, show_default=True, help="How many ranked candidates to detail.")
     @click.option("--sort", type=click.Choice(SORT_KEYS), default="time", show_default=True)
     @click.option("--why", "why_point", default=None, metavar="\"dp=8,tp=4,pp=2\"",
                   help="Say why this point was rejected, or where its best completion ranked.")
-    @click.option("--find-min-gpus", is_flag=True, help="Find the fewest whole nodes on which something fits.")
+    @click.option("--find-min-gpus", "min_gpus", is_flag=True,
+                  help="Find the fewest whole nodes on which something fits (instead of --gpus).")
     @click.option("--json", "as_json", is_flag=True, help="JSON: candidates, top (estimate schema), pareto.")
     @click.option("--csv", "as_csv", is_flag=True, help="CSV of every evaluated candidate, ranked.")
     @click.option("--balance", is_flag=True, help="Balance the top candidates with pp > 1 (ndplan balance) and re-rank.")
     @emit_options
     @click.option("--emit-all", is_flag=True, help="--emit every top candidate into the --emit-out directory.")
     @report_cli.report_option
-    @library_errors
-    def sweep_cmd(model, hardware, gpus, seq, gbs, space_file, mem_limit, top, sort, why_point, find_min_gpus,
-                  as_json, as_csv, balance, emit_fmt, emit_out, emit_all, **kw):
+    def sweep_cmd(model, hardware, gpus, seq, gbs, space_file, mem_limit_gib, mem_fraction, top, sort, why_point,
+                  min_gpus, as_json, as_csv, balance, emit_fmt, emit_out, emit_all, **kw):
         """Evaluate every valid strategy, drop what does not fit, rank the rest.
 
         Exit code 0 with results, 1 when nothing fits (the report says why), 2 for bad input.
@@ -257,24 +251,33 @@ def register(main: click.Group, library_errors, apply_overrides) -> None:
           ndplan sweep -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024
           ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --tp 1,2 --recompute none --json
           ndplan sweep -m llama3-70b -H a100-80gb --gpus 64 --gbs 64 --why "dp=8,tp=8,pp=1"
+          ndplan sweep -m llama3-70b -H a100-80gb --gpus 64 --gbs 64 --mem-fraction 0.9 --top 3
           ndplan sweep -m llama3-70b -H a100-80gb --gbs 256 --seq 4096 --find-min-gpus
-          ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --emit torchtitan --emit-all --emit-out configs/
+          ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --emit torchtitan --emit-all --emit-out configs
         """
         if emit_all and (emit_fmt is None or emit_out is None):
-            raise NdplanError("--emit-all", True, "give --emit FORMAT and --emit-out DIRECTORY too")
+            raise NdplanError("--emit-all", True, "needs --emit FORMAT and --emit-out DIRECTORY", "give both")
+        check_emit_out(emit_fmt, emit_out, directory=emit_all)
+        if min_gpus and gpus is not None:
+            raise NdplanError("--gpus", gpus, "given with --find-min-gpus, which chooses the device count",
+                              "drop one of them")
+        if gpus is None and not min_gpus:
+            raise NdplanError("--gpus", None, "required", "give --gpus N (or --find-min-gpus)")
         m = load_model(model)
         hw, kw["engine"] = apply_overrides(hardware, kw["engine"], kw.pop("overrides"))
+        mem_limit(hw, mem_limit_gib, mem_fraction)
         space = _space(space_file, kw)
         base = _base(kw)
-        if find_min_gpus:
-            r = find_min_gpus(m, hw, seq, gbs, space, limit=mem_limit, base=base, sort=sort, top=top)
+        if why_point:
+            _parse_point(why_point)
+        limit = {"mem_limit_gib": mem_limit_gib, "mem_fraction": mem_fraction}
+        if min_gpus:
+            r = find_min_gpus(m, hw, seq, gbs, space, **limit, base=base, sort=sort, top=top,
+                              progress=lambda n: click.echo(f"trying {n:,} devices ...", err=True))
             click.echo(f"smallest device count that fits: {r.gpus} ({r.gpus // hw.devices_per_node} nodes)",
                        err=as_json or as_csv)
         else:
-            if gpus is None:
-                raise NdplanError("gpus", None, "give --gpus N (or --find-min-gpus)")
-            r = sweep(m, hw, gpus, seq, gbs, space, top=top, sort=sort, limit=mem_limit, base=base,
-                      progress=None if (as_json or as_csv) else _progress)
+            r = sweep(m, hw, gpus, seq, gbs, space, top=top, sort=sort, **limit, base=base, progress=_progress)
         if why_point:
             click.echo(_why_report(r, m, space, why_point), err=as_json or as_csv)
         if balance:
@@ -292,15 +295,14 @@ def register(main: click.Group, library_errors, apply_overrides) -> None:
             sys.exit(1)
 
     @main.command("compare")
-    @click.option("--model", "-m", required=True)
-    @click.option("--hardware", "-H", default="h100-sxm", show_default=True)
-    @click.option("--gpus", "-n", type=int, required=True)
-    @click.option("--seq", type=int, default=4096, show_default=True)
-    @click.option("--gbs", type=int, required=True)
+    @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
+    @click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML.")
+    @click.option("--gpus", "-n", type=DEVICES, required=True, help="Device count.")
+    @click.option("--seq", type=SEQ, default=4096, show_default=True, help="Sequence length, tokens.")
+    @click.option("--gbs", type=BATCH, required=True, help="Global batch, sequences.")
     @_base_options
     @click.option("--json", "as_json", is_flag=True)
     @click.argument("strategies", nargs=-1, required=True)
-    @library_errors
     def compare_cmd(model, hardware, gpus, seq, gbs, strategies, as_json, **kw):
         """Put named strategies side by side, with the terms that differ.
 
@@ -318,7 +320,7 @@ def register(main: click.Group, library_errors, apply_overrides) -> None:
         base = _base(kw)
         ests = []
         for text in strategies:
-            point = _parse_point(text)
+            point = _parse_point(text, "STRATEGY")
             p = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": 1, "zero": 1, "sp": True,
                  "recompute": "none", "schedule": None}
             for k, v in normalize_space(point).items():
@@ -327,10 +329,15 @@ def register(main: click.Group, library_errors, apply_overrides) -> None:
             if "dp" not in p or p.get("dp") is None:
                 rest = p["tp"] * p["pp"] * p["cp"]
                 if gpus % rest:
-                    raise NdplanError("gpus", gpus, f"not divisible by tp*pp*cp={rest} in \"{text}\"")
+                    raise NdplanError("--gpus", gpus, f"not divisible by tp*pp*cp={rest} of \"{text}\"",
+                                      "change the strategy's degrees or --gpus")
                 p["dp"] = gpus // rest
             p["schedule"] = p["schedule"] or ("interleaved" if p["vpp"] > 1 else "1f1b")
-            strat = row_strategy(p, seq, gbs, base)
+            try:
+                strat = row_strategy(p, seq, gbs, base)
+                strat.check(m, gpus)
+            except NdplanError as e:
+                raise NdplanError("STRATEGY", text, f"{e.field}={e.value!r}: {e.problem}", e.fix) from None
             ests.append(estimate(m, hw, strat, gpus))
         rows = _compare_rows(ests)
         if as_json:

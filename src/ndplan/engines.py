@@ -254,6 +254,10 @@ MINDSPORE = EngineProfile(
 ENGINE_PROFILES = {p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE)}
 
 
+MAX_SETTING = 2**40
+"""Ceiling of an integer engine setting given with --set (byte counts reach about 1e11)."""
+
+
 def derive(base: str, overrides: dict) -> str:
     """Register ``base`` with some settings replaced (``--set overlap_tp_comm=1``) and
     return its name, ``base[key=value,...]``: the name spells out the profile, so kernels
@@ -262,6 +266,7 @@ def derive(base: str, overrides: dict) -> str:
         return base
     from dataclasses import fields, replace
 
+    from ndplan import limits
     from ndplan.errors import NdplanError
     prof = ENGINE_PROFILES[base]
     kinds = {f.name: f.type for f in fields(prof)}
@@ -269,8 +274,11 @@ def derive(base: str, overrides: dict) -> str:
     for k, v in sorted(overrides.items()):
         kind = str(kinds.get(k, ""))
         if kind not in ("bool", "int"):
-            raise NdplanError("--set", k, "not a numeric or boolean engine setting (see engines.EngineProfile)")
-        vals[k] = bool(v) if kind == "bool" else int(v)
+            raise NdplanError("--set", k, "not a numeric or boolean engine setting",
+                              f"choose one of {', '.join(sorted(engine_fields()))}")
+        if kind == "bool" and v not in (0, 1):
+            raise NdplanError(k, v, "an on/off engine setting", f"give --set {k}=0 or --set {k}=1")
+        vals[k] = bool(v) if kind == "bool" else limits.count(k, v, 0, MAX_SETTING, "a whole number")
     name = f"{base}[{','.join(f'{k}={int(v)}' for k, v in vals.items())}]"
     ENGINE_PROFILES.setdefault(name, replace(prof, name=name, **vals))
     return name

@@ -111,6 +111,22 @@ _SOURCES_DIGEST: str | None = None
 _EXPR_MODULES = ("formulas", "catalog", "engines.py", "symbols.py", "strategy.py", "terms.py", "kernels.py",
                  "estimate.py", "sweep.py")
 _MEMORY: dict[str, Kernel] = {}
+_COMPILE_LISTENERS: list[Callable[[], None]] = []
+"""Called before each kernel is built from SymPy (a cache miss); the CLI prints progress."""
+
+
+class compile_listener:
+    """``with compile_listener(fn):`` calls ``fn()`` before each kernel compile."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
+
+    def __enter__(self):
+        _COMPILE_LISTENERS.append(self.fn)
+        return self
+
+    def __exit__(self, *exc):
+        _COMPILE_LISTENERS.remove(self.fn)
 
 
 def cache_dir() -> Path:
@@ -174,6 +190,8 @@ def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Sy
         except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
             kernel = None  # a corrupt entry is rebuilt
     if kernel is None:
+        for fn in list(_COMPILE_LISTENERS):
+            fn()
         bd = build()
         exprs = [sp.sympify(t.expr) for t in bd]
         free = set().union(*[e.free_symbols for e in exprs]) - set(args)

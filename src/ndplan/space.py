@@ -53,6 +53,7 @@ import numpy as np
 
 from ndplan.catalog.files import read_mapping
 from ndplan.catalog.model import ModelSpec
+from ndplan import limits
 from ndplan.errors import NdplanError
 from ndplan.strategy import RECOMPUTE_MODES, SCHEDULES, Strategy
 
@@ -192,6 +193,12 @@ RULES: list[tuple[str, str]] = [(r.name, r.text) for r in _RULES]
 
 # --------------------------------------------------------------------------- space
 
+def row_label(p: Mapping) -> str:
+    """One candidate (a sweep ``Table.point``) in one line, as the CLI and the figures print it."""
+    return (f"dp={p['dp']} tp={p['tp']} pp={p['pp']} vpp={p['vpp']} cp={p['cp']} ep={p['ep']} etp={p['etp']} "
+            f"mbs={p['mbs']} zero={p['zero']} rc={p['recompute']} {p['schedule']}{'' if p['sp'] else ' no-sp'}")
+
+
 def load_space(path: str | Path) -> dict[str, object]:
     """Read a space YAML file (``dim: value | [values] | auto``) and validate it.
 
@@ -213,22 +220,23 @@ def normalize_space(raw: Mapping | None) -> dict[str, tuple | None]:
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise NdplanError("space", raw, "must be a mapping of dimension: value, [values] or auto")
+        raise NdplanError("space", raw, "not a mapping", "write dimension: value, [values] or auto")
     out: dict[str, tuple | None] = dict.fromkeys(DIMS)
     for key, value in raw.items():
         name = str(key)
         if name not in DIMS:
-            raise NdplanError("space", name, _unknown_dim_fix(name))
+            raise NdplanError("space", name, *_unknown_dim_fix(name))
         out[name] = _values(name, value)
     return out
 
 
-def _unknown_dim_fix(name: str) -> str:
+def _unknown_dim_fix(name: str) -> tuple[str, str]:
+    """(what is wrong, how to fix) for a key that is not a dimension."""
     if name in _NOT_DIMS:
-        return f"{name} is a sweep argument ({_NOT_DIMS[name]}), not a space dimension"
+        return f"{name} is a sweep argument, not a space dimension", f"give it as {_NOT_DIMS[name]}"
     close = difflib.get_close_matches(name.lower(), DIMS, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return f"unknown dimension; {hint}dimensions are {', '.join(DIMS)}"
+    return "unknown dimension", f"{hint}dimensions are {', '.join(DIMS)}"
 
 
 def _is_auto(value) -> bool:
@@ -243,11 +251,11 @@ def _values(dim: str, value) -> tuple | None:
         value = [v for v in value.split(",") if v.strip()]
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
-        raise NdplanError(dim, value, "empty list; give at least one value or auto")
+        raise NdplanError(dim, value, "empty list", "give at least one value or auto")
     out = []
     for item in items:
         if _is_auto(item):
-            raise NdplanError(dim, value, "auto cannot sit inside a list; write `auto` alone")
+            raise NdplanError(dim, value, "auto cannot sit inside a list", "write `auto` alone")
         v = _value(dim, item)
         if v not in out:
             out.append(v)
@@ -261,24 +269,25 @@ def _value(dim: str, item):
             return item
         if isinstance(item, str) and item.strip().lower() in ("true", "false"):
             return item.strip().lower() == "true"
-        raise NdplanError(dim, item, "must be true or false")
+        raise NdplanError(dim, item, "not a boolean", "give true or false (or a list of them, or auto)")
     if dim in ("recompute", "schedule"):
         names = RECOMPUTE_MODES if dim == "recompute" else SCHEDULES + tuple(SCHEDULE_ALIASES)
         s = item.strip().lower() if isinstance(item, str) else item
         if s not in names:
             close = difflib.get_close_matches(str(s), names, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise NdplanError(dim, item, f"{hint}must be one of {', '.join(names)} or auto")
+            raise NdplanError(dim, item, f"unknown {dim}", f"{hint}choose from {', '.join(names)} or auto")
         return SCHEDULE_ALIASES.get(s, s)
     if isinstance(item, str) and item.strip().lstrip("-").isdigit():
         item = int(item)
     if dim == "zero":
         if isinstance(item, bool) or not isinstance(item, int) or item not in ZERO_STAGES:
-            raise NdplanError(dim, item, "must be 0, 1, 2 or 3 (or a list of them, or auto)")
+            raise NdplanError(dim, item, "not a ZeRO level", "give 0, 1, 2 or 3 (or a list of them, or auto)")
         return int(item)
-    if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
-        raise NdplanError(dim, item, "must be a positive integer (or a list of them, or auto)")
-    return item
+    if isinstance(item, bool) or not isinstance(item, int):
+        raise NdplanError(dim, item, "not an integer", "give a whole number >= 1 (or a list of them, or auto)")
+    hi = {"mbs": limits.MAX_BATCH, "vpp": limits.MAX_LAYERS}.get(dim, limits.MAX_DEVICES)
+    return limits.count(dim, item, 1, hi)
 
 
 def _divisors(n: int) -> tuple[int, ...]:
@@ -286,9 +295,10 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 
 def _check_args(gpus: int, seq: int, gbs: int) -> None:
-    for name, v in (("gpus", gpus), ("seq", seq), ("gbs", gbs)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise NdplanError(name, v, "must be a positive integer")
+    for name, v, hi in (("gpus", gpus, limits.MAX_DEVICES), ("seq", seq, limits.MAX_SEQ), ("gbs", gbs, limits.MAX_BATCH)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise NdplanError(name, v, "not an integer", f"give a whole number in 1..{hi:,}")
+        limits.count(name, v, 1, hi)
 
 
 def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None]) -> dict[str, tuple]:
@@ -301,7 +311,7 @@ def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None]) -> dict
     for dim in WORLD_DIMS + ("ep", "etp"):
         for v in cons[dim] or ():
             if gpus % v:
-                raise NdplanError(dim, v, f"does not divide --gpus {gpus}; choose from {', '.join(map(str, divs))}")
+                raise NdplanError(dim, v, f"does not divide --gpus {gpus}", f"choose from {', '.join(map(str, divs))}")
     schedules = cons["schedule"] or SCHEDULES
     L = model.num_hidden_layers
     if any(s not in ONE_CHUNK_SCHEDULES for s in schedules):
@@ -359,7 +369,7 @@ def _factorizations(gpus: int, dom: dict[str, tuple]) -> dict[str, np.ndarray]:
     ok &= np.isin(cp, np.array(dom["cp"], dtype=np.int64))
     if not ok.any():
         fixed = ", ".join(f"{d}={list(dom[d])}" for d in WORLD_DIMS)
-        raise NdplanError("gpus", gpus, f"no dp*tp*pp*cp == {gpus} with {fixed}; relax a constraint")
+        raise NdplanError("gpus", gpus, f"no dp*tp*pp*cp == {gpus} with {fixed}", "relax a constraint")
     return {"dp": dp[ok], "tp": tp[ok], "pp": pp[ok], "cp": cp[ok]}
 
 
@@ -440,7 +450,7 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
     given = normalize_space(point)
     for dim, vals in given.items():
         if vals is not None and len(vals) != 1:
-            raise NdplanError(dim, list(vals), "a point takes one value per dimension")
+            raise NdplanError(dim, list(vals), "several values", "a point takes one value per dimension")
     p = {}
     for dim in DIMS[1:]:
         if given[dim] is not None:

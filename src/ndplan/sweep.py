@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES
@@ -30,6 +31,7 @@ from ndplan.kernels import cached_kernel
 from ndplan.space import GRID_KEYS, Candidates, Group, generate
 from ndplan.strategy import Strategy
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
+from ndplan.units import GIB
 
 SORT_KEYS = ("time", "memory", "mfu")
 #: Columns of the candidate table, in order (axis 1 of ``Table.numeric``).
@@ -216,7 +218,7 @@ _REC_ORDER = {"none": 0, "selective": 1, "full": 2}
 def rank(table: Table, fits: np.ndarray, sort: str) -> np.ndarray:
     """Deterministic order: feasible first, then the sort key, then the degrees (ties)."""
     if sort not in SORT_KEYS:
-        raise NdplanError("sort", sort, f"choose one of {', '.join(SORT_KEYS)}")
+        raise NdplanError("sort", sort, "unknown sort key", f"choose one of {', '.join(SORT_KEYS)}")
     g = table.grid
     primary = table.peak_bytes if sort == "memory" else table.step_s  # mfu ranks like time
     secondary = table.step_s if sort == "memory" else table.peak_bytes
@@ -239,29 +241,39 @@ def pareto_front(peak: np.ndarray, step: np.ndarray) -> np.ndarray:
     return np.array(keep, dtype=np.int64)
 
 
-def mem_limit(hw: Hardware, limit: float | None) -> int:
-    """Per-device limit in bytes: HBM by default; a value <= 1 is a fraction of HBM,
-    larger values are GiB."""
-    if limit is None:
-        return hw.hbm_bytes
-    if limit <= 0:
-        raise NdplanError("mem_limit", limit, "give a fraction of HBM (0 < f <= 1) or GiB (> 1)")
-    return int(hw.hbm_bytes * limit) if limit <= 1 else int(limit * 2**30)
+def mem_limit(hw: Hardware, gib: float | None = None, fraction: float | None = None) -> int:
+    """Per-device limit in bytes: all HBM by default, else ``gib`` GiB or ``fraction`` of HBM."""
+    if gib is not None and fraction is not None:
+        raise NdplanError("mem_fraction", fraction, f"given together with mem_limit_gib={gib}",
+                          "give one of --mem-limit-gib and --mem-fraction")
+    if gib is not None:
+        return int(limits.gib("mem_limit_gib", gib) * GIB)
+    if fraction is not None:
+        return int(hw.hbm_bytes * limits.fraction("mem_fraction", fraction))
+    return hw.hbm_bytes
 
 
 def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: Mapping | None = None, *,
-          top: int = 10, sort: str = "time", limit: float | None = None, base: Mapping | None = None,
+          top: int = 10, sort: str = "time", mem_limit_gib: float | None = None, mem_fraction: float | None = None,
+          base: Mapping | None = None,
           progress: Callable[[int, int], Callable[[int], None]] | None = None) -> SweepResult:
     """Evaluate, filter, rank. ``base`` fixes the non-swept Strategy fields (engine,
-    flash_attention, order, grad_dtype, weight_dtype, offload_optimizer)."""
+    flash_attention, order, grad_dtype, weight_dtype, offload_optimizer). The memory limit
+    is all HBM unless ``mem_limit_gib`` or ``mem_fraction`` says otherwise. Every argument
+    is checked (limits.py) before any candidate is generated."""
     t0 = time.perf_counter()
-    if top < 0:
-        raise NdplanError("top", top, "must be >= 0")
+    top = limits.count("top", top, 0, limits.MAX_TOP, "a number of candidates")
+    gpus = limits.count("gpus", gpus, 1, limits.MAX_DEVICES, "a device count")
+    seq = limits.count("seq", seq, 1, limits.MAX_SEQ, "a sequence length")
+    gbs = limits.count("gbs", gbs, 1, limits.MAX_BATCH, "a global batch")
+    if sort not in SORT_KEYS:
+        raise NdplanError("sort", sort, "unknown sort key", f"choose one of {', '.join(SORT_KEYS)}")
+    cap = mem_limit(hw, mem_limit_gib, mem_fraction)
+    model.warn_long_seq(seq)
     base = dict(base or {})
     cands = generate(model, gpus, seq, gbs, space)
     tick = progress(len(cands.groups), cands.valid) if progress else None
     table = evaluate(model, hw, cands, seq, gbs, base, tick)
-    cap = mem_limit(hw, limit)
     fits = table.peak_bytes <= cap
     order = rank(table, fits, sort)
     table = table.take(order)
@@ -279,17 +291,24 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
 
 
 def find_min_gpus(model: ModelSpec, hw: Hardware, seq: int, gbs: int, space: Mapping | None = None, *,
-                  limit: float | None = None, base: Mapping | None = None, max_nodes: int = 4096,
-                  sort: str = "time", top: int = 10) -> SweepResult:
+                  mem_limit_gib: float | None = None, mem_fraction: float | None = None,
+                  base: Mapping | None = None, max_nodes: int = 4096, sort: str = "time", top: int = 10,
+                  progress: Callable[[int], None] | None = None) -> SweepResult:
     """The sweep at the smallest whole-node device count with a feasible candidate:
-    doubling node counts until one fits, then every node count below it."""
+    doubling node counts until one fits, then every node count below it (``progress``
+    is told each device count tried)."""
+    mem_limit(hw, mem_limit_gib, mem_fraction)  # bad limits fail before the first sweep
     node = hw.devices_per_node
+    max_nodes = min(max_nodes, limits.MAX_DEVICES // node)
     seen: dict[int, SweepResult | None] = {}
 
     def feasible_at(nodes: int) -> SweepResult | None:
         if nodes not in seen:
+            if progress:
+                progress(nodes * node)
             try:
-                r = sweep(model, hw, nodes * node, seq, gbs, space, top=top, sort=sort, limit=limit, base=base)
+                r = sweep(model, hw, nodes * node, seq, gbs, space, top=top, sort=sort, mem_limit_gib=mem_limit_gib,
+                          mem_fraction=mem_fraction, base=base)
                 seen[nodes] = r if r.feasible else None
             except NdplanError:
                 seen[nodes] = None  # no candidate at this count (constraints cannot divide it)
@@ -299,8 +318,8 @@ def find_min_gpus(model: ModelSpec, hw: Hardware, seq: int, gbs: int, space: Map
     while n <= max_nodes and feasible_at(n) is None:
         n *= 2
     if n > max_nodes:
-        raise NdplanError("gpus", max_nodes * node, f"nothing fits on up to {max_nodes} nodes of {node}; "
-                                                    "relax constraints or raise --mem-limit")
+        raise NdplanError("gpus", max_nodes * node, f"nothing fits on up to {max_nodes} nodes of {node}",
+                          "relax the space constraints or raise the memory limit")
     for k in range(max(1, n // 2 + 1), n):
         if feasible_at(k) is not None:
             return seen[k]

@@ -6,8 +6,9 @@ Bandwidths are unidirectional per device in GB/s (1e9 B/s); HBM capacity in GiB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
+from ndplan import limits
 from ndplan.catalog.files import catalog_names, read_mapping, resolve
 from ndplan.errors import NdplanError
 from ndplan.units import GIB, GIGA, TERA
@@ -36,6 +37,38 @@ EFFICIENCY_DEFAULTS: dict[str, tuple[float, str]] = {
 }
 _REQUIRED = ("bf16_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
              "devices_per_node")
+MAX_RATE = 1e6
+"""Ceiling of a peak in TFLOPS and of a bandwidth in GB/s (about 400x today's parts)."""
+MAX_DEVICES_PER_NODE = 1024
+MAX_LATENCY_US = 1e6
+
+
+def _rate(field: str, v) -> float:
+    return limits.real(field, v, 0.0, MAX_RATE, what="a positive number")
+
+
+def _latency(field: str, v) -> float:
+    return limits.real(field, v, 0.0, MAX_LATENCY_US, lo_open=False, what="microseconds")
+
+
+FIELD_RULES = {
+    "bf16_tflops": _rate, "fp8_tflops": _rate, "hbm_gb_per_s": _rate, "intra_node_gb_per_s": _rate,
+    "inter_node_gb_per_s": _rate, "hbm_gib": limits.gib,
+    "devices_per_node": lambda f, v: limits.count(f, v, 1, MAX_DEVICES_PER_NODE, "a device count"),
+    "gemm_efficiency": limits.fraction, "attention_efficiency": limits.fraction, "hbm_efficiency": limits.fraction,
+    "intra_node_efficiency": limits.fraction, "inter_node_efficiency": limits.fraction,
+    "intra_node_latency_us": _latency, "inter_node_latency_us": _latency,
+}
+"""The one rule per numeric hardware field (catalog YAML, --set, Python): rates and sizes
+finite and positive, efficiencies in (0, 1], latencies >= 0, devices per node an integer."""
+
+
+def check_field(name: str, value, where: str):
+    """``value`` checked by FIELD_RULES[name]; the error says where the value came from."""
+    try:
+        return FIELD_RULES[name](name, value)
+    except NdplanError as e:
+        raise NdplanError(e.field, e.value, f"{e.problem} (in {where})", e.fix) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,61 +127,45 @@ class Hardware:
 
     def with_overrides(self, overrides: dict[str, float]) -> "Hardware":
         """A copy with fields replaced (``--set name=value``); unknown names are errors."""
-        names = {f.name for f in fields(self)} - {"name", "display_name", "sources"}
+        vals = {}
         for k, v in overrides.items():
-            if k not in names:
+            if k not in FIELD_RULES:
                 import difflib
-                close = difflib.get_close_matches(k, sorted(names), n=3)
-                raise NdplanError("--set", k, f"unknown hardware parameter; "
-                                  f"{'did you mean ' + ', '.join(close) + '?' if close else 'choose from ' + ', '.join(sorted(names))}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise NdplanError(k, v, "must be a positive number")
+                close = difflib.get_close_matches(k, sorted(FIELD_RULES), n=3)
+                raise NdplanError("--set", k, "unknown hardware parameter",
+                                  f"did you mean {', '.join(close)}?" if close else f"choose from {', '.join(sorted(FIELD_RULES))}")
+            vals[k] = check_field(k, v, "--set")
         sources = dict(self.sources) | {k: "--set on the command line" for k in overrides}
-        return replace(self, **{k: (int(v) if k == "devices_per_node" else float(v)) for k, v in overrides.items()},
-                       sources=sources)
+        return replace(self, **vals, sources=sources)
 
     def __post_init__(self):
-        for f_ in _REQUIRED:
+        for f_ in FIELD_RULES:
             v = getattr(self, f_)
-            if v is None or v <= 0:
-                raise NdplanError(f_, v, f"hardware '{self.name}' needs a positive {f_}")
+            if v is None and f_ not in _REQUIRED:
+                continue
+            if v is None:
+                raise NdplanError(f_, v, f"missing in hardware '{self.name}'", f"add `{f_}: {{value: <number>, source: ...}}`")
+            object.__setattr__(self, f_, check_field(f_, v, f"hardware '{self.name}'"))
 
 
 def load_hardware(name_or_path: str) -> Hardware:
+    """A catalog name (``h100-sxm``) or a hardware YAML path; every value is checked by
+    FIELD_RULES (Hardware.__post_init__)."""
     path = resolve("hardware", name_or_path, "hardware")
     raw = read_mapping(path, "hardware")
     vals, sources = {}, {}
-    for f_ in _NUMERIC:
-        entry = raw.get(f_)
-        if isinstance(entry, dict):
-            v, src = entry.get("value"), str(entry.get("source", ""))
-            if entry.get("unverified"):
-                src += " (unverified)"
-        else:
-            v, src = entry, ""
-        if v is None and f_ in _REQUIRED:
-            raise NdplanError(f_, None, f"missing in {path}; add `{f_}: {{value: <number>, source: ...}}`")
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise NdplanError(f_, v, f"must be a number (in {path})")
-        vals[f_] = v
-        sources[f_] = src
-    eff = {}
-    for f_, (default, why) in EFFICIENCY_DEFAULTS.items():
+    for f_ in _NUMERIC + tuple(EFFICIENCY_DEFAULTS):
         entry = raw.get(f_)
         v, src = (entry.get("value"), str(entry.get("source", ""))) if isinstance(entry, dict) else (entry, "")
-        if v is None:
-            v, src = default, why
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise NdplanError(f_, v, f"must be a positive number (in {path})")
-        eff[f_] = float(v)
+        if isinstance(entry, dict) and entry.get("unverified"):
+            src += " (unverified)"
+        if v is None and f_ in EFFICIENCY_DEFAULTS:
+            v, src = EFFICIENCY_DEFAULTS[f_][0], EFFICIENCY_DEFAULTS[f_][1]
+        if v is None and f_ in _REQUIRED:
+            raise NdplanError(f_, None, f"missing in {path}", f"add `{f_}: {{value: <number>, source: ...}}`")
+        vals[f_] = v
         sources[f_] = src
-    return Hardware(name=path.stem, display_name=str(raw.get("display_name", path.stem)),
-                    bf16_tflops=float(vals["bf16_tflops"]),
-                    fp8_tflops=None if vals["fp8_tflops"] is None else float(vals["fp8_tflops"]),
-                    hbm_gib=float(vals["hbm_gib"]), hbm_gb_per_s=float(vals["hbm_gb_per_s"]),
-                    intra_node_gb_per_s=float(vals["intra_node_gb_per_s"]),
-                    inter_node_gb_per_s=float(vals["inter_node_gb_per_s"]),
-                    devices_per_node=int(vals["devices_per_node"]), sources=sources, **eff)
+    return Hardware(name=path.stem, display_name=str(raw.get("display_name", path.stem)), sources=sources, **vals)
 
 
 def list_hardware() -> list[Hardware]:

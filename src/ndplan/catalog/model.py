@@ -12,7 +12,8 @@ from pathlib import Path
 import sympy as sp
 
 from ndplan.catalog.files import catalog_names, read_mapping, resolve
-from ndplan.errors import NdplanError
+from ndplan import limits
+from ndplan.errors import NdplanError, warn
 from ndplan.symbols import ModelSymbols
 
 #: model_type values whose MLP is the 2-matrix (non-gated) GeLU MLP with LayerNorm,
@@ -121,32 +122,51 @@ class ModelSpec:
             dn=I(self.qk_nope_head_dim), dr=I(self.qk_rope_head_dim), dv=I(self.v_head_dim))
 
     def __post_init__(self):
-        for f_ in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                   "head_dim", "intermediate_size", "vocab_size"):
-            v = getattr(self, f_)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise NdplanError(f_, v, "must be a positive integer")
-        for f_ in ("max_position_embeddings", "num_experts", "experts_per_token", "moe_intermediate_size",
-                   "shared_intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                   "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
-            v = getattr(self, f_)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise NdplanError(f_, v, "must be a non-negative integer")
+        for f_ in POSITIVE_FIELDS:
+            _check_int(f_, getattr(self, f_), 1)
+        for f_ in OPTIONAL_FIELDS:
+            _check_int(f_, getattr(self, f_), 0)
+        for f_ in ("attention_dropout", "hidden_dropout"):
+            limits.real(f_, getattr(self, f_), 0.0, 1.0, lo_open=False, what="a probability")
         if self.num_attention_heads % self.num_key_value_heads:
             raise NdplanError("num_key_value_heads", self.num_key_value_heads,
-                              f"must divide num_attention_heads={self.num_attention_heads}")
+                              f"does not divide num_attention_heads={self.num_attention_heads}",
+                              "fix the model file (GQA groups must be equal)")
         if self.is_moe:
             if not 0 < self.experts_per_token <= self.num_experts:
                 raise NdplanError("num_experts_per_tok", self.experts_per_token,
-                                  f"must be in 1..{self.num_experts} (the routed expert count)")
+                                  f"outside 1..{self.num_experts} (the routed expert count)", "fix the model file")
             if self.moe_intermediate_size <= 0:
-                raise NdplanError("moe_intermediate_size", self.moe_intermediate_size, "MoE models need a positive expert size")
+                raise NdplanError("moe_intermediate_size", self.moe_intermediate_size,
+                                  "MoE models need a positive expert size", "add moe_intermediate_size")
         if len(self.layer_kinds) != self.num_hidden_layers:
             raise NdplanError("layer_kinds", len(self.layer_kinds),
-                              f"need one kind per layer ({self.num_hidden_layers})")
+                              f"not one kind per layer ({self.num_hidden_layers})", "give one kind per layer")
         if self.learned_positions and self.max_position_embeddings <= 0:
             raise NdplanError("max_position_embeddings", self.max_position_embeddings,
-                              "learned positions need a positive max_position_embeddings")
+                              "learned positions need a positive max_position_embeddings",
+                              "add max_position_embeddings")
+
+    def warn_long_seq(self, seq: int) -> None:
+        """A warning (not an error) when ``seq`` exceeds max_position_embeddings."""
+        if self.max_position_embeddings and seq > self.max_position_embeddings:
+            warn("seq", seq, f"above {self.name}'s max_position_embeddings={self.max_position_embeddings}",
+                 "the estimate assumes the model runs at this length (e.g. after RoPE scaling)")
+
+
+POSITIVE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                   "intermediate_size", "vocab_size")
+OPTIONAL_FIELDS = ("max_position_embeddings", "num_experts", "experts_per_token", "moe_intermediate_size",
+                   "shared_intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                   "v_head_dim", "mtp_layers")
+
+
+def _check_int(f_: str, v, lo: int) -> int:
+    """Model sizes are integers in lo..MAX_MODEL_DIM (layers: MAX_LAYERS)."""
+    hi = limits.MAX_LAYERS if f_ in ("num_hidden_layers", "mtp_layers") else limits.MAX_MODEL_DIM
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise NdplanError(f_, v, "not an integer", f"give a whole number in {lo}..{hi:,}")
+    return limits.count(f_, v, lo, hi, "a model size")
 
 
 def _first(cfg: dict, *names, default=None):
@@ -156,15 +176,26 @@ def _first(cfg: dict, *names, default=None):
     return default
 
 
-def _int_field(cfg: dict, where: str, *names, default=None) -> int:
+def _int_field(cfg: dict, where: str, *names, default=None, lo: int = 0) -> int:
+    """An integer field (the first of ``names`` present) in lo..MAX_MODEL_DIM."""
     v = _first(cfg, *names, default=default)
     if v is None:
-        raise NdplanError(names[0], None, f"missing in {where}; add `{names[0]}: <int>`")
+        raise NdplanError(names[0], None, f"missing in {where}", f"add `{names[0]}: <int>`")
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        raise NdplanError(names[0], v, f"must be an integer (in {where})")
-    return v
+        raise NdplanError(names[0], v, f"not an integer (in {where})", "give a whole number")
+    try:
+        return limits.count(names[0], v, lo, limits.MAX_MODEL_DIM, "a model size")
+    except NdplanError as e:
+        raise NdplanError(e.field, e.value, f"{e.problem} (in {where})", e.fix) from None
+
+
+def _float_field(cfg: dict, where: str, *names, default: float) -> float:
+    v = _first(cfg, *names, default=default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise NdplanError(names[0], v, f"not a number (in {where})", "give a probability in [0, 1]")
+    return float(v)
 
 
 def _layer_kinds(cfg: dict, model_type: str, L: int, n_experts: int, where: str) -> tuple[str, ...]:
@@ -177,9 +208,13 @@ def _layer_kinds(cfg: dict, model_type: str, L: int, n_experts: int, where: str)
     first_k = _int_field(cfg, where, "first_k_dense_replace", default=0)
     freq = _int_field(cfg, where, "moe_layer_freq", default=1)
     step = _int_field(cfg, where, "decoder_sparse_step", default=1)
-    only_mlp = set(cfg.get("mlp_only_layers") or [])
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
+        raise NdplanError("mlp_only_layers", only, f"not a list of layer indices (in {where})", "write e.g. [0, 1]")
+    only_mlp = set(only)
     if freq <= 0 or step <= 0:
-        raise NdplanError("moe_layer_freq" if freq <= 0 else "decoder_sparse_step", min(freq, step), "must be >= 1")
+        raise NdplanError("moe_layer_freq" if freq <= 0 else "decoder_sparse_step", min(freq, step),
+                          "must be >= 1", "fix the model file")
     kinds = []
     for i in range(L):
         moe = i >= first_k and i % freq == 0 and (i + 1) % step == 0 and i not in only_mlp
@@ -196,16 +231,17 @@ def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
     if not model_type:
         raise NdplanError("model_type", None, f"missing in {where}; add e.g. `model_type: llama`")
     gpt = model_type in GPT_TYPES
-    h = _int_field(cfg, where, "hidden_size", "n_embd")
-    L = _int_field(cfg, where, "num_hidden_layers", "n_layer")
-    a = _int_field(cfg, where, "num_attention_heads", "n_head")
-    kv = _int_field(cfg, where, "num_key_value_heads", default=a)
+    h = _int_field(cfg, where, "hidden_size", "n_embd", lo=1)
+    L = _int_field(cfg, where, "num_hidden_layers", "n_layer", lo=1)
+    a = _int_field(cfg, where, "num_attention_heads", "n_head", lo=1)
+    kv = _int_field(cfg, where, "num_key_value_heads", default=a, lo=1)
     hd = _first(cfg, "head_dim")
     if hd is None:
         if h % a:
-            raise NdplanError("head_dim", None, f"hidden_size {h} is not divisible by heads {a}; give head_dim")
+            raise NdplanError("head_dim", None, f"hidden_size {h} is not divisible by heads {a}", "give head_dim")
         hd = h // a
-    f = _int_field(cfg, where, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * h if gpt else None)
+    hd = _int_field({"head_dim": hd}, where, "head_dim", lo=1)
+    f = _int_field(cfg, where, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * h if gpt else None, lo=1)
     n_exp = _int_field(cfg, where, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     moe_f = _int_field(cfg, where, "moe_intermediate_size", default=f if n_exp else 0)
     shared = 0
@@ -220,7 +256,7 @@ def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
         model_type=model_type,
         hidden_size=h, num_hidden_layers=L, num_attention_heads=a, num_key_value_heads=kv,
         head_dim=int(hd), intermediate_size=f,
-        vocab_size=_int_field(cfg, where, "vocab_size"),
+        vocab_size=_int_field(cfg, where, "vocab_size", lo=1),
         max_position_embeddings=_int_field(cfg, where, "max_position_embeddings", "n_positions", default=0),
         tie_word_embeddings=bool(_first(cfg, "tie_word_embeddings", default=gpt)),
         attention_bias=bool(_first(cfg, "attention_bias", default=gpt or model_type in QKV_BIAS_TYPES)),
@@ -229,8 +265,8 @@ def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
         qk_norm=model_type in QK_NORM_TYPES,
         learned_positions=gpt,
         mlp_bias=bool(_first(cfg, "mlp_bias", default=gpt)),
-        attention_dropout=float(_first(cfg, "attention_dropout", "attn_pdrop", default=dropout_default)),
-        hidden_dropout=float(_first(cfg, "hidden_dropout", "resid_pdrop", default=dropout_default)),
+        attention_dropout=_float_field(cfg, where, "attention_dropout", "attn_pdrop", default=dropout_default),
+        hidden_dropout=_float_field(cfg, where, "hidden_dropout", "resid_pdrop", default=dropout_default),
         num_experts=n_exp,
         experts_per_token=_int_field(cfg, where, "num_experts_per_tok", default=0) if n_exp else 0,
         moe_intermediate_size=moe_f if n_exp else 0,

@@ -8,11 +8,11 @@ the fix (CLI: one line, exit 2).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from ndplan.export import deepspeed, devicemesh, megatron, mindformers, torchtitan
 from ndplan.export.balance import Balance
 from ndplan.errors import NdplanError
+from ndplan.paths import output_file
 
 EMITTERS = {"megatron": megatron.emit, "torchtitan": torchtitan.emit, "deepspeed": deepspeed.emit,
             "mindformers": mindformers.emit, "devicemesh": devicemesh.emit}
@@ -25,7 +25,7 @@ __all__ = ["EMITTERS", "SUFFIX", "Balance", "emit", "write"]
 
 def emit(fmt: str, model, strategy, *, balance=None) -> str:
     if fmt not in EMITTERS:
-        raise NdplanError("--emit", fmt, f"choose one of {', '.join(EMITTERS)}")
+        raise NdplanError("--emit", fmt, "unknown format", f"choose one of {', '.join(EMITTERS)}")
     return EMITTERS[fmt](model, strategy, balance=balance)
 
 
@@ -33,5 +33,5 @@ def write(text: str, path: str | None) -> bool:
     """Write ``text`` to ``path``; False when there is no path (the caller prints it)."""
     if path is None:
         return False
-    Path(path).write_text(text)
+    output_file("--emit-out", path).write_text(text)
     return True

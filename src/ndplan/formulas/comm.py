@@ -56,8 +56,8 @@ AXES = ("tp", "cp", "ep", "dp", "pp")
 def check_order(order: str) -> tuple[str, ...]:
     axes = tuple(order.split("-"))
     if sorted(axes) != sorted(AXES):
-        raise NdplanError("order", order, f"must be a permutation of {'-'.join(AXES)} joined by '-', "
-                                          f"innermost first (default {DEFAULT_ORDER})")
+        raise NdplanError("order", order, "not a placement order",
+                          f"give a permutation of {'-'.join(AXES)} joined by '-', innermost first (default {DEFAULT_ORDER})")
     return axes
 
 

@@ -17,6 +17,7 @@ from ndplan.errors import NdplanError
 from ndplan.interop import deepspeed, megatron, mindformers, torchtitan
 from ndplan.interop.base import CheckInput
 from ndplan.interop.textedit import REMOVE
+from ndplan.paths import read_text
 
 READERS = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "mindformers": mindformers}
 FORMATS = tuple(READERS)
@@ -39,8 +40,8 @@ def detect(path: Path, text: str) -> str:
         return "mindformers"
     if re.search(r"(?<![\w-])--[a-z][\w-]*", text):
         return "megatron"
-    raise NdplanError("--format", "auto", f"cannot tell the format of {path.name}; give --format "
-                                          f"{'|'.join(FORMATS)}")
+    raise NdplanError("--format", "auto", f"cannot tell the format of {path.name}",
+                      f"give --format {'|'.join(FORMATS)}")
 
 
 def read_config(path, fmt: str = "auto", *, model=None, gpus: int | None = None, seq: int | None = None,
@@ -51,13 +52,13 @@ def read_config(path, fmt: str = "auto", *, model=None, gpus: int | None = None,
     does not carry the architecture; ``gpus``/``seq``/``gbs`` fill or override what the
     file says (a ``gpus`` that disagrees with the file's degrees is an error)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise NdplanError("FILE", str(path), f"cannot read it ({e.strerror})") from None
+    text = read_text("FILE", path, "launch script or config")
     if fmt == "auto":
         fmt = detect(path, text)
     if fmt not in READERS:
-        raise NdplanError("--format", fmt, f"choose one of {', '.join(FORMATS)} or auto")
-    ci = READERS[fmt].read(path, text, model=model, gpus=gpus, seq=seq, gbs=gbs)
+        raise NdplanError("--format", fmt, "unknown format", f"choose one of {', '.join(FORMATS)} or auto")
+    try:
+        ci = READERS[fmt].read(path, text, model=model, gpus=gpus, seq=seq, gbs=gbs)
+    except RecursionError:
+        raise NdplanError("FILE", str(path), "nested too deeply to read", f"give a {fmt} config") from None
     return dataclasses.replace(ci, overrides={"seq": seq, "gbs": gbs})

@@ -39,21 +39,22 @@ class CheckInput:
     """``seq`` / ``gbs`` given on top of the file (re-reading an edited file uses them too)."""
 
 
-def resolve_model(model, file_model: ModelSpec | None, where: str, fix: str) -> tuple[ModelSpec, str]:
+def resolve_model(model, file_model: ModelSpec | None, where: str, missing: str) -> tuple[ModelSpec, str]:
     """``-m`` (a ModelSpec or a catalog name / YAML / HF config path) wins over the
-    architecture the file carries; one of them is required."""
+    architecture the file carries; one of them is required (``missing`` says what the
+    file lacks)."""
     if model is not None:
         spec = model if isinstance(model, ModelSpec) else load_model(str(model))
         return spec, f"-m {spec.name}"
     if file_model is not None:
         return file_model, where
-    raise NdplanError("model", None, fix)
+    raise NdplanError("--model", None, missing, "give -m MODEL (a catalog name, model YAML or HF config.json)")
 
 
 def positive(field_: str, value, where: str) -> int:
     """An integer >= 1 read from a file, or NdplanError naming the key."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise NdplanError(field_, value, f"must be a positive integer (in {where})")
+        raise NdplanError(field_, value, f"not a positive integer (in {where})", "give a whole number >= 1")
     return value
 
 

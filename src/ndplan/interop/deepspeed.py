@@ -39,12 +39,14 @@ def _batch(flat: dict, dp: int, name: str) -> tuple[int, int]:
     if mbs is None:
         m = m or 1
         if gbs % (m * dp):
-            raise NdplanError(KEY["gbs"], gbs, f"must be a multiple of gradient_accumulation_steps*dp = {m * dp}")
+            raise NdplanError(KEY["gbs"], gbs, f"not a multiple of gradient_accumulation_steps*dp = {m * dp}",
+                              "fix the batch keys")
         mbs = gbs // (m * dp)
     if gbs is None:
         gbs = mbs * (m or 1) * dp
     if m is not None and gbs != mbs * m * dp:
-        raise NdplanError(KEY["gbs"], gbs, f"must equal micro batch x accumulation steps x dp = {mbs}*{m}*{dp}")
+        raise NdplanError(KEY["gbs"], gbs, f"differs from micro batch x accumulation steps x dp = {mbs}*{m}*{dp}",
+                          "make the batch keys agree (DeepSpeed refuses them too)")
     return mbs, gbs
 
 
@@ -52,20 +54,22 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise NdplanError("json", path.name, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise NdplanError("FILE", path.name, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}",
+                          "fix the syntax") from None
     if not isinstance(doc, dict):
-        raise NdplanError("json", path.name, "a DeepSpeed config is a JSON object")
+        raise NdplanError("FILE", path.name, f"holds a JSON {type(doc).__name__}, not an object",
+                          "a DeepSpeed config is a JSON object {...}")
     flat = flatten(doc)
-    spec, origin = resolve_model(model, None, "", f"{path.name} (DeepSpeed JSON) carries no architecture; give -m MODEL")
+    spec, origin = resolve_model(model, None, "", f"{path.name} (DeepSpeed JSON) carries no architecture")
     if seq is None:
-        raise NdplanError("seq", None, f"{path.name} (DeepSpeed JSON) has no sequence length; give --seq N")
+        raise NdplanError("--seq", None, f"{path.name} (DeepSpeed JSON) has no sequence length", "give --seq N")
     tp = positive(KEY["tp"], flat.get(KEY["tp"], 1), path.name)
     pp = positive(KEY["pp"], flat.get(KEY["pp"], 1), path.name)
     gpus, dp = world_dp(gpus, tp, pp, 1, "autotp_size x pipeline.stages", path.name)
     mbs, gbs_ = _batch(flat, dp, path.name)
     zero = flat.get(KEY["zero"], 0)
     if zero not in (0, 1, 2, 3):
-        raise NdplanError(KEY["zero"], zero, "must be 0, 1, 2 or 3")
+        raise NdplanError(KEY["zero"], zero, "not a ZeRO stage", "give 0, 1, 2 or 3")
     ckpt = any(k.startswith("activation_checkpointing.") or k == "activation_checkpointing" for k in flat) \
         or (flat.get(KEY["ckpt_interval"]) or 0) > 0
     notes = ["activation checkpointing assumed on every layer (the model code decides)"] if ckpt else []

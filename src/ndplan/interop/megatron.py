@@ -4,7 +4,8 @@ its flag table ``FLAG``).
 Input: an argument file (flags one per line or on one line) or a bash launch script.
 Handled: ``\\`` continuations, ``#`` comments, ``NAME=value`` / ``export NAME=value``
 assignments (quoted values, bash arrays ``NAME=( ... )``) expanded where ``$NAME`` /
-``${NAME}`` / ``${NAME[@]}`` appear, ``$((a*b))`` integer arithmetic, ``--flag=value``,
+``${NAME}`` / ``${NAME[@]}`` appear, ``$(( ))`` integer arithmetic (interop.arith: + - * / % ** on integers and
+variables, no eval), ``--flag=value``,
 and the torchrun / python launcher around ``pretrain_gpt.py``. The words are parsed
 with argparse (``parse_known_args``): unknown flags are ignored and listed.
 
@@ -37,6 +38,7 @@ from pathlib import Path
 from ndplan.catalog.model import model_from_config
 from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
+from ndplan.interop import arith
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 
@@ -50,8 +52,16 @@ _INT = {"layers", "tp", "pp", "cp", "ep", "etp", "layers_per_vstage", "vstages_p
         "last_layers", "mbs", "gbs", "seq", "recompute_num_layers"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a flag without its value as one NdplanError (argparse would
+    print its usage and exit)."""
+
+    def error(self, message: str):
+        raise NdplanError("FILE", "Megatron-LM arguments", message, "give every flag its value")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    p = _Parser(allow_abbrev=False, add_help=False)
     for name, flag in FLAG.items():
         if name in SWITCHES:
             p.add_argument(flag, dest=name, action="store_true")
@@ -70,15 +80,17 @@ def parser() -> argparse.ArgumentParser:
 
 _VAR = re.compile(r"\$\{(\w+)(?:\[@\])?\}|\$(\w+)")
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
-_ARITH = re.compile(r"^\$\(\(([\d\s*+\-/()]+)\)\)$")
 
 
-def _expand(word: str, env: dict) -> str:
-    out = _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), (m.group(0), 0))[0], word)
-    a = _ARITH.match(out)
-    if a:
-        out = str(int(eval(a.group(1), {"__builtins__": {}})))  # digits and + - * / ( ) only
-    return out
+def _expand(word: str, env: dict, line: int) -> str:
+    """``$NAME`` / ``${NAME}`` replaced from the script's assignments, then ``$(( ))``
+    integer arithmetic evaluated (interop.arith; no eval); ``line`` is 0-based."""
+    if "$((" in word:
+        try:
+            word = arith.expand(word, lambda name: env[name][0] if name in env else None)
+        except NdplanError as e:
+            raise NdplanError(e.field, e.value, f"{e.problem} (line {line + 1})", e.fix) from None
+    return _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), (m.group(0), 0))[0], word)
 
 
 def words(text: str) -> list[tuple[str, int]]:
@@ -100,7 +112,7 @@ def words(text: str) -> list[tuple[str, int]]:
                 if tok == ")":
                     array = None
                     continue
-                w = _expand(tok, env)
+                w = _expand(tok, env, i)
                 env[array] = ((env[array][0] + " " + w).strip(), env[array][1])
                 out.append((w, i))
                 continue
@@ -110,7 +122,7 @@ def words(text: str) -> list[tuple[str, int]]:
                 if val == "(":
                     array, env[name] = name, ("", i)
                     continue
-                val = _expand(val, env)
+                val = _expand(val, env, i)
                 env[name] = (val, i)
                 if "--" in val:  # ARGS="--num-layers 32 ...": its flags sit on this line
                     out += [(w, i) for w in val.split()]
@@ -120,7 +132,7 @@ def words(text: str) -> list[tuple[str, int]]:
             m = _VAR.fullmatch(tok)
             if m and (m.group(1) or m.group(2)) in env and " " in env[m.group(1) or m.group(2)][0]:
                 continue  # $ARGS: its words were recorded at the assignment
-            out.append((_expand(tok, env), i))
+            out.append((_expand(tok, env, i), i))
     return out
 
 
@@ -174,7 +186,7 @@ def _layers(args, L: int, pp: int, vpp: int):
     rest = L - first - last
     if pp < 2 or (pp > 2 and rest % (pp - 2)) or (pp == 2 and rest):
         raise NdplanError(FLAG["first_layers"], first, f"with last={last} the other {rest} layers do not split "
-                                                       f"evenly over {pp - 2} middle stages")
+                          f"evenly over {pp - 2} middle stages", "change the first/last stage layer counts")
     return (first,) + (rest // (pp - 2),) * (pp - 2) + (last,) if pp > 2 else (first, last)
 
 
@@ -183,7 +195,7 @@ def _recompute(args, notes: list) -> dict:
     if gran is None:
         return {"recompute": "none"}
     if gran not in ("full", "selective"):
-        raise NdplanError(FLAG["recompute_granularity"], gran, "must be full or selective")
+        raise NdplanError(FLAG["recompute_granularity"], gran, "unknown granularity", "give full or selective")
     if gran == "selective":
         return {"recompute": "selective"}
     n = _int(args, "recompute_num_layers", FLAG["recompute_num_layers"], 1)
@@ -201,8 +213,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                                              "--tensor-model-parallel-size); is this a Megatron launch script?")
     notes: list[str] = []
     spec, origin = resolve_model(model, _model(args, path.name), f"flags in {path.name}",
-                                 f"{path.name} lacks --num-layers/--hidden-size/--num-attention-heads/--vocab-size; "
-                                 "give -m MODEL (catalog name or HF config.json)")
+                                 f"{path.name} lacks --num-layers/--hidden-size/--num-attention-heads/--vocab-size")
     tp, pp, cp = (_int(args, n, FLAG[n], 1) for n in ("tp", "pp", "cp"))
     if gpus is None and args.nproc is not None:
         gpus = _int(args, "nproc", "--nproc_per_node") * _int(args, "nnodes", "--nnodes", 1)
@@ -215,7 +226,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     per_v = _int(args, "layers_per_vstage", FLAG["layers_per_vstage"])
     if vpp is None and per_v is not None:
         if L % (pp * per_v):
-            raise NdplanError(FLAG["layers_per_vstage"], per_v, f"pp*{per_v} must divide num_layers={L}")
+            raise NdplanError(FLAG["layers_per_vstage"], per_v, f"pp*{per_v} does not divide num_layers={L}",
+                              "change it or --pipeline-model-parallel-size")
         vpp = L // (pp * per_v)
     vpp = vpp or 1
     mbs = _int(args, "mbs", FLAG["mbs"], 1)

@@ -40,6 +40,7 @@ from pathlib import Path
 import yaml
 
 from ndplan.catalog.model import model_from_config
+from ndplan import limits
 from ndplan.errors import NdplanError
 from ndplan.export import mindformers as X
 from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
@@ -103,7 +104,8 @@ def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tup
     """Per-stage counts (pp ints, or with VPP a list of vpp lists) -> recompute_layers."""
     rows = counts if isinstance(counts[0], list) else [counts]
     if any(len(r) != pp for r in rows):
-        raise NdplanError("recompute_config", counts, f"give one count per stage (pipeline_stage={pp})")
+        raise NdplanError("recompute_config", counts, f"not one count per stage (pipeline_stage={pp})",
+                          "give pp counts, or with VPP a list of vpp lists")
     per_stage = tuple(sum(int(r[s]) for r in rows) for s in range(pp))
     if max(per_stage) > layers:
         notes.append(f"recompute counts {list(per_stage)} clamped to {layers} layers (MindFormers clamps)")
@@ -139,16 +141,16 @@ def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int):
     flat = _flat_counts(off)
     if flat is None:
         if off not in (0, None):
-            raise NdplanError(KEY["offset"], off, "give 0, a list of pp ints, or (VPP) a list of vpp lists")
+            raise NdplanError(KEY["offset"], off, "not an offset list", "give 0, a list of pp ints, or (VPP) a list of vpp lists")
         return None
     if not any(flat):
         return None
     rows = off if isinstance(off[0], list) else [off]
     if len(rows) != vpp or any(len(x) != pp for x in rows):
-        raise NdplanError(KEY["offset"], off, f"needs vpp={vpp} x pp={pp} entries")
+        raise NdplanError(KEY["offset"], off, f"not vpp={vpp} x pp={pp} entries", "give one offset per stage and chunk")
     lps = tuple(L // (pp * vpp) + int(rows[ch][s]) for ch in range(vpp) for s in range(pp))
     if sum(lps) != L:
-        raise NdplanError(KEY["offset"], off, f"gives {sum(lps)} layers, the model has {L}")
+        raise NdplanError(KEY["offset"], off, f"gives {sum(lps)} layers, the model has {L}", "make the offsets sum to 0")
     return lps
 
 
@@ -157,27 +159,27 @@ def memory_limit(doc: dict) -> int | None:
     v = get(doc, KEY["max_device_memory"])
     if v is None:
         return None
-    m = re.fullmatch(r"\s*([0-9.]+)\s*GB\s*", str(v), re.IGNORECASE)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*GB\s*", str(v), re.IGNORECASE)
     if not m:
-        raise NdplanError(KEY["max_device_memory"], v, 'write it as MindSpore does, e.g. "58GB"')
-    return int(float(m.group(1)) * 2 ** 30)
+        raise NdplanError(KEY["max_device_memory"], v, "not a size", 'write it as MindSpore does, e.g. "58GB"')
+    return int(limits.gib(KEY["max_device_memory"], float(m.group(1))) * 2 ** 30)
 
 
 def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int | None = None,
              gbs: int | None = None) -> tuple:
     """(model, model origin, strategy kwargs, notes) of a parsed MindFormers yaml."""
     if not isinstance(doc, dict) or not isinstance(doc.get("parallel_config"), dict):
-        raise NdplanError("parallel_config", None, f"{name} has no parallel_config mapping; "
-                                                   "is this a MindFormers training yaml?")
+        raise NdplanError("parallel_config", None, f"{name} has no parallel_config mapping",
+                          "give a MindFormers training yaml, or --format for another framework")
     notes: list[str] = []
     spec, origin = resolve_model(model, model_of(doc, name, name), f"{MC} in {name}",
                                  f"{name} has no complete {MC} (hidden_size, num_layers, num_heads, "
-                                 "vocab_size); give -m MODEL")
+                                 "vocab_size)")
     sched = str(get(doc, KEY["scheduler"], "1f1b"))
     if sched != "1f1b":
-        raise NdplanError(KEY["scheduler"], sched, "ndplan models 1f1b and interleaved pipelines only")
+        raise NdplanError(KEY["scheduler"], sched, "not modelled", "ndplan models 1f1b and interleaved pipelines only")
     if (get(doc, KEY["ep"], 1) or 1) != 1 and not spec.is_moe:
-        raise NdplanError(KEY["ep"], get(doc, KEY["ep"]), "expert parallelism on a dense model; set 1")
+        raise NdplanError(KEY["ep"], get(doc, KEY["ep"]), "expert parallelism on a dense model", "set 1")
     dp, tp, pp = (positive(KEY[k], get(doc, KEY[k], 1), name) for k in ("dp", "tp", "pp"))
     cp = positive(KEY["cp"], get(doc, KEY["cp"], 1), name)
     vpp = positive(KEY["vpp"], get(doc, KEY["vpp"], 1), name) if get(doc, KEY["interleave"], False) else 1
@@ -220,8 +222,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise NdplanError("yaml", path.name, f"malformed YAML{f' at line {mark.line + 1}' if mark else ''}: "
-                                             f"{getattr(e, 'problem', e)}") from None
+        raise NdplanError("FILE", path.name, f"malformed YAML{f' at line {mark.line + 1}' if mark else ''}: "
+                                             f"{getattr(e, 'problem', e)}", "fix the syntax") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("parallel_config"), dict):
+        raise NdplanError("FILE", path.name, "has no parallel_config mapping",
+                          "give a MindFormers training yaml, or --format for another framework")
     name = f"{path.parent.name}/{path.stem}"
     spec, origin, kw, notes = read_doc(doc, model=model, name=name, seq=seq, gbs=gbs)
     strat = make_strategy(kw, notes)

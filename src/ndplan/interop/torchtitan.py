@@ -46,9 +46,10 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     try:
         flat = flatten(tomllib.loads(text))
     except tomllib.TOMLDecodeError as e:
-        raise NdplanError("toml", path.name, f"malformed TOML: {e}") from None
+        raise NdplanError("FILE", path.name, f"malformed TOML: {e}", "fix the syntax") from None
     if not any(k.startswith("parallelism.") for k in flat):
-        raise NdplanError("parallelism", None, f"{path.name} has no [parallelism] table; is it a torchtitan job config?")
+        raise NdplanError("FILE", path.name, "has no [parallelism] table",
+                          "give a torchtitan job config, or --format for another framework")
 
     def get(k):
         return flat.get(KEY[k], DEFAULTS.get(k))
@@ -56,7 +57,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     guess = _catalog_model(flat) if model is None else None
     spec, origin = resolve_model(model if guess is None else guess, None, "",
                                  f"{path.name} names the model only as [model] name/flavor "
-                                 f"({flat.get(KEY['model_name'])!r}/{flat.get(KEY['model_flavor'])!r}); give -m MODEL")
+                                 f"({flat.get(KEY['model_name'])!r}/{flat.get(KEY['model_flavor'])!r}), not a catalog model")
     if guess:
         origin = f"[model] name/flavor -> catalog {guess}"
     notes: list[str] = []
@@ -80,12 +81,13 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     elif reshard in ("never", "always", "default"):
         zero = {"never": 2, "always": 3}.get(reshard, 3 if pp == 1 else 2)
     else:
-        raise NdplanError(KEY["reshard"], reshard, "must be default, always or never")
+        raise NdplanError(KEY["reshard"], reshard, "unknown reshard policy", "give default, always or never")
     if rep > 1 and shard > 1:
         notes.append(f"HSDP {rep} x {shard}: ndplan shards over the whole dp={dp} (memory under-counted)")
     sched_name = str(get("schedule"))
     if pp > 1 and sched_name not in SCHEDULE_OF:
-        raise NdplanError(KEY["schedule"], sched_name, f"ndplan reads {', '.join(SCHEDULE_OF)}")
+        raise NdplanError(KEY["schedule"], sched_name, "not a schedule ndplan models",
+                          f"use one of {', '.join(SCHEDULE_OF)}")
     schedule = SCHEDULE_OF.get(sched_name, "1f1b") if pp > 1 else "1f1b"
     L, lps, vpp = spec.num_hidden_layers, None, 1
     if pp > 1 and KEY["split_points"] in flat:
@@ -96,7 +98,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     elif pp > 1 and KEY["layers_per_stage"] in flat:
         per = positive(KEY["layers_per_stage"], flat[KEY["layers_per_stage"]], path.name)
         if L % (per * pp):
-            raise NdplanError(KEY["layers_per_stage"], per, f"pp*{per} must divide the {L} layers")
+            raise NdplanError(KEY["layers_per_stage"], per, f"pp*{per} does not divide the {L} layers",
+                              "change it or pipeline_parallel_degree")
         vpp = L // (per * pp)
     elif schedule in ("interleaved", "zbv"):
         vpp = 2
@@ -108,7 +111,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     gbs_ = gbs or (local * dp if glob in (-1, None) else positive(KEY["gbs"], glob, path.name))
     mode = str(get("ac_mode"))
     if mode not in ("none", "selective", "full"):
-        raise NdplanError(KEY["ac_mode"], mode, "must be none, selective or full")
+        raise NdplanError(KEY["ac_mode"], mode, "unknown activation checkpointing mode", "give none, selective or full")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
                      recompute=mode, schedule=schedule if pp > 1 else "1f1b", engine="fsdp",

@@ -26,13 +26,13 @@ MindSpore SAPP ``layers_description`` files are accepted too (see ``from_sapp``)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from ndplan import limits
+from ndplan.catalog.files import parse_mapping
 from ndplan.errors import NdplanError
+from ndplan.paths import read_text
 from ndplan.units import MIB
 
 MODES = ("none", "selective", "full")
@@ -40,6 +40,20 @@ MODES = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 """Schedules PPB balances (every one with a fixed op order, schedules.op_order)."""
 FORMAT = "ndplan-layers/1"
+
+
+MAX_LAYER_S = 1e6
+"""Ceiling of one layer's per-micro-batch time, seconds (real ones are below 1 s)."""
+MAX_LAYER_BYTES = 2.0**60
+"""Ceiling of one layer's bytes (1 EiB)."""
+
+
+def _seconds(field: str, v) -> float:
+    return limits.real(field, v, 0.0, MAX_LAYER_S, lo_open=False, what="seconds")
+
+
+def _bytes(field: str, v) -> float:
+    return limits.real(field, v, 0.0, MAX_LAYER_BYTES, lo_open=False, what="bytes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,21 +85,23 @@ class Layer:
 
     def __post_init__(self):
         where = f"layers[{self.name}]"
-        for f in ("forward_s", "backward_input_s", "backward_weight_s", "static_bytes"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise NdplanError(f"{where}.{f}", v, "must be a number >= 0")
+        for f in ("forward_s", "backward_input_s", "backward_weight_s"):
+            _seconds(f"{where}.{f}", getattr(self, f))
+        _bytes(f"{where}.static_bytes", self.static_bytes)
         if "none" not in self.activation_bytes:
             raise NdplanError(f"{where}.activation_bytes", dict(self.activation_bytes),
-                              "needs at least the 'none' mode (bytes kept without recompute)")
-        for mode, v in list(self.activation_bytes.items()) + list(self.recompute_s.items()):
+                              "lacks the 'none' mode (bytes kept without recompute)", "add `none: <bytes>`")
+        for mode in list(self.activation_bytes) + list(self.recompute_s):
             if mode not in MODES:
-                raise NdplanError(f"{where}.recompute mode", mode, f"must be one of {', '.join(MODES)}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise NdplanError(f"{where}[{mode}]", v, "must be a number >= 0")
+                raise NdplanError(f"{where}.recompute mode", mode, "unknown mode", f"use one of {', '.join(MODES)}")
+        for mode, v in self.activation_bytes.items():
+            _bytes(f"{where}.activation_bytes[{mode}]", v)
+        for mode, v in self.recompute_s.items():
+            _seconds(f"{where}.recompute_s[{mode}]", v)
         for mode in self.recompute_s:
             if mode not in self.activation_bytes:
-                raise NdplanError(f"{where}.recompute_s", mode, "give activation_bytes for the same mode")
+                raise NdplanError(f"{where}.recompute_s", mode, "has no activation_bytes for the same mode",
+                                  f"add activation_bytes.{mode}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,21 +117,23 @@ class Pipeline:
     """Per-device memory available for static + activations, bytes."""
 
     def __post_init__(self):
-        for f in ("pp", "vpp", "m"):
+        for f, hi in (("pp", limits.MAX_PP), ("vpp", limits.MAX_PP), ("m", limits.MAX_MICROBATCHES)):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise NdplanError(f, v, "must be a positive integer")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise NdplanError(f, v, "not an integer", f"give a whole number in 1..{hi}")
+            limits.count(f, v, 1, hi)
         if self.schedule not in SCHEDULES:
-            raise NdplanError("schedule", self.schedule, f"PPB balances {', '.join(SCHEDULES)}")
+            raise NdplanError("schedule", self.schedule, "not a schedule PPB balances",
+                              f"choose one of {', '.join(SCHEDULES)}")
         if self.schedule in ("gpipe", "1f1b", "zb-h1") and self.vpp != 1:
-            raise NdplanError("vpp", self.vpp, f"{self.schedule} has one chunk per stage; use vpp=1")
+            raise NdplanError("vpp", self.vpp, f"{self.schedule} has one chunk per stage", "use vpp=1")
         if self.schedule == "zbv" and self.vpp != 2:
-            raise NdplanError("vpp", self.vpp, "zbv runs two chunks (a V) per stage; use vpp=2")
+            raise NdplanError("vpp", self.vpp, "zbv runs two chunks (a V) per stage", "use vpp=2")
         if self.schedule == "interleaved" and (self.vpp < 2 or self.m % self.pp):
             raise NdplanError("m" if self.vpp >= 2 else "vpp", self.m if self.vpp >= 2 else self.vpp,
-                              "interleaved needs vpp >= 2 and m a multiple of pp (Megatron-LM rule)")
-        if self.budget_bytes <= 0:
-            raise NdplanError("budget_bytes", self.budget_bytes, "must be positive; lower --reserve-gib or set --budget-gib")
+                              "interleaved needs vpp >= 2 and m a multiple of pp (Megatron-LM rule)",
+                              "change m or vpp")
+        limits.real("budget_bytes", self.budget_bytes, 0.0, limits.MAX_GIB * 2**30, what="bytes")
 
     @property
     def chunks(self) -> int:
@@ -132,7 +150,7 @@ class Instance:
     def __post_init__(self):
         if len(self.layers) < self.pipeline.chunks:
             raise NdplanError("pp", self.pipeline.pp, f"pp*vpp={self.pipeline.chunks} chunks exceed the "
-                                                      f"{len(self.layers)} layers; lower pp or vpp")
+                                                      f"{len(self.layers)} layers", "lower pp or vpp")
 
 
 # ---------------------------------------------------------------- file formats
@@ -141,19 +159,19 @@ def _number(d: dict, key: str, where: str, default=None):
     if key not in d:
         if default is not None:
             return default
-        raise NdplanError(f"{where}.{key}", None, "missing; every layer needs it (see ndplan balance --help)")
+        raise NdplanError(f"{where}.{key}", None, "missing", "every layer needs it (see ndplan balance --help)")
     return d[key]
 
 
 def layer_from_dict(d: dict, where: str) -> Layer:
     if not isinstance(d, dict):
-        raise NdplanError(where, d, "each layer must be a mapping")
+        raise NdplanError(where, d, "not a mapping", "write each layer as a mapping of field: value")
     act = _number(d, "activation_bytes", where)
     if not isinstance(act, dict):
-        raise NdplanError(f"{where}.activation_bytes", act, "give a mapping mode -> bytes, e.g. {none: 1.2e9}")
+        raise NdplanError(f"{where}.activation_bytes", act, "not a mapping", "give mode -> bytes, e.g. {none: 1.2e9}")
     rec = d.get("recompute_s", {}) or {}
     if not isinstance(rec, dict):
-        raise NdplanError(f"{where}.recompute_s", rec, "give a mapping mode -> seconds, e.g. {full: 0.01}")
+        raise NdplanError(f"{where}.recompute_s", rec, "not a mapping", "give mode -> seconds, e.g. {full: 0.01}")
     try:
         return Layer(name=str(d.get("name", where)), kind=str(d.get("kind", "layer")),
                      forward_s=_number(d, "forward_s", where), backward_input_s=_number(d, "backward_input_s", where),
@@ -161,45 +179,51 @@ def layer_from_dict(d: dict, where: str) -> Layer:
                      static_bytes=_number(d, "static_bytes", where),
                      activation_bytes=dict(act), recompute_s={k: v for k, v in rec.items() if k != "none"})
     except TypeError as e:  # unexpected value types inside dicts
-        raise NdplanError(where, d, f"bad layer entry ({e})") from None
+        raise NdplanError(where, d, f"bad layer entry ({e})", "see the ndplan-layers/1 format in ndplan balance --help") from None
 
 
 def _expand(entries: list, where: str, make) -> tuple[Layer, ...]:
     out = []
     for i, d in enumerate(entries):
         count = d.get("count", 1) if isinstance(d, dict) else 1
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise NdplanError(f"{where}[{i}].count", count, "must be a positive integer")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise NdplanError(f"{where}[{i}].count", count, "not an integer", "give a whole number of layers")
+        limits.count(f"{where}[{i}].count", count, 1, limits.MAX_LAYERS, "a layer count")
         out.extend([make(d, f"{where}[{i}]")] * count)
+        if len(out) > limits.MAX_LAYERS:
+            raise NdplanError(where, len(out), f"more than {limits.MAX_LAYERS:,} layers", "give a smaller model")
     if not out:
-        raise NdplanError(where, entries, "no layers given")
+        raise NdplanError(where, entries, "no layers given", "list at least one layer")
     return tuple(out)
 
 
 def layers_from_doc(doc) -> tuple[Layer, ...]:
     """Layers of a parsed layer file: ndplan format or MindSpore SAPP ``layers_description``."""
     if not isinstance(doc, dict):
-        raise NdplanError("layer file", type(doc).__name__, f"top level must be a mapping with 'layers' ({FORMAT})")
+        raise NdplanError("layer file", type(doc).__name__, "top level is not a mapping",
+                          f"give a mapping with 'layers' ({FORMAT})")
     if "layers_description" in doc:
         return from_sapp(doc)
+    if "format" in doc and doc["format"] != FORMAT:
+        raise NdplanError("format", doc["format"], "unknown layer file format",
+                          f"this ndplan reads {FORMAT} (and SAPP layers_description); re-export it with "
+                          "ndplan estimate --export-layers")
     if "layers" not in doc:
-        raise NdplanError("layers", None, f"missing; give a '{FORMAT}' file or a SAPP file with layers_description")
+        raise NdplanError("layers", None, "missing", f"give a '{FORMAT}' file or a SAPP file with layers_description")
     if not isinstance(doc["layers"], list):
-        raise NdplanError("layers", doc["layers"], "must be a list of layer mappings")
+        raise NdplanError("layers", doc["layers"], "not a list", "give a list of layer mappings")
     return _expand(doc["layers"], "layers", layer_from_dict)
+
+
+def load_layer_doc(path: str | Path) -> dict:
+    """The parsed JSON or YAML layer file (a mapping)."""
+    p = Path(path)
+    return parse_mapping(read_text("--layers", p, "JSON" if p.suffix == ".json" else "YAML"), p, "--layers")
 
 
 def load_layers(path: str | Path) -> tuple[Layer, ...]:
     """Read a JSON or YAML layer file."""
-    p = Path(path)
-    if not p.exists():
-        raise NdplanError("layers file", str(p), "does not exist")
-    text = p.read_text()
-    try:
-        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise NdplanError("layers file", str(p), f"cannot parse: {str(e).splitlines()[0]}") from None
-    return layers_from_doc(doc)
+    return layers_from_doc(load_layer_doc(path))
 
 
 def layers_to_doc(layers: tuple[Layer, ...], meta: dict | None = None) -> dict:
@@ -237,12 +261,11 @@ taken as half the no-recompute backward."""
 
 def _sapp_layer(d: dict, where: str) -> Layer:
     if not isinstance(d, dict):
-        raise NdplanError(where, d, "each layers_description entry must be a mapping")
+        raise NdplanError(where, d, "not a mapping", "write each layers_description entry as a mapping")
     keys = ("time", "forward_time", "memory_parameter", *SAPP_TIME_KEYS.values(), *SAPP_MEMORY_KEYS.values())
     for k in keys:
-        v = d.get(k, 0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise NdplanError(f"{where}.{k}", v, "must be a number >= 0 (SAPP: milliseconds, MB)")
+        limits.real(f"{where}.{k}", d.get(k, 0), 0.0, MAX_LAYER_S / SAPP_TIME_UNIT_S, lo_open=False,
+                    what="a number (SAPP: milliseconds, MB)")
     t = _number(d, "time", where)
     fwd = d.get("forward_time", t)
     bwd = {mode: d.get(key, 2 * fwd * (1 + SAPP_DEFAULT_COEF[mode])) for mode, key in SAPP_TIME_KEYS.items()}
@@ -268,11 +291,11 @@ def from_sapp(doc: dict) -> tuple[Layer, ...]:
     """
     entries = doc["layers_description"]
     if not isinstance(entries, list) or not entries:
-        raise NdplanError("layers_description", entries, "must be a non-empty list")
+        raise NdplanError("layers_description", entries, "not a non-empty list", "list the HEAD, BODY and TAIL entries")
     rank = {"HEAD": 0, "BODY": 1, "TAIL": 2}
     for i, d in enumerate(entries):
         if not isinstance(d, dict) or str(d.get("type", "BODY")).upper() not in rank:
             raise NdplanError(f"layers_description[{i}].type", d.get("type") if isinstance(d, dict) else d,
-                              "must be HEAD, BODY or TAIL")
+                              "unknown entry type", "give HEAD, BODY or TAIL")
     ordered = sorted(entries, key=lambda d: rank[str(d.get("type", "BODY")).upper()])
     return _expand([dict(d, count=d.get("nb_layer", 1)) for d in ordered], "layers_description", _sapp_layer)

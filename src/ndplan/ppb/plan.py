@@ -34,12 +34,14 @@ class Plan:
         L, V = len(inst.layers), inst.pipeline.chunks
         b = self.bounds
         if len(b) != V + 1 or b[0] != 0 or b[-1] != L or any(b[v + 1] <= b[v] for v in range(V)):
-            raise NdplanError("plan.bounds", list(b), f"need {V + 1} strictly increasing indices from 0 to {L}")
+            raise NdplanError("plan.bounds", list(b), "not a layer split",
+                              f"give {V + 1} strictly increasing indices from 0 to {L}")
         if len(self.recompute) != L:
-            raise NdplanError("plan.recompute", len(self.recompute), f"need one mode per layer ({L})")
+            raise NdplanError("plan.recompute", len(self.recompute), f"not one mode per layer ({L})", "give one per layer")
         for i, (layer, mode) in enumerate(zip(inst.layers, self.recompute)):
             if mode not in layer.modes:
-                raise NdplanError(f"plan.recompute[{i}]", mode, f"layer {layer.name} offers {', '.join(layer.modes)}")
+                raise NdplanError(f"plan.recompute[{i}]", mode, f"not offered by layer {layer.name}",
+                                  f"choose from {', '.join(layer.modes)}")
 
 
 def slot(p: Pipeline, v: int) -> tuple[int, int]:

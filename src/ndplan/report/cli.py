@@ -8,7 +8,14 @@ import click
 
 from ndplan.report.figures import PLOT_MISSING
 
-_REPORT = click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+def _check_report(ctx, param, value):
+    if value is None:
+        return None
+    from ndplan.report.render import report_path
+    return str(report_path(value))
+
+
+_REPORT = click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, callback=_check_report,
                        help="Write a report (PATH.md with PNGs beside it, or self-contained PATH.html), "
                             "plus CSV/JSON of every table. Figures need: pip install 'ndplan[plot]'.")
 _CSV = click.option("--csv", "report_csv", is_flag=True, help="Print the table as CSV.")

@@ -14,6 +14,7 @@ import numpy as np
 from ndplan.formulas.memory import STATIC_KEYS
 from ndplan.ppb.simulate import SimResult
 from ndplan.ppb.svg import COLORS
+from ndplan.space import row_label
 from ndplan.units import GIB
 
 PLOT_MISSING = "matplotlib is not installed: figures skipped, tables only; install them with: pip install 'ndplan[plot]'"
@@ -80,36 +81,101 @@ def memory_bars(ests: list, labels: list[str] | None = None, limit_bytes: float 
     return fig
 
 
+PARETO_Y_CAP = 1.5
+"""The Pareto figure's memory axis ends at this many memory limits when candidates go higher."""
+PARETO_Y_MIN = 1.35
+"""... and at least this many: room above the limit line for the chosen plan's label."""
+
+
+def pareto_ylim(peak_bytes, feasible: int, limit_bytes: float) -> float:
+    """Top of the Pareto figure's memory axis, in bytes: ``PARETO_Y_CAP`` x the limit
+    when some candidate lies above that, else the highest candidate plus 5 %, but at
+    least ``PARETO_Y_MIN`` x the limit. Never below the highest feasible point plus 5 %
+    (the front and the chosen plan are feasible)."""
+    peak = np.asarray(peak_bytes, dtype=float)
+    high = float(peak.max()) if len(peak) else 0.0
+    top = PARETO_Y_CAP * limit_bytes if high > PARETO_Y_CAP * limit_bytes else max(PARETO_Y_MIN * limit_bytes,
+                                                                                    1.05 * high)
+    if feasible:
+        top = max(top, 1.05 * float(peak[:feasible].max()))
+    return top
+
+
 def pareto_plot(res, chosen: int = 0):
     """Peak memory vs step time of every evaluated candidate of a SweepResult: feasible
-    (grey), over the limit (light red), the Pareto front (line), ``chosen`` (star)."""
+    (grey), over the limit (light red), the Pareto front (line), ``chosen`` (star, its
+    strategy written beside it, above the limit line where only infeasible points lie).
+
+    The memory axis is linear from 0 to at most 1.5 x the memory limit
+    (``pareto_ylim``): the choice is made below the limit, and a sweep's infeasible
+    candidates reach tens of limits up (1,500 GiB against 80 GiB for llama3-70b on 64
+    H100), which on a full-range axis flattens the feasible band into a line. Candidates
+    above the axis are drawn as triangles on its top edge, at their step time, and a
+    note above the axis says how many there are and how high they go. A log axis was
+    the alternative; it still spends most of the height on candidates that cannot be
+    chosen and squeezes the headroom just under the limit, where the front ends, so
+    linear-and-clipped reads better."""
     t = res.table
-    fig, axes = _figure(7.5, 4.5)
+    fig, axes = _figure(8.5, 5.2)
     ax = axes[0][0]
     f = res.feasible
-    ax.scatter(t.step_s[f:], t.peak_bytes[f:] / GIB, s=4, color="#f4a6a6", label="over the memory limit",
-               rasterized=True)
-    ax.scatter(t.step_s[:f], t.peak_bytes[:f] / GIB, s=4, color="#9a9a9a", label="feasible", rasterized=True)
+    lim = res.mem_limit_bytes / GIB
+    top = pareto_ylim(t.peak_bytes, f, res.mem_limit_bytes) / GIB
+    mem = t.peak_bytes / GIB
+    off = mem > top
+    inside = (np.arange(len(t)) >= f) & ~off
+    if inside.any():
+        ax.scatter(t.step_s[inside], mem[inside], s=4, color="#f4a6a6", label="over the memory limit",
+                   rasterized=True)
+    ax.scatter(t.step_s[:f], mem[:f], s=4, color="#9a9a9a", label="feasible", rasterized=True)
+    n_off = int(off.sum())
+    if n_off:
+        ax.scatter(t.step_s[off], np.full(n_off, top), s=14, marker="^", color="#d9534f", clip_on=False,
+                   zorder=4, rasterized=True, label=f"above {top:,.0f} GiB (drawn at the top edge)")
     front = sorted(res.pareto, key=lambda i: t.peak_bytes[i])
     if front:
-        ax.plot(t.step_s[front], t.peak_bytes[front] / GIB, "o-", color="#4e79a7", markersize=4, label="Pareto front")
-    if f:
-        ax.scatter([t.step_s[chosen]], [t.peak_bytes[chosen] / GIB], marker="*", s=220, color="#e15759",
-                   edgecolor="black", zorder=5, label=f"chosen (#{chosen + 1})")
-    ax.axhline(res.mem_limit_bytes / GIB, color="black", linestyle="--", linewidth=1, label="memory limit")
+        ax.plot(t.step_s[front], mem[front], "o-", color="#4e79a7", markersize=4, label="Pareto front")
+    ax.axhline(lim, color="black", linestyle="--", linewidth=1, label=f"memory limit ({lim:,.0f} GiB)")
+    ax.set_ylim(0, top)
     ax.set_xscale("log")
+    if f and 0 <= chosen < len(t):
+        x, y = float(t.step_s[chosen]), float(mem[chosen])
+        ax.scatter([x], [y], marker="*", s=220, color="#e15759", edgecolor="black", zorder=5,
+                   label=f"chosen (#{chosen + 1})")
+        words = row_label(t.point(chosen)).split(" ")
+        half = (len(words) + 1) // 2
+        text = (f"chosen #{chosen + 1}: {' '.join(words[:half])}\n{' '.join(words[half:])}\n"
+                f"{y:.1f} GiB, step {x:.3g} s")
+        lo, hi = np.log10(ax.get_xlim())  # autoscaled to every point drawn so far
+        fx = (np.log10(x) - lo) / (hi - lo)
+        left = fx < 0.5  # the label goes to the side with more room, its corner just above the limit line
+        ann = ax.annotate(text, (x, y), xytext=(fx + (0.03 if left else -0.03), lim / top + 0.03),
+                          textcoords="axes fraction", ha="left" if left else "right", va="bottom", fontsize=8,
+                          zorder=6, bbox=dict(boxstyle="round", facecolor="white", edgecolor="#e15759", alpha=0.95),
+                          arrowprops=dict(arrowstyle="->", color="#e15759", shrinkB=9))
+        ann.set_gid("chosen")
+    title = f"{res.model.name} on {res.gpus} x {res.hardware.name}: {len(t):,} candidates"
+    if n_off:
+        ax.set_title(title, pad=16)
+        note = ax.annotate(f"{n_off:,} candidates above {top:,.0f} GiB (up to {mem.max():,.0f} GiB) not to scale: "
+                           "triangles at the top edge", (0.5, 1.0), xycoords="axes fraction", xytext=(0, 3),
+                           textcoords="offset points", ha="center", va="bottom", fontsize=8, color="#b52b27")
+        note.set_gid("off-scale")
+    else:
+        ax.set_title(title)
     ax.set_xlabel("step time (s, log)")
     ax.set_ylabel("peak memory (GiB per device)")
-    ax.set_title(f"{res.model.name} on {res.gpus} x {res.hardware.name}: {len(t):,} candidates")
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     return fig
 
 
 def timeline_plot(sim: SimResult, title: str = ""):
     """One row of boxes per stage (F forward, B backward incl. recompute, W weight
-    gradient) and, below, each stage's memory over the step."""
+    gradient) and, below, each stage's memory over the step. The title is the figure's
+    suptitle and both legends sit in the right margin, outside the axes, so neither
+    covers the title or the data, whatever the title's length or the stage count."""
     pp = len(sim.busy_s)
-    fig, axes = _figure(10.0, 1.2 + 0.9 * pp, 2, 1, sharex=True, height_ratios=[pp, max(2, pp * 0.8)])
+    fig, axes = _figure(10.0, 1.4 + 0.9 * pp, 2, 1, sharex=True, height_ratios=[pp, max(2, pp * 0.8)])
     ax, mem = axes[0][0], axes[1][0]
     for op in sim.ops:
         ax.broken_barh([(op.start_s * 1e3, (op.end_s - op.start_s) * 1e3)], (op.stage - 0.4, 0.8),
@@ -117,14 +183,16 @@ def timeline_plot(sim: SimResult, title: str = ""):
     ax.set_yticks(range(pp), [f"stage {s}" for s in range(pp)])
     ax.invert_yaxis()
     from matplotlib.patches import Patch
-    ax.legend([Patch(color=c) for c in COLORS.values()], list(COLORS), ncols=3, fontsize=8, loc="lower right",
-              bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_title(f"{title}  step {sim.step_s * 1e3:.3f} ms")
+    names = {"F": "F forward", "B": "B backward", "W": "W weight grad"}
+    ax.legend([Patch(color=c) for c in COLORS.values()], [names.get(k, k) for k in COLORS], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="ops", title_fontsize=8)
+    fig.suptitle(f"{title}  step {sim.step_s * 1e3:.3f} ms".strip(), wrap=True)
     for s, series in enumerate(sim.memory):
         times = [t * 1e3 for t, _ in series] + [sim.step_s * 1e3]
         vals = [b / GIB for _, b in series]
         mem.step(times, vals + vals[-1:], where="post", label=f"stage {s}")
     mem.set_xlabel("time (ms)")
     mem.set_ylabel("GiB")
-    mem.legend(fontsize=7, ncols=min(pp, 4))
+    mem.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+               ncols=1 if pp <= 12 else 2)
     return fig

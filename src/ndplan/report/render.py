@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 
 from ndplan.errors import NdplanError
+from ndplan.paths import output_file
 from ndplan.report.model import Report, Table
 from ndplan.units import GIB, fmt_bytes, fmt_count, fmt_seconds
 
@@ -121,10 +122,16 @@ def to_html(report: Report, path: Path) -> list[Path]:
     return [path, *written]
 
 
-def write_report(report: Report, path: str | Path) -> list[Path]:
-    """Write ``report`` to ``path`` (.md or .html); returns every file written."""
+def report_path(path: str | Path) -> Path:
+    """The report's path, checked before any work: .md or .html, in a folder that
+    exists (ndplan creates no folders for a report)."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise NdplanError("--report", str(path), "end the path in .md or .html")
-    path.parent.mkdir(parents=True, exist_ok=True)
+        raise NdplanError("--report", str(path), "not a .md or .html path", "end the path in .md or .html")
+    return output_file("--report", path)
+
+
+def write_report(report: Report, path: str | Path) -> list[Path]:
+    """Write ``report`` to ``path`` (.md or .html); returns every file written."""
+    path = report_path(path)
     return to_markdown(report, path) if path.suffix.lower() == ".md" else to_html(report, path)
