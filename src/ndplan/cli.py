@@ -146,7 +146,7 @@ def build(kw: dict):
     return model, hw, strat, gpus
 
 
-@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, name="ndplan", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ndplan")
 def main():
     """ndplan: plan N-dimensional parallel training (DP/ZeRO, TP+SP, PP+VPP, CP, EP).

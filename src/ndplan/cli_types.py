@@ -117,13 +117,20 @@ def usage_line(e: click.ClickException, args: list[str]) -> str:
         return f"option={_show(e.option_name)}: no such option of {where}; {fix}"
     if isinstance(e, click.MissingParameter):
         field = param_field(e.param)
-        return f"{field}=None: required by {where}; give {field} {e.param.make_metavar(e.ctx) if e.param else ''}".rstrip()
+        metavar = e.param.make_metavar(e.ctx) if e.param is not None else ""
+        give = metavar if isinstance(e.param, click.Argument) else f"{field} {metavar}"
+        return f"{field}=None: required by {where}; give {give.strip()} ({help_hint})"
     if isinstance(e, click.BadOptionUsage):
+        if "requires an argument" in e.message:
+            return f"{e.option_name}=None: needs a value; write {e.option_name} VALUE ({help_hint})"
         return f"{e.option_name}=None: {e.message.rstrip('.')}; {help_hint}"
     if isinstance(e, click.BadParameter):
         field = param_field(e.param)
         value = _argv_value(args, e.param)
         msg = e.message.rstrip(".")
+        path = re.fullmatch(r"(?:File|Directory|Path) '(.*)' is a directory", msg)
+        if path:  # click.Path(dir_okay=False)
+            return f"{field}={_show(path.group(1))}: is a directory; give the path of a file"
         return f"{field}={_show(value)}: {msg}; {help_hint}"
     msg = e.format_message().rstrip(".")
     m = re.match(r"No such command '(.*)'", msg)
@@ -197,10 +204,10 @@ class CompileProgress:
         click.echo(("\r" + text) if self.tty else text, err=True, nl=not self.tty)
 
     def finish(self) -> None:
+        """After progress lines: the count, and the time since the first compile."""
         import time
-        took = time.perf_counter() - self.start
-        if self.built and took >= self.every_s:
-            self._line(f"compiled {self.built} kernels in {took:.0f} s")
+        if self.last > self.start:
+            self._line(f"compiled {self.built} kernels; {time.perf_counter() - self.start:.0f} s since the first")
             if self.tty:
                 click.echo("", err=True)
 

@@ -44,6 +44,11 @@ def _is_number(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def _num(x: float) -> str:
+    """A bound as a user reads it: 1,048,576 rather than 1.04858e+06."""
+    return f"{int(x):,}" if math.isfinite(x) and float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
 def count(field: str, v, lo: int = 1, hi: int = MAX_DEVICES, what: str = "") -> int:
     """An integer in lo..hi (a float that is a whole number is accepted as one)."""
     if _is_number(v) and not isinstance(v, numbers.Integral) and math.isfinite(v) and float(v).is_integer():
@@ -59,7 +64,7 @@ def count(field: str, v, lo: int = 1, hi: int = MAX_DEVICES, what: str = "") -> 
 def real(field: str, v, lo: float = 0.0, hi: float = math.inf, *, lo_open: bool = True, hi_open: bool = False,
          what: str = "a number") -> float:
     """A finite float in (lo, hi] (or [lo, hi] / (lo, hi) per the flags)."""
-    rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    rng = f"{'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
     if not _is_number(v):
         raise NdplanError(field, v, "not a number", f"give {what} in {rng}")
     x = float(v)

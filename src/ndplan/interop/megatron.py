@@ -154,10 +154,10 @@ def _int(args, name: str, flag: str, default=None):
     if v is None:
         return default
     try:
-        return positive(flag, int(v), "the Megatron-LM arguments")
+        n = int(v)
     except ValueError:
-        raise NdplanError(flag, v, "must be an integer; set the variable it uses in the script, "
-                                   "or write the number") from None
+        raise NdplanError(flag, v, "not an integer", "set the variable it uses in the script, or write the number") from None
+    return positive(flag, n, "the Megatron-LM arguments")
 
 
 def _model(args, name: str):
