@@ -455,6 +455,33 @@ def test_megatron_removed_flag_keeps_indentation():
     assert out.splitlines()[1] == "    --sequence-parallel --bf16 \\"
 
 
+def _bash_args(text: str) -> list[str]:
+    """The words bash passes to torchrun when it runs ``text`` (torchrun is a function
+    printing its arguments): bash is the oracle for continuations, comments and arrays."""
+    import subprocess
+    r = subprocess.run(["bash", "-c", "torchrun() { printf '%s\\n' \"$@\"; }\n" + text], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("script", [
+    "torchrun pretrain_gpt.py \\\n    --tensor-model-parallel-size 2 \\\n    --seq-length 8  # the context\n",
+    "torchrun pretrain_gpt.py --seq-length 8 # one line, a comment\n",
+    "ARGS=(\n    --seq-length 8  # in an array\n)\ntorchrun pretrain_gpt.py ${ARGS[@]}\n",
+    "torchrun pretrain_gpt.py \\\n    --seq-length 8 \\\n    --bf16\n",
+])
+def test_megatron_added_flag_reaches_the_command(script):
+    """A flag added by a proposal's edit is an argument of the command as bash runs it,
+    also when the line it is added to ends in a comment (it used to land inside it)."""
+    from ndplan.interop import megatron as mg
+    out = mg.edit(script, {"--recompute-granularity": "full", "--use-distributed-optimizer": True})
+    args = _bash_args(out)
+    assert args[args.index("--recompute-granularity") + 1] == "full" and "--use-distributed-optimizer" in args
+    assert [w for w in _bash_args(script) if w not in args] == []  # nothing lost
+    assert [w for w, _ in mg.words(out)].count("--recompute-granularity") == 1  # the reader agrees
+
+
 def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(tmp_path):
     """vp2.yaml has select_comm_recompute: [10,8,6,4,2,0,0,0], one entry per stage of
     pipeline_stage 8. A proposal with another pp must not leave that 8-entry list."""

@@ -293,18 +293,39 @@ def edit(text: str, changes: dict) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
+_LAUNCHER = re.compile(r"(?:^|\s)(?:torchrun|python3?|srun|deepspeed|mpirun)\s|pretrain_\w+\.py")
+"""A line that runs a command (its flags are arguments of that line, not of the next)."""
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """(code, comment) of a shell line: a ``#`` outside quotes, at the start or after
+    blank space, starts a comment (bash's rule)."""
+    quote = None
+    for k, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch == "#" and (k == 0 or line[k - 1] in " \t"):
+            return line[:k].rstrip(), line[k:]
+    return line, ""
+
+
 def _add(lines: list[str], loc: dict, words_: str) -> None:
     i = max(loc.values()) if loc else len(lines) - 1
-    line = lines[i].rstrip()
+    line, comment = _split_comment(lines[i].rstrip())
+    tail = f"  {comment}" if comment else ""  # the words go before a trailing comment
     indent = re.match(r"\s*", line).group(0) or ("    " if "\\" in "".join(lines) else "")
     if _ASSIGN.match(line.strip()) and line.endswith(("'", '"')):  # ARGS="... --flag v"
-        lines[i] = line[:-1] + f" {words_}" + line[-1]
+        lines[i] = line[:-1] + f" {words_}" + line[-1] + tail
     elif line.endswith(")"):  # last word of an array
-        lines[i] = line[:-1].rstrip() + f" {words_} )"
+        lines[i] = line[:-1].rstrip() + f" {words_} )" + tail
     elif line.endswith("\\"):
         lines.insert(i + 1, f"{indent}{words_} \\")
+    elif comment or (_LAUNCHER.search(line) and not any(x.rstrip().endswith("\\") for x in lines)):
+        lines[i] = f"{line} {words_}{tail}"  # on the command's own line ("\\" cannot follow a comment)
     elif any(x.rstrip().endswith("\\") for x in lines):  # last line of a continued command
         lines[i] = line + " \\"
         lines.insert(i + 1, f"{indent}{words_}")
-    else:  # argument file
+    else:  # argument file: one flag per line
         lines.insert(i + 1, f"{indent}{words_}")
