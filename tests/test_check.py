@@ -482,6 +482,30 @@ def test_megatron_added_flag_reaches_the_command(script):
     assert [w for w, _ in mg.words(out)].count("--recompute-granularity") == 1  # the reader agrees
 
 
+BASH_SCRIPTS = {
+    "spaces-in-arithmetic": "G=8\nGBS=$(( 16 * G ))\ntorchrun pretrain_gpt.py --global-batch-size $GBS --seq-length 8\n",
+    "defaults": "TP=${TP:-2}\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP --seq-length ${SEQ:=4096}\n",
+    "semicolons": "G=8; TP=$((G/4)); PP=2;\ntorchrun pretrain_gpt.py --tensor-model-parallel-size $TP "
+                  "--pipeline-model-parallel-size $PP\n",
+    "if-then-fi": "if [ -z \"$PP\" ]; then PP=2; fi\ntorchrun pretrain_gpt.py --pipeline-model-parallel-size $PP\n",
+    "one-line-array": "A=(--tensor-model-parallel-size 2 --micro-batch-size 1)\ntorchrun pretrain_gpt.py \"${A[@]}\"\n",
+    "multi-line-array": "A=(\n  --tensor-model-parallel-size 2\n  --seq-length $((2*2048))\n)\n"
+                        "torchrun pretrain_gpt.py ${A[@]} --micro-batch-size 1\n",
+    "continued-with-comment": "torchrun pretrain_gpt.py \\\n  --micro-batch-size 2 \\\n  --seq-length 8  # short\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BASH_SCRIPTS))
+def test_megatron_reader_reads_what_bash_passes(name):
+    """The flags the reader finds equal those bash hands to the launcher (bash runs the
+    script with torchrun as a function printing its arguments)."""
+    from ndplan.interop import megatron as mg
+    text = BASH_SCRIPTS[name]
+    ours, _ = mg.parser().parse_known_args([w for w, _ in mg.words(text)])
+    theirs, _ = mg.parser().parse_known_args(_bash_args(text))
+    assert vars(ours) == vars(theirs)
+
+
 def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(tmp_path):
     """vp2.yaml has select_comm_recompute: [10,8,6,4,2,0,0,0], one entry per stage of
     pipeline_stage 8. A proposal with another pp must not leave that 8-entry list."""

@@ -152,3 +152,23 @@ def test_warning_is_one_line_once():
     warns = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
     assert warns == ["warning: seq=8192: above llama2-7b's max_position_embeddings=4096; the estimate assumes "
                      "the model runs at this length (e.g. after RoPE scaling)"]
+
+
+def test_first_compile_prints_progress_then_a_warm_run_is_quiet(tmp_path, monkeypatch):
+    """A sweep of a model no kernel exists for: stderr says it is compiling and where the
+    kernels go; the same sweep again (from the disk cache, in a new in-memory cache)
+    prints nothing on stderr and the same stdout."""
+    from ndplan import kernels
+    model = tmp_path / "tiny-progress.yaml"
+    model.write_text("model_type: llama\nhidden_size: 384\nnum_hidden_layers: 6\nnum_attention_heads: 6\n"
+                     "intermediate_size: 1000\nvocab_size: 5000\n")
+    monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_MEMORY", {})
+    args = ["sweep", "-m", str(model), "--gpus", "8", "--gbs", "16", "--tp", "1,2", "--json"]
+    cold = CliRunner().invoke(main, args)
+    assert cold.exit_code == 0, cold.output
+    assert "compiling kernels (first use" in cold.stderr and str(tmp_path / "cache") in cold.stderr
+    assert cold.stderr.splitlines()[-1].startswith("compiled ")
+    monkeypatch.setattr(kernels, "_MEMORY", {})
+    warm = CliRunner().invoke(main, args)
+    assert warm.exit_code == 0 and warm.stderr == "" and warm.stdout == cold.stdout

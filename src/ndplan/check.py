@@ -29,7 +29,7 @@ import numpy as np
 from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog import load_hardware
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, warn
 from ndplan.estimate import Estimate, estimate
 from ndplan.interop import READERS, REMOVE, CheckInput
 from ndplan.strategy import Strategy
@@ -115,9 +115,13 @@ def limit_of(ci: CheckInput, hw: Hardware, mem_limit_gib: float | None = None,
     if mem_limit_gib is not None or mem_fraction is not None:
         return (sweep_mem_limit(hw, mem_limit_gib, mem_fraction),
                 "--mem-limit-gib" if mem_limit_gib is not None else "--mem-fraction")
+    if ci.mem_limit_bytes and ci.mem_limit_bytes > hw.hbm_bytes:
+        warn(ci.mem_limit_origin, f"{ci.mem_limit_bytes / GIB:g} GiB", f"above the {hw.hbm_gib:g} GiB of {hw.name}",
+             "the device's HBM is used as the limit; lower the file's cap or choose the device (-H)")
+        return hw.hbm_bytes, f"{hw.name} HBM, below the file's {ci.mem_limit_origin}"
     if ci.mem_limit_bytes:
         return ci.mem_limit_bytes, f"the file's {ci.mem_limit_origin}"
-    return hw.hbm_bytes, f"{hw.name} HBM (the engine reserve is the mem.reserve term of the peak)"
+    return hw.hbm_bytes, f"{hw.name} HBM; the engine reserve is the mem.reserve term of the peak"
 
 
 def oom_causes(est: Estimate, limit: int) -> list[dict]:

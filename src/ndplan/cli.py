@@ -14,7 +14,7 @@ from ndplan import limits
 from ndplan.catalog import list_hardware, list_models, load_hardware, load_model
 from ndplan.cli_balance import register as register_balance
 from ndplan.cli_check import register as register_check
-from ndplan.cli_emit import check_emit_out, emit_cli, emit_options
+from ndplan.cli_emit import check_emit_out, emit_cli, emit_options, one_stdout
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.cli_types import BATCH, DEGREE, DEVICES, SEQ, Cli, Count
 from ndplan.errors import NdplanError
@@ -96,7 +96,8 @@ def parse_overrides(items) -> dict[str, float]:
         try:
             out[name.strip()] = float(value)
         except ValueError:
-            raise NdplanError(name.strip(), value, "not a number", f"write e.g. --set {name.strip()}=0.7") from None
+            raise NdplanError(name.strip(), value, "not a number",
+                              f"write a number, e.g. --set {name.strip()}=0.7 (on/off settings take 0 or 1)") from None
     return out
 
 
@@ -182,15 +183,16 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
       ndplan estimate -m llama3-70b --gpus 64 --tp 8 --pp 4 --gbs 128 --emit megatron
     """
     check_emit_out(emit_fmt, emit_out)
+    one_stdout(json=as_json, csv=kw.get("report_csv"), emit=emit_fmt and not emit_out)
     if export_layers:
         output_file("--export-layers", export_layers)
     model, hw, strat, gpus = build(kw)
     if export_layers:
         _export_layers(export_layers, model, hw, strat)
-    if emit_cli(emit_fmt, emit_out, model, strat):
-        return
     est = run_estimate(model, hw, strat, gpus)
-    if report_cli.estimate(est, kw):
+    if report_cli.estimate(est, kw):  # writes --report; True when it printed --csv
+        return
+    if emit_cli(emit_fmt, emit_out, model, strat):
         return
     if as_json:
         click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
@@ -262,6 +264,8 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
     from ndplan.explain import explain as run_explain
     model, hw, strat, gpus = build(kw)
     if stage is None:
+        if term is not None:  # an unknown term fails here, before kernels compile for the peak stage
+            run_explain(model, strat, stage=0, symbolic=symbolic, term=term, hardware=hw)
         stage = run_estimate(model, hw, strat, gpus).peak_stage
     elif not 0 <= stage < strat.pp:
         raise NdplanError("--stage", stage, f"no such stage with pp={strat.pp}", f"give a stage in 0..{strat.pp - 1}")
@@ -320,9 +324,10 @@ def hardware(as_json):
         return
     for r in rows:
         flag = f"  unverified: {', '.join(r['unverified'])}" if r["unverified"] else ""
-        click.echo(f"{r['name']:<12} {r['bf16_tflops']:>7g} TFLOPS bf16  {r['hbm_gib']:>5g} GiB  "
-                   f"{r['intra_node_gb_per_s']:>4g}/{r['inter_node_gb_per_s']:g} GB/s intra/inter  "
-                   f"{r['devices_per_node']}/node  {r['display_name']}{flag}")
+        name_w = max(len(x["name"]) for x in rows)
+        link = f"{r['intra_node_gb_per_s']:g}/{r['inter_node_gb_per_s']:g}"
+        click.echo(f"{r['name']:<{name_w}} {r['bf16_tflops']:>7g} TFLOPS bf16  {r['hbm_gib']:>5g} GiB  "
+                   f"{link:>8} GB/s intra/inter  {r['devices_per_node']:>2}/node  {r['display_name']}{flag}")
 
 
 register_sweep(main, apply_overrides)

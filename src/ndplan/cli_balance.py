@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ndplan.cli_emit import check_emit_out, emit_cli, emit_options
-from ndplan.errors import NdplanError
+from ndplan.cli_emit import check_emit_out, emit_cli, emit_options, one_stdout
+from ndplan.errors import NdplanError, warn
 from ndplan import limits
 from ndplan.cli_types import Count, Real
 from ndplan.paths import output_file
@@ -29,7 +29,11 @@ def _budget(meta: dict, budget_gib, hardware, reserve_gib) -> int:
         return int(budget_gib * GIB)
     if hardware is not None:
         from ndplan.catalog import load_hardware
-        hbm = load_hardware(hardware).hbm_bytes
+        hw = load_hardware(hardware)
+        hbm = hw.hbm_bytes
+        if meta.get("hardware") not in (None, hw.name):
+            warn("--hardware", hardware, f"differs from the layer file's hardware {meta['hardware']}",
+                 "the layer times stay those of the file; only the memory budget comes from --hardware")
     elif "hbm_bytes" in meta:
         hbm = limits.real("hbm_bytes", meta["hbm_bytes"], 0.0, limits.MAX_GIB * GIB, what="bytes (in the layer file)")
     else:
@@ -160,7 +164,10 @@ def register(main: click.Group) -> None:
         from ndplan.ppb.svg import timeline_svg
 
         check_emit_out(emit_fmt, emit_out)
+        one_stdout(json=as_json, csv=report_kw.get("report_csv"), emit=emit_fmt and not emit_out)
         if timeline:
+            if not str(timeline).lower().endswith(".svg"):
+                raise NdplanError("--timeline", timeline, "the timeline is an SVG drawing", "end the path in .svg")
             output_file("--timeline", timeline)
         doc = load_layer_doc(layers_file)
         layers = layers_from_doc(doc)
@@ -185,8 +192,6 @@ def register(main: click.Group) -> None:
                 click.echo(json.dumps(out, indent=2))
                 return
             raise NdplanError("--time-limit", time_limit, f"solver status {sol.status}: no plan found", "raise it")
-        if emit_fmt and _emit_balanced(doc, inst, sol.plan, emit_fmt, emit_out):
-            return
         sim = simulate(inst, sol.plan)
         out["simulated_step_s"] = sim.step_s
         out["stages"] = _row(inst, sol.plan, sim)
@@ -207,7 +212,9 @@ def register(main: click.Group) -> None:
             Path(timeline).write_text(timeline_svg(sim, f"{pipe.schedule} pp={pp} vpp={vpp} m={m}"))
             out["timeline"] = timeline
         inputs = {"layers": layers_file, "pp": pp, "vpp": vpp, "m": m, "schedule": pipe.schedule}
-        if report_cli.balance(out, sim, inputs, report_kw):
+        if report_cli.balance(out, sim, inputs, report_kw):  # writes --report; True when it printed --csv
+            return
+        if emit_fmt and _emit_balanced(doc, inst, sol.plan, emit_fmt, emit_out):
             return
         if as_json:
             click.echo(json.dumps(out, indent=2))

@@ -66,7 +66,9 @@ def register(main):
                   help="Catalog name, model YAML or HF config.json; needed when the file has no architecture.")
     @click.option("--hardware", "-H", default=None,
                   help="Catalog name or hardware YAML (default: ascend-910b for MindFormers, else h100-sxm).")
-    @click.option("--gpus", "-n", type=DEVICES, default=None, help="Device count, when the file does not fix it.")
+    @click.option("--gpus", "-n", type=DEVICES, default=None,
+                  help="Device count: needed when the file does not say it; for a Megatron script it replaces the "
+                       "torchrun count (dp follows); a MindFormers yaml fixes it by its degrees.")
     @click.option("--seq", type=SEQ, default=None, help="Sequence length (DeepSpeed JSON; overrides the file).")
     @click.option("--gbs", type=BATCH, default=None, help="Global batch, sequences (overrides the file).")
     @mem_limit_options
@@ -86,7 +88,7 @@ def register(main):
         \b
         Examples (files in the repository's examples/ folder):
           ndplan check examples/megatron/pretrain_llama2_7b.sh --top 3   # exits 1
-          ndplan check examples/megatron/pretrain_llama2_7b.sh --mem-limit-gib 120
+          ndplan check examples/megatron/pretrain_llama2_7b.sh -H h200 --mem-limit-gib 120
           ndplan check examples/torchtitan/llama3_8b.toml --gpus 16
           ndplan check examples/deepspeed/ds_config_zero3.json -m llama3-8b --gpus 16 --seq 8192 --json
           ndplan check examples/mindformers/pretrain_llama3_8b.yaml --top 5   # exits 1

@@ -36,3 +36,13 @@ def check_emit_out(fmt: str | None, out: str | None, directory: bool = False) ->
     if fmt is None:
         raise NdplanError("--emit-out", out, "given without --emit", "add --emit FORMAT, or drop --emit-out")
     (output_dir if directory else output_file)("--emit-out", out)
+
+
+def one_stdout(**given) -> None:
+    """Before any work: at most one of the outputs that print to stdout (``--json``,
+    ``--csv``, ``--emit`` without ``--emit-out``); the names are the flags without dashes."""
+    chosen = [k for k, v in given.items() if v]
+    if len(chosen) > 1:
+        flags = " and ".join(f"--{k.replace('_', '-')}" for k in chosen)
+        raise NdplanError(f"--{chosen[1].replace('_', '-')}", True, f"{flags} both print to stdout",
+                          "choose one (--emit-out FILE writes the launch config to a file)")

@@ -11,7 +11,7 @@ import click
 import numpy as np
 
 from ndplan.catalog import load_model
-from ndplan.cli_emit import check_emit_out, emit_cli, emit_options
+from ndplan.cli_emit import check_emit_out, emit_cli, emit_options, one_stdout
 from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.errors import NdplanError
 from ndplan.estimate import Estimate, estimate
@@ -71,6 +71,8 @@ def _parse_point(text: str, field: str = "--why") -> dict:
         name, sep, value = item.partition("=")
         if not sep or not name or not value:
             raise NdplanError(field, text, f"{item!r} is not a dim=value pair", "write e.g. \"dp=8,tp=4,pp=2\"")
+        if name in point:
+            raise NdplanError(field, text, f"{name} given twice", "give each dimension once")
         point[name] = value
     if not point:
         raise NdplanError(field, text, "no dim=value pairs", "write e.g. \"dp=8,tp=4,pp=2\"")
@@ -258,6 +260,7 @@ def register(main: click.Group, apply_overrides) -> None:
         if emit_all and (emit_fmt is None or emit_out is None):
             raise NdplanError("--emit-all", True, "needs --emit FORMAT and --emit-out DIRECTORY", "give both")
         check_emit_out(emit_fmt, emit_out, directory=emit_all)
+        one_stdout(json=as_json, csv=as_csv, emit=emit_fmt and not emit_out)
         if min_gpus and gpus is not None:
             raise NdplanError("--gpus", gpus, "given with --find-min-gpus, which chooses the device count",
                               "drop one of them")
@@ -274,7 +277,9 @@ def register(main: click.Group, apply_overrides) -> None:
         if min_gpus:
             r = find_min_gpus(m, hw, seq, gbs, space, **limit, base=base, sort=sort, top=top,
                               progress=lambda n: click.echo(f"trying {n:,} devices ...", err=True))
-            click.echo(f"smallest device count that fits: {r.gpus} ({r.gpus // hw.devices_per_node} nodes)",
+            nodes = r.gpus // hw.devices_per_node
+            click.echo(f"smallest device count that fits: {r.gpus} ({nodes} node{'' if nodes == 1 else 's'} "
+                       f"of {hw.devices_per_node})",
                        err=as_json or as_csv)
         else:
             r = sweep(m, hw, gpus, seq, gbs, space, top=top, sort=sort, **limit, base=base, progress=_progress)
@@ -338,7 +343,8 @@ def register(main: click.Group, apply_overrides) -> None:
                 strat.check(m, gpus)
             except NdplanError as e:
                 raise NdplanError("STRATEGY", text, f"{e.field}={e.value!r}: {e.problem}", e.fix) from None
-            ests.append(estimate(m, hw, strat, gpus))
+            ests.append(strat)  # every strategy is checked before the first estimate compiles kernels
+        ests = [estimate(m, hw, s, gpus) for s in ests]
         rows = _compare_rows(ests)
         if as_json:
             click.echo(json.dumps({"strategies": list(strategies), "estimates": [e.to_json() for e in ests],

@@ -133,7 +133,7 @@ def usage_line(e: click.ClickException, args: list[str]) -> str:
             return f"{field}={_show(path.group(1))}: is a directory; give the path of a file"
         return f"{field}={_show(value)}: {msg}; {help_hint}"
     msg = e.format_message().rstrip(".")
-    m = re.match(r"No such command '(.*)'", msg)
+    m = re.match(r"No such command [\'\"]([^\'\"]*)[\'\"]", msg)
     if m:
         ctx = getattr(e, "ctx", None)
         names = sorted(ctx.command.list_commands(ctx)) if ctx is not None and hasattr(ctx.command, "list_commands") else []
@@ -165,17 +165,22 @@ class _Warnings:
             click.echo(ln, err=True)
 
 
+QUIET_S = 1.0
+"""Compiling that ends within this many seconds prints nothing."""
+
+
 class CompileProgress:
     """Progress on stderr while kernels compile (only then: warm runs print nothing).
 
-    The first compile prints one line saying why it waits and where kernels are cached;
-    then a line every ``every_s`` seconds (overwritten in place on a terminal) with the
-    kernels built and, in a sweep, the candidate groups evaluated; a last line with the
-    count and the time when compiling took longer than ``every_s``."""
+    Once compiling has taken ``QUIET_S``, one line says why it waits and where kernels are
+    cached (a quick compile, or bad input found before it, prints nothing); then a line
+    every ``every_s`` seconds (overwritten in place on a terminal) with the kernels built
+    and, in a sweep, the candidate groups evaluated; and a last line with the count."""
 
     def __init__(self, every_s: float = 5.0):
         self.every_s = every_s
         self.built = 0
+        self.announced = False
         self.groups: tuple[int, int] | None = None
         self.start = self.last = 0.0
         self.tty = sys.stderr.isatty()
@@ -187,10 +192,17 @@ class CompileProgress:
         now = time.perf_counter()
         self.built += 1
         if self.built == 1:
-            self.start = self.last = now
-            click.echo(f"compiling kernels (first use of this model and strategy family; cached in {cache_dir()}, "
-                       "later runs skip this) ...", err=True)
-        elif now - self.last >= self.every_s:
+            self.start = now
+            return
+        if not self.announced and now - self.start >= QUIET_S:  # a compile of a second or less stays quiet
+            self.announced, self.last = True, now
+            where = cache_dir()
+            usable = where.is_dir() or (not where.exists() and where.parent.is_dir())
+            cached = (f"cached in {where}, later runs skip this" if usable and os.access(
+                where if where.exists() else where.parent, os.W_OK) else
+                f"not cached: {where} is not a writable folder (set NDPLAN_CACHE_DIR)")
+            click.echo(f"compiling kernels (first use of this model and strategy family; {cached}) ...", err=True)
+        elif self.announced and now - self.last >= self.every_s:
             self.last = now
             self._line(f"compiling kernels {self.built}{self._groups()} [{now - self.start:.0f} s]")
 
@@ -206,7 +218,7 @@ class CompileProgress:
     def finish(self) -> None:
         """After progress lines: the count, and the time since the first compile."""
         import time
-        if self.last > self.start:
+        if self.announced and self.last > self.start:
             self._line(f"compiled {self.built} kernels; {time.perf_counter() - self.start:.0f} s since the first")
             if self.tty:
                 click.echo("", err=True)
@@ -216,8 +228,19 @@ PROGRESS: CompileProgress | None = None
 """The running command's progress printer (set by Cli.main)."""
 
 
+class _PipeClosed(Exception):
+    """stdout's reader closed the pipe (click would exit 1 on the bare BrokenPipeError,
+    which reads as "nothing fits")."""
+
+
 class Cli(click.Group):
     """The ndplan group: one-line errors and warnings for every command."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _PipeClosed() from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -258,6 +281,10 @@ class Cli(click.Group):
         except click.Abort:
             click.echo("aborted", err=True)
             return 1, None
+        except _PipeClosed:  # `ndplan sweep ... | head`: the reader left; not an error of ours
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0, None
         except Exception as e:  # noqa: BLE001 - a bug: one line, unless debugging
             if os.environ.get("NDPLAN_DEBUG"):
                 raise

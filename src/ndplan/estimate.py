@@ -15,6 +15,7 @@ import numpy as np
 import sympy as sp
 
 from ndplan import symbols as S
+from ndplan.errors import warn
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES, EngineProfile
@@ -144,6 +145,10 @@ def _stage_rows(values: list[dict[str, np.ndarray]], stages) -> list[dict]:
     return rows
 
 
+SUSPICIOUS_STEP_S = 86400.0
+"""A step longer than a day is reported with a warning (a hardware value is likely off)."""
+
+
 def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | None = None,
              engine: EngineProfile | None = None) -> Estimate:
     """Per-stage peak memory and step time of ``strat`` for ``model`` on ``hardware``.
@@ -175,6 +180,9 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     tvals = cached_kernel(key + ("time", repr(engine)), tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
         **(point | {"nrec": strategy_point(strat, ref_stage)[S.nrec]}), stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
     time_terms = {k: float(v) for k, v in tvals.items()}
+    if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
+        warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",
+             "check the hardware values (--set, -H) and the strategy")
     flops = float(FL.model_flops_per_sequence(model, M, strat.seq)) * strat.gbs
     rec = float(FL.recompute_flops_per_sequence(model, M, strat.seq, strat.recompute)) * strat.gbs
     return Estimate(model=model, hardware=hardware, strategy=strat, per_stage=rows,

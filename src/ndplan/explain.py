@@ -83,7 +83,7 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
     if term is not None:
         if term not in keys:
             from ndplan.errors import NdplanError
-            raise NdplanError("term", term, f"unknown term; choose one of {', '.join(keys)}")
+            raise NdplanError("--term", term, "unknown term", f"choose one of {', '.join(keys)}")
         bd = Breakdown((bd[term],))
     out = []
     for t in bd:

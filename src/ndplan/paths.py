@@ -27,8 +27,8 @@ def read_text(field: str, path: str | Path, kind: str = "text") -> str:
     try:
         size = p.stat().st_size
         if size > MAX_INPUT_BYTES:
-            raise NdplanError(field, str(p), f"is {size / MIB:.0f} MiB, larger than any {kind} config "
-                                             f"({MAX_INPUT_BYTES // MIB} MiB)", f"give a {kind} file")
+            raise NdplanError(field, str(p), f"is {size / MIB:.0f} MiB, larger than any {kind} file ndplan reads "
+                                             f"(at most {MAX_INPUT_BYTES // MIB} MiB)", f"give a {kind} file")
         data = p.read_bytes()
     except FileNotFoundError:
         raise NdplanError(field, str(p), "no such file", "check the path") from None

@@ -22,7 +22,7 @@ from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, warn
 from ndplan.estimate import Estimate, estimate, stage_breakdown, structural_key
 from ndplan.formulas import flops as FL
 from ndplan.formulas.placement import leading_dense, symbolic_layout
@@ -247,7 +247,12 @@ def mem_limit(hw: Hardware, gib: float | None = None, fraction: float | None = N
         raise NdplanError("mem_fraction", fraction, f"given together with mem_limit_gib={gib}",
                           "give one of --mem-limit-gib and --mem-fraction")
     if gib is not None:
-        return int(limits.gib("mem_limit_gib", gib) * GIB)
+        if limits.gib("mem_limit_gib", gib) < 1:
+            warn("mem_limit_gib", gib, "is under 1 GiB per device", "for a share of HBM give mem_fraction (--mem-fraction)")
+        if gib * GIB > hw.hbm_bytes:
+            raise NdplanError("mem_limit_gib", gib, f"exceeds the {hw.hbm_gib:g} GiB of {hw.name}",
+                              "give at most that, or a device with more memory (-H, or --set hbm_gib=...)")
+        return int(gib * GIB)
     if fraction is not None:
         return int(hw.hbm_bytes * limits.fraction("mem_fraction", fraction))
     return hw.hbm_bytes

@@ -76,13 +76,24 @@ def parse_mapping(text: str, path: Path, field: str) -> dict:
         raise NdplanError(field, str(path), f"malformed {kind}{pos}", "fix the syntax") from None
     except RecursionError:
         raise NdplanError(field, str(path), f"{kind} nested too deeply", "give a flat mapping of field: value") from None
+    if data is None:
+        raise NdplanError(field, str(path), "is empty", "write field: value lines")
     if not isinstance(data, dict):
-        raise NdplanError(field, str(path), f"holds a {type(data).__name__}, not a mapping", "write field: value lines")
+        kind = {list: "a list", str: "plain text", int: "a number", float: "a number", bool: "a boolean"}.get(
+            type(data), type(data).__name__)
+        raise NdplanError(field, str(path), f"holds {kind}, not a mapping", "write field: value lines")
     return data
+
+
+NOT_YAML = {".toml": "a TOML file (torchtitan: `ndplan check`)", ".sh": "a shell script (`ndplan check`)",
+            ".bash": "a shell script (`ndplan check`)", ".py": "Python code", ".md": "Markdown text"}
+"""Suffixes of files that are surely not the YAML/JSON a catalog, space or layer file is."""
 
 
 def read_mapping(path: Path, field: str) -> dict:
     """Read and parse a YAML or JSON file that must hold a mapping."""
+    if path.suffix.lower() in NOT_YAML:
+        raise NdplanError(field, str(path), f"is {NOT_YAML[path.suffix.lower()]}", "give a YAML or JSON file")
     return parse_mapping(read_text(field, path, "JSON" if path.suffix == ".json" else "YAML"), path, field)
 
 

@@ -31,6 +31,8 @@ is the SAPP-PPB objective), so the bubble term is sum_i t_i - max_i t_i.
   the bubble is at least (p-1) T_F per chunk (a hand-written pp=2, m=2 timeline with
   F = B = W reaches exactly that, tests/test_steptime_published.py). Bubble
   (p-1) max(T_F, T_F + T_B - 2T_W) per chunk = the 1F1B bubble times max(F, t - 3W) / (2t).
+* zb-h1 and zbv with m < p: too few W's to fill; the step is at least one micro-batch's
+  path, sum_i (F_i + B_i + R_i + C_i) plus the first chunk's W.
 
 Data parallelism (ZeRO 0-2) reduces gradients once per step: an all-reduce (ZeRO 0) or
 a reduce-scatter plus the all-gather of the updated 16-bit weights (ZeRO 1-2, the
@@ -222,6 +224,14 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
         all_layers["R"] = S.pp * ref["R"]
     t_sum = sum(all_layers[k] for k in PARTS)
     bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
+    if strat.schedule in ("zb-h1", "zbv"):
+        # Fewer micro-batches than stages leave too few weight gradients to fill the bubble:
+        # the step is never shorter than one micro-batch's critical path, F and B through
+        # every chunk and then the first chunk's W (tests/test_ppb_simulate.py holds it to
+        # the replay of the hand orders for m < pp).
+        path = t_sum - all_layers["W"] + ref["W"] / strat.vpp
+        bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
+    bubble = C.vmax(bubble, 0)  # never negative (t_sum - t_max rounds to -1e-16 at pp = 1)
 
     # data parallelism
     dense, expert, _ = stage_params(spec, M, strat, stages[ref_i])

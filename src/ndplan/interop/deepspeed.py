@@ -31,11 +31,14 @@ def _batch(flat: dict, dp: int, name: str) -> tuple[int, int]:
     """(mbs, gbs) from any two of train_batch_size, micro batch, accumulation steps."""
     vals = {k: flat.get(KEY[k]) for k in ("gbs", "mbs", "m")}
     for k, v in vals.items():
+        if v == "auto":
+            raise NdplanError(KEY[k], v, f"is filled in by the Hugging Face Trainer at launch (in {name})",
+                              "write the number the Trainer will use (per-device batch, accumulation steps)")
         if v is not None:
-            positive(KEY[k], v, name)  # "auto" (HF Trainer) is refused here
+            positive(KEY[k], v, name)
     gbs, mbs, m = vals["gbs"], vals["mbs"], vals["m"]
     if mbs is None and gbs is None:
-        raise NdplanError(KEY["mbs"], None, f"{name} sets neither {KEY['mbs']} nor {KEY['gbs']}; add one")
+        raise NdplanError(KEY["mbs"], None, f"{name} sets neither {KEY['mbs']} nor {KEY['gbs']}", "add one")
     if mbs is None:
         m = m or 1
         if gbs % (m * dp):

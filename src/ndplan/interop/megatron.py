@@ -2,12 +2,16 @@
 its flag table ``FLAG``).
 
 Input: an argument file (flags one per line or on one line) or a bash launch script.
-Handled: ``\\`` continuations, ``#`` comments, ``NAME=value`` / ``export NAME=value``
-assignments (quoted values, bash arrays ``NAME=( ... )``) expanded where ``$NAME`` /
-``${NAME}`` / ``${NAME[@]}`` appear, ``$(( ))`` integer arithmetic (interop.arith: + - * / % ** on integers and
-variables, no eval), ``--flag=value``,
-and the torchrun / python launcher around ``pretrain_gpt.py``. The words are parsed
-with argparse (``parse_known_args``): unknown flags are ignored and listed.
+Handled: ``\\`` continuations, ``#`` comments, ``;`` between statements, ``NAME=value``
+/ ``export NAME=value`` assignments (quoted values, bash arrays ``NAME=( ... )`` on one
+line or several) expanded where ``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` /
+``${NAME:-default}`` / ``${NAME:=default}`` appear, ``$(( ))`` integer arithmetic with
+spaces and variables (interop.arith: + - * / % **, no eval), ``--flag=value``, and the
+torchrun / python launcher around ``pretrain_gpt.py`` (tests/test_check.py holds the
+words to what bash itself passes). Not run: ``if``/``case``/loops, functions and
+``$( )`` command substitution; the script is read top to bottom, so a variable assigned
+twice takes its last value, with a warning. The words are parsed with argparse
+(``parse_known_args``): unknown flags are ignored and listed.
 
 Mapping (Megatron-LM defaults where a flag is absent): tp / pp / cp / ep / etp <- the
 parallel sizes (1); dp = gpus / (tp pp cp), gpus <- ``--gpus`` or torchrun
@@ -36,7 +40,7 @@ import shlex
 from pathlib import Path
 
 from ndplan.catalog.model import model_from_config
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, warn
 from ndplan.export import megatron as X
 from ndplan.interop import arith
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
@@ -78,61 +82,120 @@ def parser() -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- words
 
-_VAR = re.compile(r"\$\{(\w+)(?:\[@\])?\}|\$(\w+)")
+_VAR = re.compile(r"\$\{(\w+)(?:\[@\])?(?:(:?[-=])([^}]*))?\}|\$(\w+)")
+"""``${NAME}``, ``${NAME[@]}``, ``${NAME:-default}`` / ``${NAME:=default}`` (and without
+the colon), ``$NAME``."""
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
 
 
+def _substitute(word: str, env: dict, line: int) -> str:
+    """Variables replaced from the script's assignments; an unset one with a default
+    takes the default (``:=`` also assigns it); other unset ones stay as written."""
+    def sub(m: re.Match) -> str:
+        name = m.group(1) or m.group(4)
+        if name in env and not (m.group(2) and m.group(2).startswith(":") and env[name][0] == ""):
+            return env[name][0]
+        if m.group(2) is not None:
+            default = m.group(3)
+            if m.group(2).endswith("="):
+                env[name] = (default, line)
+            return default
+        return m.group(0)
+    return _VAR.sub(sub, word)
+
+
+def _arith(text: str, env: dict, line: int) -> str:
+    """``$(( ))`` integer arithmetic evaluated (interop.arith; no eval); ``line`` is 0-based."""
+    if "$((" not in text:
+        return text
+    try:
+        return arith.expand(text, lambda name: env[name][0] if name in env else None)
+    except NdplanError as e:
+        raise NdplanError(e.field, e.value, f"{e.problem} (line {line + 1})", e.fix) from None
+
+
 def _expand(word: str, env: dict, line: int) -> str:
-    """``$NAME`` / ``${NAME}`` replaced from the script's assignments, then ``$(( ))``
-    integer arithmetic evaluated (interop.arith; no eval); ``line`` is 0-based."""
-    if "$((" in word:
-        try:
-            word = arith.expand(word, lambda name: env[name][0] if name in env else None)
-        except NdplanError as e:
-            raise NdplanError(e.field, e.value, f"{e.problem} (line {line + 1})", e.fix) from None
-    return _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), (m.group(0), 0))[0], word)
+    """Arithmetic evaluated, then variables substituted."""
+    return _substitute(_arith(word, env, line), env, line)
+
+
+def _statements(line: str) -> list[str]:
+    """A shell line split at ``;`` outside quotes (comments removed first)."""
+    code, _ = _split_comment(line)
+    out, cur, quote = [], "", None
+    for ch in code:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch == ";":
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return out + [cur]
 
 
 def words(text: str) -> list[tuple[str, int]]:
     """(word, 0-based line) of the script after variable expansion; a word that comes
-    from a variable carries the line of its assignment."""
+    from a variable carries the line of its assignment.
+
+    The script is read top to bottom without running it: ``if``/``case``/loops are not
+    evaluated, so a variable assigned twice takes its last value (a warning says so)."""
     env: dict[str, tuple[str, int]] = {}
     out: list[tuple[str, int]] = []
     array: str | None = None
+    reassigned: list[str] = []
+
+    def add_array_word(tok: str, i: int) -> None:
+        nonlocal array
+        close = tok.endswith(")")
+        tok = tok[:-1] if close else tok
+        if tok:
+            w = _expand(tok, env, i)
+            env[array] = ((env[array][0] + " " + w).strip(), env[array][1])
+            out.append((w, i))
+        if close:
+            array = None
+
     for i, raw in enumerate(text.splitlines()):
         line = raw.rstrip()
         if line.endswith("\\"):
             line = line[:-1]
-        try:
-            toks = shlex.split(line, comments=True)
-        except ValueError:
-            toks = line.split()
-        for tok in toks:
-            if array is not None:
-                if tok == ")":
-                    array = None
+        for stmt in _statements(line):
+            stmt = _arith(stmt, env, i)  # before splitting: $(( 16 * N )) holds spaces
+            try:
+                toks = shlex.split(stmt, comments=True)
+            except ValueError:
+                toks = stmt.split()
+            for tok in toks:
+                if array is not None:
+                    add_array_word(tok, i)
                     continue
-                w = _expand(tok, env, i)
-                env[array] = ((env[array][0] + " " + w).strip(), env[array][1])
-                out.append((w, i))
-                continue
-            m = _ASSIGN.match(tok)
-            if m and not tok.startswith("-"):
-                name, val = m.groups()
-                if val == "(":
-                    array, env[name] = name, ("", i)
+                m = _ASSIGN.match(tok)
+                if m and not tok.startswith("-"):
+                    name, val = m.groups()
+                    if val.startswith("("):  # NAME=( ... ), on one line or several
+                        array, env[name] = name, ("", i)
+                        add_array_word(val[1:], i) if val[1:] else None
+                        continue
+                    val = _expand(val, env, i)
+                    if name in env and env[name][0] != val and env[name][0] and name not in reassigned:
+                        reassigned.append(name)
+                        warn(name, val, f"assigned again on line {i + 1} (first on line {env[name][1] + 1}); "
+                             "ndplan reads the script without running if/else or loops, so the last value counts",
+                             "check that it is the one your launch uses")
+                    env[name] = (val, i)
+                    if "--" in val:  # ARGS="--num-layers 32 ...": its flags sit on this line
+                        out += [(w, i) for w in val.split()]
                     continue
-                val = _expand(val, env, i)
-                env[name] = (val, i)
-                if "--" in val:  # ARGS="--num-layers 32 ...": its flags sit on this line
-                    out += [(w, i) for w in val.split()]
-                continue
-            if tok in ("export",):
-                continue
-            m = _VAR.fullmatch(tok)
-            if m and (m.group(1) or m.group(2)) in env and " " in env[m.group(1) or m.group(2)][0]:
-                continue  # $ARGS: its words were recorded at the assignment
-            out.append((_expand(tok, env, i), i))
+                if tok in ("export", "then", "else", "fi", "do", "done", "if"):
+                    continue
+                m = _VAR.fullmatch(tok)
+                name = m and (m.group(1) or m.group(4))
+                if name and name in env and " " in env[name][0]:
+                    continue  # $ARGS: its words were recorded at the assignment
+                out.append((_expand(tok, env, i), i))
     return out
 
 
@@ -209,17 +272,19 @@ def _recompute(args, notes: list) -> dict:
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
     args, unknown = parser().parse_known_args([w for w, _ in words(text)])
     if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
-        raise NdplanError("file", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
-                                             "--tensor-model-parallel-size); is this a Megatron launch script?")
+        raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
+                          "--tensor-model-parallel-size)", "give a Megatron launch script, or --format for another framework")
     notes: list[str] = []
     spec, origin = resolve_model(model, _model(args, path.name), f"flags in {path.name}",
                                  f"{path.name} lacks --num-layers/--hidden-size/--num-attention-heads/--vocab-size")
     tp, pp, cp = (_int(args, n, FLAG[n], 1) for n in ("tp", "pp", "cp"))
-    if gpus is None and args.nproc is not None:
-        gpus = _int(args, "nproc", "--nproc_per_node") * _int(args, "nnodes", "--nnodes", 1)
-        gsrc = "torchrun --nproc_per_node x --nnodes"
+    launched = _int(args, "nproc", "--nproc_per_node") * _int(args, "nnodes", "--nnodes", 1) if args.nproc else None
+    if gpus is None and launched is not None:
+        gpus, gsrc = launched, "torchrun --nproc_per_node x --nnodes"
     else:
         gsrc = "--gpus"
+        if launched is not None and launched != gpus:
+            notes.append(f"--gpus {gpus} replaces the script's torchrun count ({launched}); dp follows it")
     gpus, dp = world_dp(gpus, tp, pp, cp, "Megatron-LM parallel sizes", path.name)
     L = spec.num_hidden_layers
     vpp = _int(args, "vstages_per_rank", FLAG["vstages_per_rank"])

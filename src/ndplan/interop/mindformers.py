@@ -95,7 +95,10 @@ def _flat_counts(v) -> list[int] | None:
     if isinstance(v, list):
         out = []
         for x in v:
-            out.extend(_flat_counts(x) if isinstance(x, list) else [int(x)])
+            if not isinstance(x, list) and (isinstance(x, bool) or not isinstance(x, int)):
+                raise NdplanError("recompute_config/offset", v, f"holds {x!r}, not a whole number",
+                                  "write integers, one per stage (a list of lists with VPP)")
+            out.extend(_flat_counts(x) if isinstance(x, list) else [x])
         return out
     return None
 
@@ -119,6 +122,10 @@ def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tup
 def _recompute(doc: dict, pp: int, vpp: int, L: int, notes: list) -> dict:
     full, sel = get(doc, KEY["full"], False), get(doc, KEY["selective"], False)
     full_list, sel_list = _flat_counts(full), _flat_counts(sel)
+    for key, v, flat in ((KEY["full"], full, full_list), (KEY["selective"], sel, sel_list)):
+        if v not in (None, True, False) and flat is None:  # MindFormers takes a bool or per-stage counts
+            raise NdplanError(key, v, "neither true/false nor a per-stage list of counts",
+                              "write true, false, or e.g. [2, 0] (one count per stage)")
     if full is True:
         if sel:
             notes.append("full recompute covers all layers; selective settings ignored (README section 2)")

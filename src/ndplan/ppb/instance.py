@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ndplan import limits
-from ndplan.catalog.files import parse_mapping
+from ndplan.catalog.files import read_mapping
 from ndplan.errors import NdplanError
-from ndplan.paths import read_text
 from ndplan.units import MIB
 
 MODES = ("none", "selective", "full")
@@ -217,8 +216,7 @@ def layers_from_doc(doc) -> tuple[Layer, ...]:
 
 def load_layer_doc(path: str | Path) -> dict:
     """The parsed JSON or YAML layer file (a mapping)."""
-    p = Path(path)
-    return parse_mapping(read_text("--layers", p, "JSON" if p.suffix == ".json" else "YAML"), p, "--layers")
+    return read_mapping(Path(path), "--layers")
 
 
 def load_layers(path: str | Path) -> tuple[Layer, ...]:

@@ -46,7 +46,7 @@ def stage_table(est: Estimate) -> Table:
     cols = ["stage", "peak_bytes", "static_bytes", "dynamic_bytes", *keys]
     rows = [[r["stage"], r["peak_bytes"], r["static_bytes"], r["dynamic_bytes"], *[r["terms"][k] for k in keys]]
             for r in est.per_stage]
-    return Table("memory", "Per-stage memory (bytes)", cols, rows)
+    return Table("memory", "Per-stage memory (GiB; bytes in the CSV and JSON)", cols, rows)
 
 
 def time_table(est: Estimate) -> Table:
