@@ -158,13 +158,15 @@ def test_first_compile_prints_progress_then_a_warm_run_is_quiet(tmp_path, monkey
     """A sweep of a model no kernel exists for: stderr says it is compiling and where the
     kernels go; the same sweep again (from the disk cache, in a new in-memory cache)
     prints nothing on stderr and the same stdout."""
-    from ndplan import kernels
+    from ndplan import cli_types, kernels
     model = tmp_path / "tiny-progress.yaml"
     model.write_text("model_type: llama\nhidden_size: 384\nnum_hidden_layers: 6\nnum_attention_heads: 6\n"
                      "intermediate_size: 1000\nvocab_size: 5000\n")
     monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(kernels, "_MEMORY", {})
-    args = ["sweep", "-m", str(model), "--gpus", "8", "--gbs", "16", "--tp", "1,2", "--json"]
+    monkeypatch.setattr(cli_types, "QUIET_S", 0.0)  # announce at the second kernel: a small sweep suffices
+    args = ["sweep", "-m", str(model), "--gpus", "2", "--gbs", "4", "--tp", "1", "--pp", "1,2", "--cp", "1",
+            "--recompute", "none", "--zero", "1", "--json"]
     cold = CliRunner().invoke(main, args)
     assert cold.exit_code == 0, cold.output
     assert "compiling kernels (first use" in cold.stderr and str(tmp_path / "cache") in cold.stderr

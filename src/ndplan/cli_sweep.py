@@ -254,7 +254,7 @@ def register(main: click.Group, apply_overrides) -> None:
           ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --tp 1,2 --recompute none --json
           ndplan sweep -m llama3-70b -H a100-80gb --gpus 64 --gbs 64 --why "dp=8,tp=8,pp=1"
           ndplan sweep -m llama3-70b -H a100-80gb --gpus 64 --gbs 64 --mem-fraction 0.9 --top 3
-          ndplan sweep -m llama3-70b -H a100-80gb --gbs 256 --seq 4096 --find-min-gpus
+          ndplan sweep -m llama3-8b -H a100-80gb --gbs 256 --seq 4096 --find-min-gpus
           ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --emit torchtitan --emit-all --emit-out configs
         """
         if emit_all and (emit_fmt is None or emit_out is None):
