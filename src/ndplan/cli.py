@@ -174,10 +174,13 @@ def main():
 @emit_options
 @report_cli.report_csv_options
 def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
-    """Per-stage peak memory of one strategy, with every term.
+    """Per-stage peak memory of one strategy, with every term, and its step time.
+
+    Exit code 0 with an estimate (the verdict, fits or DOES NOT FIT, is printed; `check`
+    and `sweep` exit 1 when nothing fits), 2 for bad input.
 
     \b
-    Example:
+    Examples:
       ndplan estimate -m llama3-70b -H h100-sxm --gpus 64 --tp 8 --pp 4 --gbs 128 \\
           --seq 8192 --recompute selective --json
       ndplan estimate -m llama3-70b --gpus 64 --tp 8 --pp 4 --gbs 128 --emit megatron

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ndplan import limits
 from ndplan.catalog.files import catalog_names, read_mapping, resolve
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, warn
 from ndplan.units import GIB, GIGA, TERA
 
 _NUMERIC = ("bf16_tflops", "fp8_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s",
@@ -123,6 +123,8 @@ class Hardware:
 
     def kernel_values(self, fp8: bool = False) -> dict[str, float]:
         """Values of the hardware symbols (symbols.HW_SYMBOLS) in base units."""
+        if fp8 and not self.fp8_tflops:
+            warn("weight_dtype", "fp8", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
         peak = self.fp8_tflops if (fp8 and self.fp8_tflops) else self.bf16_tflops
         return {"peak": peak * TERA, "eff_gemm": self.gemm_efficiency, "eff_attn": self.attention_efficiency,
                 "hbm": self.hbm_gb_per_s * GIGA, "eff_hbm": self.hbm_efficiency,
