@@ -120,6 +120,54 @@ def _emit_balanced(meta: dict, inst: Instance, plan: Plan, fmt: str, out: str | 
     return emit_cli(fmt, out, load_model(meta["model"]), strat, balance=bal)
 
 
+def _check_outputs(emit_fmt, emit_out, as_json, as_csv, timeline) -> None:
+    """Before any work: the output options fit together and their paths can be written."""
+    check_emit_out(emit_fmt, emit_out)
+    one_stdout(json=as_json, csv=as_csv, emit=emit_fmt and not emit_out)
+    if timeline:
+        if not str(timeline).lower().endswith(".svg"):
+            raise NdplanError("--timeline", timeline, "the timeline is an SVG drawing", "end the path in .svg")
+        output_file("--timeline", timeline)
+
+
+def _baselines(inst: Instance, cfg, sol, given: Plan | None) -> dict:
+    """The solved plan against the even split with each recompute mode (and --plan)."""
+    from ndplan.ppb.simulate import simulate
+    from ndplan.ppb.solve import evaluate
+    plans = {"even_none": uniform_plan(inst, "none"), "even_selective": uniform_plan(inst, "selective"),
+             "even_full": uniform_plan(inst, "full")}
+    if given is not None:
+        plans["user"] = given
+    out = {}
+    for name, plan in plans.items():
+        fits = max(stage_memory_bytes(inst, plan)) <= inst.pipeline.budget_bytes
+        t = evaluate(inst, plan, cfg)
+        out[name] = {"objective_s": t, "fits": fits, "gain": (t - sol.objective_s) / t if t else 0.0,
+                     "simulated_step_s": simulate(inst, plan).step_s}
+    return out
+
+
+def _print_text(out: dict, sol, sim, layers, pipe: Pipeline) -> None:
+    """The human-readable answer: status, per-stage table, baselines, framework forms."""
+    gap = f", gap {sol.gap:.2%}" if sol.gap else ""
+    click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)}{gap}; "
+               f"replay {fmt_seconds(sim.step_s)}) in {sol.wall_s:.1f} s; budget {fmt_bytes(pipe.budget_bytes)}")
+    click.echo(_index_note(layers))
+    click.echo("stage chunk  layers      full sel  t/mb      peak        bubble    imbalance recompute")
+    for r in out["stages"]:
+        click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {r['recompute'].count('full'):>4} "
+                   f"{r['recompute'].count('selective'):>3}  {fmt_seconds(r['time_s']):<9} "
+                   f"{fmt_bytes(r['peak_bytes']):<11} {fmt_seconds(r['bubble_s']):<9} "
+                   f"{fmt_seconds(r['imbalance_s']):<9} {fmt_seconds(r['recompute_s'])}")
+    for name, c in out["baselines"].items():
+        click.echo(f"vs {name:<13} {fmt_seconds(c['objective_s']):<10} "
+                   f"{'fits' if c['fits'] else 'does not fit'}; gain {c['gain']:+.1%}")
+    click.echo(f"MindFormers: {json.dumps(out['mindformers'])}")
+    click.echo("Megatron-LM: " + (" ".join(out["megatron"]["args"]) or "(even split, no recompute: no extra flags)"))
+    for n in out["megatron"]["notes"]:
+        click.echo(f"  note: {n}")
+
+
 def register(main: click.Group) -> None:
     @main.command("balance")
     @click.option("--layers", "layers_file", required=True, type=click.Path(dir_okay=False),
@@ -163,18 +211,13 @@ def register(main: click.Group) -> None:
         from ndplan.ppb.simulate import simulate
         from ndplan.ppb.svg import timeline_svg
 
-        check_emit_out(emit_fmt, emit_out)
-        one_stdout(json=as_json, csv=report_kw.get("report_csv"), emit=emit_fmt and not emit_out)
-        if timeline:
-            if not str(timeline).lower().endswith(".svg"):
-                raise NdplanError("--timeline", timeline, "the timeline is an SVG drawing", "end the path in .svg")
-            output_file("--timeline", timeline)
+        _check_outputs(emit_fmt, emit_out, as_json, report_kw.get("report_csv"), timeline)
         doc = load_layer_doc(layers_file)
         layers = layers_from_doc(doc)
         pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
                         budget_bytes=_budget(doc, budget_gib, hardware, reserve_gib))
         inst = Instance(layers=layers, pipeline=pipe)
-        from ndplan.ppb.solve import Config, diagnose, evaluate, solve  # ortools: import on use (0.3 s)
+        from ndplan.ppb.solve import Config, diagnose, solve  # ortools: import on use (0.3 s)
         cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6))
         given = _user_plan(inst, user_plan, plan_recompute)
         sol = solve(inst, cfg)
@@ -195,17 +238,7 @@ def register(main: click.Group) -> None:
         sim = simulate(inst, sol.plan)
         out["simulated_step_s"] = sim.step_s
         out["stages"] = _row(inst, sol.plan, sim)
-        base = {"even_none": uniform_plan(inst, "none"), "even_selective": uniform_plan(inst, "selective"),
-                "even_full": uniform_plan(inst, "full")}
-        if given is not None:
-            base["user"] = given
-        comparisons = {}
-        for name, plan in base.items():
-            fits = max(stage_memory_bytes(inst, plan)) <= pipe.budget_bytes
-            t = evaluate(inst, plan, cfg)
-            comparisons[name] = {"objective_s": t, "fits": fits, "gain": (t - sol.objective_s) / t if t else 0.0,
-                                 "simulated_step_s": simulate(inst, plan).step_s}
-        out["baselines"] = comparisons
+        out["baselines"] = _baselines(inst, cfg, sol, given)
         out["mindformers"] = mindformers(inst, sol.plan)
         out["megatron"] = megatron(inst, sol.plan)
         if timeline:
@@ -219,20 +252,4 @@ def register(main: click.Group) -> None:
         if as_json:
             click.echo(json.dumps(out, indent=2))
             return
-        gap = f", gap {sol.gap:.2%}" if sol.gap else ""
-        click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)}{gap}; "
-                   f"replay {fmt_seconds(sim.step_s)}) in {sol.wall_s:.1f} s; budget {fmt_bytes(pipe.budget_bytes)}")
-        click.echo(_index_note(layers))
-        click.echo("stage chunk  layers      full sel  t/mb      peak        bubble    imbalance recompute")
-        for r in out["stages"]:
-            click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {r['recompute'].count('full'):>4} "
-                       f"{r['recompute'].count('selective'):>3}  {fmt_seconds(r['time_s']):<9} "
-                       f"{fmt_bytes(r['peak_bytes']):<11} {fmt_seconds(r['bubble_s']):<9} "
-                       f"{fmt_seconds(r['imbalance_s']):<9} {fmt_seconds(r['recompute_s'])}")
-        for name, c in comparisons.items():
-            click.echo(f"vs {name:<13} {fmt_seconds(c['objective_s']):<10} "
-                       f"{'fits' if c['fits'] else 'does not fit'}; gain {c['gain']:+.1%}")
-        click.echo(f"MindFormers: {json.dumps(out['mindformers'])}")
-        click.echo("Megatron-LM: " + (" ".join(out["megatron"]["args"]) or "(even split, no recompute: no extra flags)"))
-        for n in out["megatron"]["notes"]:
-            click.echo(f"  note: {n}")
+        _print_text(out, sol, sim, layers, pipe)

@@ -218,7 +218,35 @@ def _emit(r: SweepResult, fmt: str, out: str | None, every: bool) -> bool:
     return False
 
 
+def _check_options(gpus, min_gpus, as_json, as_csv, emit_fmt, emit_out, emit_all) -> None:
+    """Before any work: the sweep's options fit together."""
+    if emit_all and (emit_fmt is None or emit_out is None):
+        raise NdplanError("--emit-all", True, "needs --emit FORMAT and --emit-out DIRECTORY", "give both")
+    check_emit_out(emit_fmt, emit_out, directory=emit_all)
+    one_stdout(json=as_json, csv=as_csv, emit=emit_fmt and not emit_out)
+    if min_gpus and gpus is not None:
+        raise NdplanError("--gpus", gpus, "given with --find-min-gpus, which chooses the device count",
+                          "drop one of them")
+    if gpus is None and not min_gpus:
+        raise NdplanError("--gpus", None, "required", "give --gpus N (or --find-min-gpus)")
+
+
+def _find_min_gpus(m, hw, seq, gbs, space, limit, base, sort, top, to_stderr: bool) -> SweepResult:
+    """--find-min-gpus: each device count tried and the answer on stderr (stdout when text)."""
+    r = find_min_gpus(m, hw, seq, gbs, space, **limit, base=base, sort=sort, top=top,
+                      progress=lambda n: click.echo(f"trying {n:,} devices ...", err=True))
+    nodes = r.gpus // hw.devices_per_node
+    click.echo(f"smallest device count that fits: {r.gpus} ({nodes} node{'' if nodes == 1 else 's'} "
+               f"of {hw.devices_per_node})", err=to_stderr)
+    return r
+
+
 def register(main: click.Group, apply_overrides) -> None:
+    _register_sweep(main, apply_overrides)
+    _register_compare(main, apply_overrides)
+
+
+def _register_sweep(main: click.Group, apply_overrides) -> None:
     @main.command("sweep")
     @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
     @click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML.")
@@ -257,15 +285,7 @@ def register(main: click.Group, apply_overrides) -> None:
           ndplan sweep -m llama3-8b -H a100-80gb --gbs 256 --seq 4096 --find-min-gpus
           ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --emit torchtitan --emit-all --emit-out configs
         """
-        if emit_all and (emit_fmt is None or emit_out is None):
-            raise NdplanError("--emit-all", True, "needs --emit FORMAT and --emit-out DIRECTORY", "give both")
-        check_emit_out(emit_fmt, emit_out, directory=emit_all)
-        one_stdout(json=as_json, csv=as_csv, emit=emit_fmt and not emit_out)
-        if min_gpus and gpus is not None:
-            raise NdplanError("--gpus", gpus, "given with --find-min-gpus, which chooses the device count",
-                              "drop one of them")
-        if gpus is None and not min_gpus:
-            raise NdplanError("--gpus", None, "required", "give --gpus N (or --find-min-gpus)")
+        _check_options(gpus, min_gpus, as_json, as_csv, emit_fmt, emit_out, emit_all)
         m = load_model(model)
         hw, kw["engine"] = apply_overrides(hardware, kw["engine"], kw.pop("overrides"))
         mem_limit(hw, mem_limit_gib, mem_fraction)
@@ -275,12 +295,7 @@ def register(main: click.Group, apply_overrides) -> None:
             _parse_point(why_point)
         limit = {"mem_limit_gib": mem_limit_gib, "mem_fraction": mem_fraction}
         if min_gpus:
-            r = find_min_gpus(m, hw, seq, gbs, space, **limit, base=base, sort=sort, top=top,
-                              progress=lambda n: click.echo(f"trying {n:,} devices ...", err=True))
-            nodes = r.gpus // hw.devices_per_node
-            click.echo(f"smallest device count that fits: {r.gpus} ({nodes} node{'' if nodes == 1 else 's'} "
-                       f"of {hw.devices_per_node})",
-                       err=as_json or as_csv)
+            r = _find_min_gpus(m, hw, seq, gbs, space, limit, base, sort, top, to_stderr=as_json or as_csv)
         else:
             r = sweep(m, hw, gpus, seq, gbs, space, top=top, sort=sort, **limit, base=base, progress=_progress)
         if why_point:
@@ -299,6 +314,8 @@ def register(main: click.Group, apply_overrides) -> None:
         if not r.feasible:
             sys.exit(1)
 
+
+def _register_compare(main: click.Group, apply_overrides) -> None:
     @main.command("compare")
     @click.option("--model", "-m", required=True, help="Catalog name, model YAML, or HF model dir/config.json.")
     @click.option("--hardware", "-H", default="h100-sxm", show_default=True, help="Catalog name or hardware YAML.")

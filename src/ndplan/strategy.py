@@ -5,7 +5,7 @@ Every rule raises NdplanError naming the field, the value and the fix.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from ndplan import limits
 from ndplan.catalog.model import ModelSpec

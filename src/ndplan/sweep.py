@@ -265,12 +265,10 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
     """Evaluate, filter, rank. ``base`` fixes the non-swept Strategy fields (engine,
     flash_attention, order, grad_dtype, weight_dtype, offload_optimizer). The memory limit
     is all HBM unless ``mem_limit_gib`` or ``mem_fraction`` says otherwise. Every argument
-    is checked (limits.py) before any candidate is generated."""
+    is checked (limits.py; gpus, seq and gbs by space.generate) before any candidate is
+    evaluated."""
     t0 = time.perf_counter()
-    top = limits.count("top", top, 0, limits.MAX_TOP, "a number of candidates")
-    gpus = limits.count("gpus", gpus, 1, limits.MAX_DEVICES, "a device count")
-    seq = limits.count("seq", seq, 1, limits.MAX_SEQ, "a sequence length")
-    gbs = limits.count("gbs", gbs, 1, limits.MAX_BATCH, "a global batch")
+    top = limits.count("top", top, 0, limits.MAX_TOP, "a number of candidates")  # gpus, seq, gbs: space.generate
     if sort not in SORT_KEYS:
         raise NdplanError("sort", sort, "unknown sort key", f"choose one of {', '.join(SORT_KEYS)}")
     cap = mem_limit(hw, mem_limit_gib, mem_fraction)

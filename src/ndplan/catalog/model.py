@@ -6,8 +6,7 @@ MLA, MTP) is detected from the fields, never from the model's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import sympy as sp
 

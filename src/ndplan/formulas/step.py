@@ -59,7 +59,7 @@ from ndplan.formulas import comm as C
 from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ACT_BYTES, ActContext
 from ndplan.formulas.memory import act_context, stage_params, weight_bytes
-from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr, symbolic_layout
+from ndplan.formulas.placement import chunk_layers, head_device_flag, pp_expr, symbolic_layout
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
@@ -126,7 +126,6 @@ def _layer(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kin
         ep_one = C.all_to_all(S.ep, sent, C.stride(order, "ep", "expert"))
         ep_f = 2 * ep_one  # dispatch + combine
     comm_f = tp_f + cp_f + ep_f
-    comm_b = tp_f + cp_b + ep_f
     R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[strat.recompute]
     return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f}
 
@@ -181,6 +180,19 @@ def _bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
     raise ValueError(schedule)
 
 
+def _pipeline_bubble(strat: Strategy, ref: dict, t_ref, t_max, t_sum, w_sum) -> sp.Expr:
+    """The schedule's bubble (module docstring): the factor times (sum of stage times -
+    max); for zb-h1/zbv with m < pp too few weight gradients fill it, so it is floored at
+    one micro-batch's critical path (F and B through every chunk, then the first chunk's
+    W) plus (m-1) x the reference stage's F+B+R+C; tests/test_ppb_simulate.py holds it to
+    the replay of the hand orders. Never negative (t_sum - t_max rounds to -1e-16 at pp 1)."""
+    bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
+    if strat.schedule in ("zb-h1", "zbv"):
+        path = t_sum - w_sum + ref["W"] / strat.vpp
+        bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
+    return C.vmax(bubble, 0)
+
+
 def optimizer_bytes_per_param(eng: EngineProfile, strat: Strategy) -> int:
     """HBM bytes the Adam step streams per local parameter: read the gradient, read and
     write the fp32 master (or the weights when they are the master), both moments, and
@@ -223,15 +235,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
         # recompute of the first nrec layers per chunk: every stage as the reference stage
         all_layers["R"] = S.pp * ref["R"]
     t_sum = sum(all_layers[k] for k in PARTS)
-    bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
-    if strat.schedule in ("zb-h1", "zbv"):
-        # Fewer micro-batches than stages leave too few weight gradients to fill the bubble:
-        # the step is never shorter than one micro-batch's critical path, F and B through
-        # every chunk and then the first chunk's W (tests/test_ppb_simulate.py holds it to
-        # the replay of the hand orders for m < pp).
-        path = t_sum - all_layers["W"] + ref["W"] / strat.vpp
-        bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
-    bubble = C.vmax(bubble, 0)  # never negative (t_sum - t_max rounds to -1e-16 at pp = 1)
+    bubble = _pipeline_bubble(strat, ref, t_ref, t_max, t_sum, all_layers["W"])
 
     # data parallelism
     dense, expert, _ = stage_params(spec, M, strat, stages[ref_i])

@@ -40,91 +40,102 @@ def _refuse(expr: str, why: str) -> NdplanError:
     return NdplanError("$((...))", expr, why, "write the number, or use + - * / % ** on integers and variables")
 
 
+class _Parser:
+    """Recursive descent over the tokens, one method per bash precedence level:
+    additive (+ -) < multiplicative (* / %) < power (**, right-associative) < unary
+    (+ -, binding tighter than **: -2**2 is 4) < atom (number, variable, parentheses)."""
+
+    def __init__(self, expr: str, lookup: Callable[[str], str | None]):
+        self.expr, self.lookup = expr, lookup
+        self.toks, self.pos = _tokens(expr), 0
+
+    def peek(self) -> str | None:
+        return self.toks[self.pos] if self.pos < len(self.toks) else None
+
+    def take(self) -> str:
+        self.pos += 1
+        return self.toks[self.pos - 1]
+
+    def check(self, v: int) -> int:
+        if abs(v) >= LIMIT:
+            raise _refuse(self.expr, "a value leaves bash's 64-bit range")
+        return v
+
+    def atom(self) -> int:
+        if self.peek() is None:
+            raise _refuse(self.expr, "ends early")
+        t = self.take()
+        if t == "(":
+            v = self.additive()
+            if self.peek() != ")":
+                raise _refuse(self.expr, "unbalanced parentheses")
+            self.take()
+            return v
+        if t.isdigit():
+            return self.check(int(t))
+        if t[0].isalpha() or t[0] == "_":
+            return self.variable(t)
+        raise _refuse(self.expr, f"unexpected '{t}'")
+
+    def variable(self, name: str) -> int:
+        text = self.lookup(name)
+        if text is None:
+            raise _refuse(self.expr, f"variable {name} is not set in the script")
+        if not re.fullmatch(r"\s*-?\d+\s*", text):
+            raise _refuse(self.expr, f"variable {name}={text!r} is not an integer")
+        return self.check(int(text))
+
+    def unary(self) -> int:
+        if self.peek() in ("+", "-"):
+            sign = self.take()
+            v = self.unary()
+            return -v if sign == "-" else v
+        return self.atom()
+
+    def power(self) -> int:
+        base = self.unary()
+        if self.peek() != "**":
+            return base
+        self.take()
+        exp = self.power()
+        if exp < 0:
+            raise _refuse(self.expr, "negative exponent")
+        if base not in (0, 1, -1) and exp > 63:
+            raise _refuse(self.expr, "a value leaves bash's 64-bit range")
+        return self.check(base ** exp)
+
+    def multiplicative(self) -> int:
+        v = self.power()
+        while self.peek() in ("*", "/", "%"):
+            op, w = self.take(), self.power()
+            if op == "*":
+                v = self.check(v * w)
+                continue
+            if w == 0:
+                raise _refuse(self.expr, "division by zero")
+            q = abs(v) // abs(w) * (1 if (v >= 0) == (w >= 0) else -1)  # bash truncates toward zero
+            v = q if op == "/" else v - q * w
+        return v
+
+    def additive(self) -> int:
+        v = self.multiplicative()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            w = self.multiplicative()
+            v = self.check(v + w if op == "+" else v - w)
+        return v
+
+
 def evaluate(expr: str, lookup: Callable[[str], str | None]) -> int:
     """The integer value of ``expr``; ``lookup(name)`` gives a variable's text or None."""
     if len(expr) > MAX_LENGTH:
         raise _refuse(expr[:40] + "...", f"longer than {MAX_LENGTH} characters")
-    toks = _tokens(expr)
-    pos = 0
-
-    def peek():
-        return toks[pos] if pos < len(toks) else None
-
-    def take():
-        nonlocal pos
-        pos += 1
-        return toks[pos - 1]
-
-    def check(v: int) -> int:
-        if abs(v) >= LIMIT:
-            raise _refuse(expr, "a value leaves bash's 64-bit range")
-        return v
-
-    def atom() -> int:
-        t = take() if peek() is not None else None
-        if t is None:
-            raise _refuse(expr, "ends early")
-        if t == "(":
-            v = additive()
-            if peek() != ")":
-                raise _refuse(expr, "unbalanced parentheses")
-            take()
-            return v
-        if t.isdigit():
-            return check(int(t))
-        if t[0].isalpha() or t[0] == "_":
-            text = lookup(t)
-            if text is None:
-                raise _refuse(expr, f"variable {t} is not set in the script")
-            if not re.fullmatch(r"\s*-?\d+\s*", text):
-                raise _refuse(expr, f"variable {t}={text!r} is not an integer")
-            return check(int(text))
-        raise _refuse(expr, f"unexpected '{t}'")
-
-    def unary() -> int:  # bash: unary + - bind tighter than **, so -2**2 is 4
-        if peek() in ("+", "-"):
-            sign = take()
-            v = unary()
-            return -v if sign == "-" else v
-        return atom()
-
-    def power() -> int:  # right-associative: 2**3**2 = 2**9
-        base = unary()
-        if peek() != "**":
-            return base
-        take()
-        exp = power()
-        if exp < 0:
-            raise _refuse(expr, "negative exponent")
-        if base not in (0, 1, -1) and exp > 63:
-            raise _refuse(expr, "a value leaves bash's 64-bit range")
-        return check(base ** exp)
-
-    def multiplicative() -> int:
-        v = power()
-        while peek() in ("*", "/", "%"):
-            op = take()
-            w = power()
-            if op == "*":
-                v = check(v * w)
-            else:
-                if w == 0:
-                    raise _refuse(expr, "division by zero")
-                q = abs(v) // abs(w) * (1 if (v >= 0) == (w >= 0) else -1)  # bash truncates toward zero
-                v = q if op == "/" else v - q * w
-        return v
-
-    def additive() -> int:
-        v = multiplicative()
-        while peek() in ("+", "-"):
-            v = check(v + multiplicative() if take() == "+" else v - multiplicative())
-        return v
-
-    if not toks:
+    parser = _Parser(expr, lookup)
+    if not parser.toks:
         raise _refuse(expr, "empty expression")
-    value = additive()
-    if pos != len(toks):
-        raise _refuse(expr, f"unexpected '{toks[pos]}'")
+    value = parser.additive()
+    if parser.pos != len(parser.toks):
+        raise _refuse(expr, f"unexpected '{parser.toks[parser.pos]}'")
     return value
 
 

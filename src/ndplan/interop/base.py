@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ndplan import limits
 from ndplan.catalog.model import ModelSpec, load_model
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
@@ -52,10 +53,14 @@ def resolve_model(model, file_model: ModelSpec | None, where: str, missing: str)
 
 
 def positive(field_: str, value, where: str) -> int:
-    """An integer >= 1 read from a file, or NdplanError naming the key."""
+    """An integer in 1..limits.MAX_SEQ (the largest count a config holds: tokens) read
+    from a file, or NdplanError naming the key; Strategy applies the tighter bounds."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise NdplanError(field_, value, f"not a positive integer (in {where})", "give a whole number >= 1")
-    return value
+    try:
+        return limits.count(field_, value, 1, limits.MAX_SEQ)
+    except NdplanError as e:
+        raise NdplanError(e.field, e.value, f"{e.problem} (in {where})", e.fix) from None
 
 
 def world_dp(gpus: int | None, tp: int, pp: int, cp: int, field_: str, where: str) -> tuple[int, int]:
