@@ -99,7 +99,7 @@ def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str
     return total
 
 
-def _layer(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kind: str, eng: EngineProfile) -> dict:
+def layer_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kind: str, eng: EngineProfile) -> dict:
     """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
     gemm = sum((gemm_time(g) for g in FL.layer_gemms(spec, M, c, kind)), sp.Integer(0))
     core = FL.core_flops(spec, M, c, S.seq) / (S.peak * (S.eff_attn if c.flash else S.eff_gemm))
@@ -130,7 +130,7 @@ def _layer(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kin
     return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f}
 
 
-def _head(spec, M, c) -> dict:
+def head_parts(spec, M, c) -> dict:
     gemm = sum((gemm_time(g) for g in FL.head_gemms(spec, M, c)), sp.Integer(0))
     loss = LOSS_PASSES * 4 * c.s * c.b * M.V / c.t / (S.hbm * S.eff_hbm)
     return {"F": gemm + loss, "B": gemm + loss, "W": gemm, "R": sp.Integer(0), "tp": sp.Integer(0),
@@ -208,8 +208,8 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
     """Time Terms of one step (seconds); they sum to the step time."""
     eng = engine or ENGINE_PROFILES[strat.engine]
     c = act_context(spec, strat)
-    layer = {k: (_layer(spec, M, strat, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
-    head = _head(spec, M, c)
+    layer = {k: (layer_parts(spec, M, strat, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
+    head = head_parts(spec, M, c)
     pp = pp_expr(spec, strat)
     if symbolic_layout(spec, strat):
         stages = [sp.Integer(0), pp - 1]

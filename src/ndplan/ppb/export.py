@@ -1,7 +1,7 @@
 """Layer description of a model at a strategy, from the symbolic model (``ndplan
 estimate --export-layers FILE``): the same Terms the estimate uses, evaluated per layer.
 
-Per layer and micro-batch (formulas/step.py ``_layer`` / ``_head``): forward_s = F + half
+Per layer and micro-batch (formulas/step.py ``layer_parts`` / ``head_parts``): forward_s = F + half
 the layer's exposed TP/CP/EP communication, backward_input_s = B + the other half,
 backward_weight_s = W, recompute_s[mode] = R under that mode. Static bytes: weights,
 grads, master and optimizer states of the layer's parameters (memory.static_terms).
@@ -27,7 +27,7 @@ from ndplan.estimate import estimate, strategy_point
 from ndplan.formulas import activations as A
 from ndplan.formulas import params as P
 from ndplan.formulas.memory import act_context, chunk_activation, device_params, static_terms, weight_cast
-from ndplan.formulas.step import _head, _layer
+from ndplan.formulas.step import head_parts, layer_parts
 from ndplan.ppb.instance import MODES, Layer
 from ndplan.strategy import Strategy
 
@@ -61,7 +61,7 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
     ctx = {m: act_context(spec, s) for m, s in modes.items()}
 
     def decoder(kind: str, name: str, extra_static=None) -> Layer:
-        per = {m: _layer(spec, M, modes[m], ctx[m], kind, eng) for m in MODES}
+        per = {m: layer_parts(spec, M, modes[m], ctx[m], kind, eng) for m in MODES}
         f, b, w = _times(per["none"], point)
         nd, nm = (1, 0) if kind == "dense" else (0, 1)
         act = {m: int(round(_value(chunk_activation(spec, M, ctx[m], modes[m], nd, nm, cast), point))) for m in MODES}
@@ -79,7 +79,7 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
         if kind not in cache:
             cache[kind] = decoder(kind, f"decoder.{kind}")
         layers.append(cache[kind])
-    head = _head(spec, M, c)
+    head = head_parts(spec, M, c)
     f, b, w = _times(head, point)
     # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
     # (memory.stage_params); under zbv the head sits on stage 0
