@@ -10,12 +10,13 @@ import click
 from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.interop import FORMATS
 from ndplan.units import fmt_bytes
+from ndplan.vocab import RECOMPUTE_MODES
 
 EXIT_DOES_NOT_FIT = 1
 
 
 def _show(v) -> str:
-    if isinstance(v, tuple) and len(v) == 2 and v[0] in ("none", "selective", "full"):
+    if isinstance(v, tuple) and len(v) == 2 and v[0] in RECOMPUTE_MODES:
         return v[0] if v[1] is None else f"{v[0]}[first {v[1]}]"
     return str(v)
 

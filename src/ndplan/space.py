@@ -55,7 +55,8 @@ from ndplan.catalog.files import read_mapping
 from ndplan.catalog.model import ModelSpec
 from ndplan import limits
 from ndplan.errors import NdplanError
-from ndplan.strategy import RECOMPUTE_MODES, SCHEDULES, Strategy
+from ndplan.strategy import Strategy
+from ndplan.vocab import ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_ALIASES, SCHEDULES, ZERO_LEVELS as ZERO_STAGES
 
 DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "recompute", "schedule", "sp")
 WORLD_DIMS = ("dp", "tp", "pp", "cp")
@@ -63,11 +64,7 @@ WORLD_DIMS = ("dp", "tp", "pp", "cp")
 DEGREE_DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
 #: Keys of ``Group.grid``; ``m`` = gbs // (dp*mbs) micro-batches per step.
 GRID_KEYS = ("dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m")
-ZERO_STAGES = (0, 1, 2, 3)
 AUTO_MBS = tuple(range(1, 9))
-SCHEDULE_ALIASES = {"dualpipe-v": "zbv"}
-#: Schedules with one model chunk per stage (vpp must be 1).
-ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 #: Values ``why`` gives a dimension the point leaves out (dp is derived from gpus).
 POINT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": 1, "zero": 1,
                   "recompute": "none", "schedule": "1f1b", "sp": True}

@@ -11,9 +11,7 @@ from ndplan import limits
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
-ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore")
+from ndplan.vocab import ENGINES, GRAD_DTYPES, ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULES, WEIGHT_DTYPES, ZERO_LEVELS
 
 
 @dataclass(frozen=True, kw_only=True)

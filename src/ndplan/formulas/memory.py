@@ -26,6 +26,7 @@ from ndplan.formulas.schedules import held_profiles, inflight
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
+from ndplan.vocab import RECOMPUTE_MODES
 
 STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
 
@@ -111,7 +112,7 @@ def chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     adds the engine's per-micro-batch 16-bit weight cast (0 or 1); ``nrec`` is the
     chunk's recompute count (chunk_recompute_count)."""
     act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode) + cast * A.ACT_BYTES * layer_params(spec, M, k)
-           for k in ("dense", "moe") for mode in ("none", "selective", "full")}
+           for k in ("dense", "moe") for mode in RECOMPUTE_MODES}
     if strat.recompute_layers is None:
         return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
     mode = strat.recompute

@@ -27,6 +27,7 @@ from ndplan.export.common import flatten
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import toml_edit, toml_locate
 from ndplan.strategy import Strategy
+from ndplan.vocab import RECOMPUTE_MODES
 
 KEY = X.KEY
 SCHEDULE_OF = {v: k for k, v in X.SCHEDULES.items()}
@@ -110,7 +111,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     glob = get("gbs")
     gbs_ = gbs or (local * dp if glob in (-1, None) else positive(KEY["gbs"], glob, path.name))
     mode = str(get("ac_mode"))
-    if mode not in ("none", "selective", "full"):
+    if mode not in RECOMPUTE_MODES:
         raise NdplanError(KEY["ac_mode"], mode, "unknown activation checkpointing mode", "give none, selective or full")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,

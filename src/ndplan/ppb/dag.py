@@ -29,10 +29,8 @@ import numpy as np
 
 from ndplan.formulas.schedules import op_order, virtual_stage
 
-FIXED_ORDER_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
-"""Schedules with one op order per stage, independent of op durations."""
-SPLIT_W_SCHEDULES = ("zb-h1", "zbv")
-"""Schedules whose weight gradient is its own op W (else part of B)."""
+from ndplan.vocab import SCHEDULES as FIXED_ORDER_SCHEDULES  # every schedule has one op order per stage
+from ndplan.vocab import SPLIT_W_SCHEDULES
 
 Op = tuple[str, int, int]
 

@@ -33,11 +33,8 @@ from ndplan import limits
 from ndplan.catalog.files import read_mapping
 from ndplan.errors import NdplanError
 from ndplan.units import MIB
+from ndplan.vocab import RECOMPUTE_MODES as MODES, SCHEDULES  # PPB balances every schedule
 
-MODES = ("none", "selective", "full")
-"""Recompute modes, least to most recomputation."""
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
-"""Schedules PPB balances (every one with a fixed op order, schedules.op_order)."""
 FORMAT = "ndplan-layers/1"
 
 

@@ -1,0 +1,26 @@
+"""The vocabularies of a strategy, declared once: every module (Strategy, the space
+generator, PPB's Pipeline, the CLI choices, readers and writers) imports them from here.
+
+Recompute modes (Korthikanti et al. 2022 Sec. 5): ``none`` keeps every activation,
+``selective`` recomputes the attention core, ``full`` keeps only each layer's input.
+Schedules: GPipe (Huang et al. 2019), 1F1B (PipeDream-flush, Narayanan et al. 2021),
+interleaved 1F1B (Narayanan et al. 2021 Sec. 2.2), zero-bubble ZB-H1 and ZBV (Qi et al.
+2024).
+"""
+
+from __future__ import annotations
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""In order of increasing recompute (decreasing memory): PPB's plans rank modes by this order."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+"""Schedules with one model chunk per stage (vpp must be 1)."""
+SPLIT_W_SCHEDULES = ("zb-h1", "zbv")
+"""Schedules that split the backward into input-gradient B and weight-gradient W."""
+SCHEDULE_ALIASES = {"dualpipe-v": "zbv"}
+"""Other names users give a schedule (a space file, a launch script)."""
+ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore")
+ZERO_LEVELS = (0, 1, 2, 3)
+"""0: nothing sharded on dp; 1: optimizer states (+fp32 master); 2: + gradients; 3: + weights."""
+GRAD_DTYPES = ("fp32", "bf16")
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp8")
