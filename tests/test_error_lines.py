@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from collections import OrderedDict
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -163,7 +164,7 @@ def test_first_compile_prints_progress_then_a_warm_run_is_quiet(tmp_path, monkey
     model.write_text("model_type: llama\nhidden_size: 384\nnum_hidden_layers: 6\nnum_attention_heads: 6\n"
                      "intermediate_size: 1000\nvocab_size: 5000\n")
     monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernels, "_MEMORY", {})
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
     monkeypatch.setattr(cli_types, "QUIET_S", 0.0)  # announce at the second kernel: a small sweep suffices
     args = ["sweep", "-m", str(model), "--gpus", "2", "--gbs", "4", "--tp", "1", "--pp", "1,2", "--cp", "1",
             "--recompute", "none", "--zero", "1", "--json"]
@@ -171,6 +172,6 @@ def test_first_compile_prints_progress_then_a_warm_run_is_quiet(tmp_path, monkey
     assert cold.exit_code == 0, cold.output
     assert "compiling kernels (first use" in cold.stderr and str(tmp_path / "cache") in cold.stderr
     assert cold.stderr.splitlines()[-1].startswith("compiled ")
-    monkeypatch.setattr(kernels, "_MEMORY", {})
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
     warm = CliRunner().invoke(main, args)
     assert warm.exit_code == 0 and warm.stderr == "" and warm.stdout == cold.stdout

@@ -7,6 +7,8 @@ ZeRO level from which that state is sharded over the data-parallel group.
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
 from dataclasses import dataclass
 
 from ndplan.units import GIB
@@ -251,7 +253,8 @@ MINDSPORE = EngineProfile(
                    "(shared/validation/mindformers/README.md)",
     })
 
-ENGINE_PROFILES = {p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE)}
+ENGINE_PROFILES = MappingProxyType({p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE)})
+"""The four base profiles, read-only: a ``--set`` variant is a derived name (``derive``), resolved by ``profile``."""
 
 
 MAX_SETTING = 2**40
@@ -259,31 +262,63 @@ MAX_SETTING = 2**40
 
 
 def derive(base: str, overrides: dict) -> str:
-    """Register ``base`` with some settings replaced (``--set overlap_tp_comm=1``) and
-    return its name, ``base[key=value,...]``: the name spells out the profile, so kernels
-    cached under it stay valid."""
+    """The name of ``base`` with some settings replaced (``--set overlap_tp_comm=1``):
+    ``base[key=value,...]``. The name spells out the profile (``profile`` rebuilds it from
+    the name), so nothing is registered and kernels cached under it stay valid."""
     if not overrides:
         return base
-    from dataclasses import fields, replace
-
     from ndplan import limits
     from ndplan.errors import NdplanError
-    prof = ENGINE_PROFILES[base]
-    kinds = {f.name: f.type for f in fields(prof)}
+    _base_profile(base)
+    kinds = _setting_kinds()
     vals = {}
     for k, v in sorted(overrides.items()):
-        kind = str(kinds.get(k, ""))
+        kind = kinds.get(k, "")
         if kind not in ("bool", "int"):
             raise NdplanError("--set", k, "not a numeric or boolean engine setting",
                               f"choose one of {', '.join(sorted(engine_fields()))}")
         if kind == "bool" and v not in (0, 1):
             raise NdplanError(k, v, "an on/off engine setting", f"give --set {k}=0 or --set {k}=1")
         vals[k] = bool(v) if kind == "bool" else limits.count(k, v, 0, MAX_SETTING, "a whole number")
-    name = f"{base}[{','.join(f'{k}={int(v)}' for k, v in vals.items())}]"
-    ENGINE_PROFILES.setdefault(name, replace(prof, name=name, **vals))
-    return name
+    return f"{base}[{','.join(f'{k}={int(v)}' for k, v in vals.items())}]"
+
+
+def _setting_kinds() -> dict[str, str]:
+    from dataclasses import fields
+    return {f.name: str(f.type) for f in fields(EngineProfile)}
+
+
+def _base_profile(name: str) -> EngineProfile:
+    if name not in ENGINE_PROFILES:
+        from ndplan.errors import NdplanError
+        raise NdplanError("engine", name, "unknown engine", f"choose one of {', '.join(ENGINE_PROFILES)}")
+    return ENGINE_PROFILES[name]
+
+
+@functools.lru_cache(maxsize=64)
+def profile(name: str) -> EngineProfile:
+    """The profile of an engine name: a base name (``megatron``) or a derived one
+    (``megatron[overlap_tp_comm=1]``, made by ``derive``). NdplanError for anything else."""
+    from dataclasses import replace
+    if "[" not in name:
+        return _base_profile(name)
+    base, _, rest = name.partition("[")
+    if not rest.endswith("]"):
+        from ndplan.errors import NdplanError
+        raise NdplanError("engine", name, "not an engine name", "give megatron, fsdp, deepspeed or mindspore")
+    pairs = dict(kv.split("=", 1) for kv in rest[:-1].split(",") if "=" in kv)
+    try:
+        vals = {k: int(v) for k, v in pairs.items()}
+    except ValueError:
+        from ndplan.errors import NdplanError
+        raise NdplanError("engine", name, "engine settings must be integers", "give key=0/1 or key=N") from None
+    if derive(base, vals) != name:
+        from ndplan.errors import NdplanError
+        raise NdplanError("engine", name, "not a derived engine name", f"write it as {derive(base, vals)}")
+    kinds = _setting_kinds()
+    return replace(ENGINE_PROFILES[base], name=name,
+                   **{k: bool(v) if kinds[k] == "bool" else v for k, v in vals.items()})
 
 
 def engine_fields() -> set[str]:
-    from dataclasses import fields
-    return {f.name for f in fields(EngineProfile) if str(f.type) in ("bool", "int")}
+    return {k for k, kind in _setting_kinds().items() if kind in ("bool", "int")}

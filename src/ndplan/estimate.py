@@ -1,10 +1,5 @@
 """Library API: estimate a strategy's per-stage memory and its step time, MFU and
-throughput, and return them in the JSON schema of ../shared/DESIGN.md.
-
-MFU = model FLOPs per step / (step time x devices x dense bf16 peak), where model FLOPs
-are 3 x the forward FLOPs of every GEMM plus the causal attention core (QK^T, PV) at the
-full sequence, recompute not counted, MTP excluded (formulas/flops.py). HFU adds the
-recompute FLOPs. tokens_per_s is per device."""
+throughput (throughput.py), and return them in the JSON schema of ../shared/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -18,31 +13,19 @@ from ndplan import symbols as S
 from ndplan.errors import warn
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import ENGINE_PROFILES, EngineProfile
+from ndplan.engines import EngineProfile
 from ndplan.formulas import flops as FL
+from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
-from ndplan.formulas.memory import STATIC_KEYS, host_memory, peaks_over_held_vectors, stage_memory
+from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import cached_kernel
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
 from ndplan.strategy import Strategy
+from ndplan.structure import Structure, kernel_key, structure
 from ndplan.terms import Breakdown
-
-
-def structural_key(model: ModelSpec, strat: Strategy) -> tuple:
-    """What the memory and time Breakdowns of ``strat`` depend on beyond the kernel
-    arguments: the key of their compiled kernels (kernels.cached_kernel)."""
-    key = (repr(model), strat.schedule, strat.vpp, strat.recompute, strat.zero, strat.sp, strat.engine,
-           strat.flash_attention, strat.order, strat.grad_dtype, strat.weight_dtype, strat.offload_optimizer,
-           strat.layers_per_stage, strat.recompute_layers is not None)
-    if not symbolic_stage_ok(model, strat):
-        key += ("pp", strat.pp)  # layer counts need a concrete pp
-    if ENGINE_PROFILES[strat.engine].cp_implies_sp and not strat.sp:
-        key += ("cp>1", strat.cp > 1)
-    if peaks_over_held_vectors(strat):
-        key += ("m", strat.m)  # the held vectors depend on m
-    return key
+from ndplan.throughput import tokens_per_s_per_device, utilization
 
 
 def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
@@ -53,15 +36,29 @@ def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
             S.nrec: strat.nrec[stage] if isinstance(strat.nrec, tuple) else strat.nrec}
 
 
-def stage_breakdown(model: ModelSpec, strat: Strategy, stage=None) -> Breakdown:
+def stage_breakdown(model: ModelSpec, view: Structure, stage: int | None = None) -> Breakdown:
     """Memory Terms of a stage. ``stage=None`` keeps the stage index a symbol where the
     layout allows it (even split); otherwise give the stage number."""
+    view = structure(model, view)
     if stage is None:
-        stage = S.stage if symbolic_stage_ok(model, strat) else 0
-    if not isinstance(stage, sp.Symbol) and not symbolic_stage_ok(model, strat):
+        stage = S.stage if symbolic_stage_ok(model, view) else 0
+    if not isinstance(stage, sp.Symbol) and not symbolic_stage_ok(model, view):
         # uneven layouts: layer counts need concrete pp and stage
-        return stage_memory(model, model.symbols(), strat, sp.Integer(stage))
-    return stage_memory(model, model.symbols(), strat, stage)
+        return stage_memory(model, model.symbols(), view, sp.Integer(stage))
+    return stage_memory(model, model.symbols(), view, stage)
+
+
+def memory_kernel(model: ModelSpec, view: Structure, stage: int | None = None):
+    """The compiled memory kernel of ``view`` (``stage``: the concrete stage of a
+    non-symbolic layout, else None), cached under the key derived from ``view``."""
+    return cached_kernel(kernel_key(model, view, "memory", stage), lambda: stage_breakdown(model, view, stage),
+                         use_disk=not view.hooks)
+
+
+def time_kernel(model: ModelSpec, view: Structure):
+    """The compiled step-time kernel of ``view`` (arguments: strategy and hardware symbols)."""
+    return cached_kernel(kernel_key(model, view, "time"), lambda: step_time(model, model.symbols(), view),
+                         STRATEGY_SYMBOLS + HW_SYMBOLS, use_disk=not view.hooks)
 
 
 @dataclass
@@ -96,16 +93,17 @@ class Estimate:
 
     @property
     def mfu(self) -> float:
-        return self.flops_per_step / (self.step_s * self.strategy.world * self.hardware.bf16_flop_per_s)
+        return utilization(self.flops_per_step, self.step_s, self.strategy.world, self.hardware.bf16_flop_per_s)
 
     @property
     def hfu(self) -> float:
-        return self.hardware_flops_per_step / (self.step_s * self.strategy.world * self.hardware.bf16_flop_per_s)
+        return utilization(self.hardware_flops_per_step, self.step_s, self.strategy.world,
+                           self.hardware.bf16_flop_per_s)
 
     @property
     def tokens_per_s(self) -> float:
         """Tokens per second per device."""
-        return self.strategy.gbs * self.strategy.seq / self.step_s / self.strategy.world
+        return tokens_per_s_per_device(self.strategy.gbs, self.strategy.seq, self.step_s, self.strategy.world)
 
     @property
     def peak_bytes(self) -> int:
@@ -153,7 +151,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
              engine: EngineProfile | None = None) -> Estimate:
     """Per-stage peak memory and step time of ``strat`` for ``model`` on ``hardware``.
 
-    ``engine`` replaces ``ENGINE_PROFILES[strat.engine]`` in the time model only (e.g. the
+    ``engine`` replaces the strategy's named profile in the time model only (e.g. the
     same engine with a stated ``--tp-comm-overlap``: ``dataclasses.replace(MEGATRON,
     overlap_tp_comm=True)``); memory always uses the named profile."""
     strat.check(model, gpus)
@@ -161,24 +159,24 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     stages = np.arange(strat.pp)
     if isinstance(strat.recompute_layers, tuple):
         point["nrec"] = np.asarray(strat.recompute_layers, dtype=float)  # one count per stage
-    key = structural_key(model, strat)
-    if symbolic_stage_ok(model, strat):
-        bd = lambda: stage_breakdown(model, strat)  # noqa: E731
-        out = cached_kernel(key + ("memory",), bd)(**point, stage=stages)
+    view = structure(model, strat)
+    if symbolic_stage_ok(model, view):
+        bd = lambda: stage_breakdown(model, view)  # noqa: E731
+        out = memory_kernel(model, view)(**point, stage=stages)
         bds = [bd] * strat.pp
         values = [{k: v[i] for k, v in out.items()} for i in range(strat.pp)]
     else:
-        bds = [functools.partial(stage_breakdown, model, strat, int(i)) for i in stages]
-        values = [cached_kernel(key + ("memory", int(i)), b)(**(point | {"nrec": np.asarray(point["nrec"]).reshape(-1)[
-            i if np.ndim(point["nrec"]) else 0]}), stage=float(i)) for b, i in zip(bds, stages)]
+        bds = [functools.partial(stage_breakdown, model, view, int(i)) for i in stages]
+        nrec = np.broadcast_to(np.asarray(point["nrec"], dtype=float), (strat.pp,))
+        values = [memory_kernel(model, view, int(i))(**(point | {"nrec": nrec[i]}), stage=float(i)) for i in stages]
     rows = _stage_rows(values, stages)
     M = model.symbols()
     host = host_memory(model, M, strat, sp.Integer(0))
     host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
-    tbd = functools.partial(step_time, model, M, strat, engine)
-    ref_stage = 0 if strat.schedule == "zbv" else strat.pp - 1  # the head's stage (formulas/step.py)
-    tvals = cached_kernel(key + ("time", repr(engine)), tbd, STRATEGY_SYMBOLS + HW_SYMBOLS)(
-        **(point | {"nrec": strategy_point(strat, ref_stage)[S.nrec]}), stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
+    tview = structure(model, strat, engine)
+    tbd = functools.partial(step_time, model, M, tview)
+    tvals = time_kernel(model, tview)(**(point | {"nrec": strategy_point(strat, G.head_stage(strat, strat.pp))[S.nrec]}),
+                                      stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
     time_terms = {k: float(v) for k, v in tvals.items()}
     if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
         warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",

@@ -13,6 +13,7 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.estimate import strategy_point, symbolic_stage_ok
+from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.catalog.hardware import Hardware
 from ndplan.formulas.memory import stage_memory
@@ -73,7 +74,7 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
                        source="sum of the mem.* terms above", note=f"stage {stage}")])
     point = strategy_point(strat, stage) | {S.stage: stage}
     if hardware is not None:
-        ref = 0 if strat.schedule == "zbv" else strat.pp - 1  # the head's stage (formulas/step.py)
+        ref = G.head_stage(strat, strat.pp)  # the stage the time Terms describe
         tbd = step_time(spec, M, strat)
         bd = bd.plus(tbd.terms).plus([Term(key="time.step", expr=tbd.total("time."), unit="s",
                                            source="sum of the time.* terms above", note="one training step")])

@@ -6,16 +6,20 @@ name=value``); a hook replaces a whole Term, for example a measured TP overlap::
     import ndplan
     from ndplan import hooks
 
-    def half_overlapped(term, spec, strat):
+    def half_overlapped(term, spec, structure):
         return term.expr / 2          # an expression, or a full ndplan.Term
 
     hooks.replace_term("time.tp_comm", half_overlapped)
     ndplan.estimate(model, hw, strategy).time_terms["time.tp_comm"]   # halved
     hooks.clear()
 
-Hooks apply wherever the Term is built (estimate, explain, sweep kernels). While a
-hook is registered, compiled kernels are not written to or read from the disk cache
-(a Python function has no stable identity across runs).
+Hooks apply wherever the Term is built (estimate, explain, sweep kernels). A hook
+receives the strategy's ``Structure`` (structure.py: the categorical fields one kernel
+serves), not the numbers: one compiled kernel serves every dp, tp, ... so a hook writes
+its dependence on them with the symbols (``ndplan.symbols.tp``). The registry is read
+once, when the Structure is built (``registered``); the builders apply the hooks the
+Structure carries. While a hook is registered, compiled kernels are not written to or
+read from the disk cache (a Python function has no stable identity across runs).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ _HOOKS: dict[str, HookFn] = {}
 
 
 def replace_term(key: str, fn: HookFn) -> None:
-    """Build Term ``key`` as ``fn(default_term, model_spec, strategy)`` from now on."""
+    """Build Term ``key`` as ``fn(default_term, model_spec, structure)`` from now on."""
     _HOOKS[key] = fn
 
 
@@ -44,23 +48,23 @@ def active() -> bool:
     return bool(_HOOKS)
 
 
-def signature() -> tuple:
-    """Identity of the registered hooks, for in-process kernel cache keys."""
-    return tuple(sorted((k, f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}", id(f))
-                        for k, f in _HOOKS.items()))
+def registered() -> tuple:
+    """The registered hooks as ((key, fn), ...) sorted by key: what a Structure carries."""
+    return tuple(sorted(_HOOKS.items(), key=lambda kv: kv[0]))
 
 
-def apply(bd: Breakdown, spec, strat) -> Breakdown:
-    """``bd`` with every hooked Term replaced (source notes the replacement)."""
-    if not _HOOKS:
+def apply(bd: Breakdown, spec, view) -> Breakdown:
+    """``bd`` with every Term hooked in ``view.hooks`` replaced (source notes the replacement)."""
+    table = dict(view.hooks)
+    if not table:
         return bd
     out = []
     for t in bd:
-        fn = _HOOKS.get(t.key)
+        fn = table.get(t.key)
         if fn is None:
             out.append(t)
             continue
-        new = fn(t, spec, strat)
+        new = fn(t, spec, view)
         if not isinstance(new, Term):
             name = getattr(fn, "__qualname__", repr(fn))
             new = replace(t, expr=sp.sympify(new), source=f"user hook {name} (replaces: {t.source})")

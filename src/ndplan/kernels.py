@@ -99,6 +99,7 @@ def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATE
 
 import hashlib
 import inspect
+from collections import OrderedDict
 import json
 import marshal
 import os
@@ -108,9 +109,12 @@ from pathlib import Path
 _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
 #: Modules whose code decides a kernel's expressions (the CLI and reports do not).
-_EXPR_MODULES = ("formulas", "catalog", "engines.py", "symbols.py", "strategy.py", "terms.py", "kernels.py",
-                 "estimate.py", "sweep.py")
-_MEMORY: dict[str, Kernel] = {}
+_EXPR_MODULES = ("formulas", "catalog", "engines.py", "symbols.py", "strategy.py", "structure.py", "terms.py",
+                 "kernels.py", "estimate.py", "sweep.py")
+MEMORY_KERNELS = 2048
+"""Kernels kept in memory, least recently used dropped first (a 1024-device sweep of a
+dense model builds about 270; one kernel is a few kB of code)."""
+_MEMORY: "OrderedDict[str, Kernel]" = OrderedDict()
 _COMPILE_LISTENERS: list[Callable[[], None]] = []
 """Called before each kernel is built from SymPy (a cache miss); the CLI prints progress."""
 
@@ -170,14 +174,15 @@ def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Sy
                   use_disk: bool = True) -> Kernel:
     """The kernel of ``build()``, compiled once per ``key`` (memory, then disk).
 
-    ``key`` must determine the Breakdown given the ndplan sources: e.g. (model repr,
-    categorical strategy fields, "time")."""
+    ``key`` must determine the Breakdown given the ndplan sources: build it with
+    structure.kernel_key, from the Structure the builder receives. ``use_disk=False``
+    for Breakdowns with user hooks (a function has no identity across runs)."""
     from ndplan import hooks
     names = tuple(a.name for a in args)
     use_disk = use_disk and not hooks.active()
-    digest = hashlib.sha256(json.dumps([_sources_digest(), repr(key), names, repr(hooks.signature())]).encode()
-                            ).hexdigest()[:32]
+    digest = hashlib.sha256(json.dumps([_sources_digest(), repr(key), names]).encode()).hexdigest()[:32]
     if digest in _MEMORY:
+        _MEMORY.move_to_end(digest)
         return _MEMORY[digest]
     path = cache_dir() / f"{digest}.json"
     kernel = None
@@ -212,4 +217,6 @@ def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Sy
             except OSError:
                 pass  # a read-only cache only costs speed
     _MEMORY[digest] = kernel
+    while len(_MEMORY) > MEMORY_KERNELS:
+        _MEMORY.popitem(last=False)
     return kernel

@@ -24,11 +24,11 @@ sp          True only: sequence parallelism is on whenever tp > 1 (list
 
 Candidates are built as numpy arrays, never by exceptions in a loop: the world rule
 holds by construction (only factorizations of ``gpus`` are made), then each rule of
-``RULES`` is a vectorized predicate and every rejected candidate is counted under
+the one table in ``rules.py`` (the table ``Strategy`` and PPB's ``Pipeline`` evaluate)
+is a vectorized predicate and every rejected candidate is counted under the group of
 the *first* rule it fails, in ``RULES`` order, so ``generated == valid +
-sum(rejected.values())``. The rules are those of ``Strategy.__post_init__`` and
-``Strategy.check`` (even layer split only), plus one canonical rule, ``duplicate``:
-with pp == 1 no pipeline schedule runs, so only schedule 1f1b with vpp 1 is kept; with
+sum(rejected.values())``. One canonical rule, ``duplicate``, is the space's own: with
+pp == 1 no pipeline schedule runs, so only schedule 1f1b with vpp 1 is kept; with
 tp == 1 sequence parallelism does nothing, so only sp=True is kept.
 
 ``zero`` and ``recompute`` enter no rule: they multiply the counts and split the
@@ -47,13 +47,14 @@ import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from ndplan.catalog.files import read_mapping
 from ndplan.catalog.model import ModelSpec
 from ndplan import limits
+from ndplan import rules as R
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
 from ndplan.vocab import ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_ALIASES, SCHEDULES, ZERO_LEVELS as ZERO_STAGES
@@ -76,9 +77,10 @@ _NOT_DIMS = {"gbs": "--gbs", "seq": "--seq", "gpus": "--gpus", "model": "--model
 
 @dataclass
 class _Ctx:
-    """Rule inputs: numeric degrees as int64 arrays (plain ints for one point in
-    ``why``), the categorical knobs of one combination as scalars, the sweep arguments."""
+    """Rule inputs (rules.py): numeric degrees as int64 arrays (plain ints for one point
+    in ``why``), the categorical knobs of one combination as scalars, the sweep arguments."""
     model: ModelSpec
+    gpus: int
     seq: int
     gbs: int
     dp: np.ndarray
@@ -91,101 +93,17 @@ class _Ctx:
     vpp: int
     schedule: str
     sp: bool
+    layers_per_stage: None = None
+    """The space makes even splits only."""
 
     @property
     def m(self) -> np.ndarray:
         return self.gbs // (self.dp * self.mbs)
 
-    def full(self, value: bool) -> np.ndarray:
-        return np.full(np.shape(self.dp), value)
-
-
-def _experts_fail(c: _Ctx) -> np.ndarray:
-    if not c.model.is_moe:
-        return (c.ep != 1) | (c.etp != 1)
-    return (c.model.num_experts % c.ep != 0) | ((c.dp * c.cp * c.tp) % (c.ep * c.etp) != 0)
-
-
-def _experts_why(c: _Ctx) -> str:
-    if not c.model.is_moe:
-        return f"model {c.model.name} has no experts, so ep={c.ep} and etp={c.etp} must be 1"
-    if c.model.num_experts % c.ep:
-        return f"ep={c.ep} does not divide num_experts={c.model.num_experts}"
-    return (f"ep*etp={c.ep * c.etp} does not divide dp*cp*tp={c.dp * c.cp * c.tp} "
-            "(expert parallelism is carved from those ranks)")
-
-
-def _schedule_fail(c: _Ctx) -> np.ndarray:
-    if c.schedule in ONE_CHUNK_SCHEDULES:
-        return c.full(c.vpp != 1)
-    if c.schedule == "interleaved":
-        return (c.pp == 1) | (c.vpp < 2) | (c.m % c.pp != 0)
-    return (c.pp == 1) | (c.vpp != 2)  # zbv
-
-
-def _schedule_why(c: _Ctx) -> str:
-    s = c.schedule
-    if s in ONE_CHUNK_SCHEDULES:
-        return f"schedule {s} has one chunk per stage, so vpp={c.vpp} must be 1"
-    if c.pp == 1:
-        return f"schedule {s} needs pp > 1 (pp={c.pp})"
-    if s == "zbv":
-        return f"zbv places two chunks (a V) per stage, so vpp={c.vpp} must be 2"
-    if c.vpp < 2:
-        return f"interleaved needs vpp >= 2 (vpp={c.vpp})"
-    return (f"interleaved needs micro-batches m=gbs/(dp*mbs)={c.gbs}/({c.dp}*{c.mbs})={c.m} a multiple of pp={c.pp} "
-            "(Megatron-LM groups micro-batches by pp)")
-
-
-def _duplicate_why(c: _Ctx) -> str:
-    if c.pp == 1:
-        return (f"pp=1 runs no pipeline schedule; schedule={c.schedule} vpp={c.vpp} duplicates "
-                "schedule=1f1b vpp=1")
-    return "tp=1 makes sequence parallelism a no-op; sp=False duplicates sp=True"
-
-
-@dataclass(frozen=True)
-class _Rule:
-    name: str
-    text: str
-    fails: Callable[[_Ctx], np.ndarray]
-    why: Callable[[_Ctx], str]
-    static: bool
-    """True when the rule reads no categorical knob (its mask is computed once)."""
-
-
-_RULES = (
-    _Rule("world", "dp*tp*pp*cp == gpus (holds by construction: only factorizations of gpus are made)",
-          lambda c: c.full(False),  # never fails on generated rows; why() checks it itself
-          lambda c: "", True),
-    _Rule("heads", "num_attention_heads % tp == 0",
-          lambda c: c.model.num_attention_heads % c.tp != 0,
-          lambda c: f"tp={c.tp} does not divide num_attention_heads={c.model.num_attention_heads}", True),
-    _Rule("kv_heads", "num_key_value_heads % tp == 0 (Megatron rule; not for MLA)",
-          lambda c: c.full(False) if c.model.is_mla else c.model.num_key_value_heads % c.tp != 0,
-          lambda c: f"tp={c.tp} does not divide num_key_value_heads={c.model.num_key_value_heads}", True),
-    _Rule("experts", "dense: ep == etp == 1; MoE: num_experts % ep == 0 and (dp*cp*tp) % (ep*etp) == 0",
-          _experts_fail, _experts_why, True),
-    _Rule("seq", "seq % cp == 0",
-          lambda c: c.seq % c.cp != 0,
-          lambda c: f"cp={c.cp} does not divide seq={c.seq}", True),
-    _Rule("batch", "gbs % (dp*mbs) == 0",
-          lambda c: c.gbs % (c.dp * c.mbs) != 0,
-          lambda c: f"dp*mbs={c.dp}*{c.mbs}={c.dp * c.mbs} does not divide gbs={c.gbs}", True),
-    _Rule("layers", "num_hidden_layers % (pp*vpp) == 0 (even split; implies pp*vpp <= layers)",
-          lambda c: c.model.num_hidden_layers % (c.pp * c.vpp) != 0,
-          lambda c: (f"pp*vpp={c.pp}*{c.vpp}={c.pp * c.vpp} does not divide "
-                     f"num_hidden_layers={c.model.num_hidden_layers}"), False),
-    _Rule("schedule", "gpipe/1f1b/zb-h1: vpp == 1; interleaved: pp > 1, vpp >= 2, m a multiple of pp; zbv: pp > 1, vpp == 2",
-          _schedule_fail, _schedule_why, False),
-    _Rule("duplicate", "canonical form: pp == 1 keeps only schedule 1f1b with vpp 1; tp == 1 keeps only sp=True",
-          lambda c: ((c.pp == 1) & ((c.schedule != "1f1b") | (c.vpp != 1))) | ((c.tp == 1) & (not c.sp)),
-          _duplicate_why, False),
-)
 
 #: (name, one-line description) in evaluation order; a rejected candidate is counted
-#: under the first rule it fails.
-RULES: list[tuple[str, str]] = [(r.name, r.text) for r in _RULES]
+#: under the first rule it fails (the one table of rules.py).
+RULES: list[tuple[str, str]] = R.describe()
 
 
 # --------------------------------------------------------------------------- space
@@ -391,21 +309,21 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
     base = _base_grid(gpus, dom)
     n = len(base["dp"])
     per_combo = len(dom["zero"]) * len(dom["recompute"])  # knobs in no rule: multiply counts
-    rejected = dict.fromkeys((r.name for r in _RULES), 0)
-    static: dict[str, np.ndarray] = {}
+    rejected = dict.fromkeys(R.GROUPS, 0)
+    static: dict[int, np.ndarray] = {}
     groups: list[Group] = []
     for schedule, vpp, sp in itertools.product(dom["schedule"], dom["vpp"], dom["sp"]):
-        c = _Ctx(model=model, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, **base)
+        c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, **base)
         alive = np.ones(n, dtype=bool)
-        for rule in _RULES:
+        for i, rule in enumerate(R.RULES):
             if not rule.static:
                 fails = rule.fails(c)
-            elif rule.name in static:
-                fails = static[rule.name]
+            elif i in static:
+                fails = static[i]
             else:
-                fails = static[rule.name] = rule.fails(c)
-            bad = alive & fails
-            rejected[rule.name] += int(bad.sum()) * per_combo
+                fails = static[i] = rule.fails(c)
+            bad = alive & np.broadcast_to(fails, (n,))
+            rejected[rule.group] += int(bad.sum()) * per_combo
             alive &= ~bad
         if not alive.any():
             continue
@@ -461,11 +379,11 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
     p["dp"] = given["dp"][0] if given["dp"] is not None else gpus // rest
     if p["dp"] * rest != gpus:
         return f"world: dp*tp*pp*cp={p['dp']}*{p['tp']}*{p['pp']}*{p['cp']}={p['dp'] * rest} != gpus={gpus}"
-    c = _Ctx(model=model, seq=seq, gbs=gbs, **{d: p[d] for d in DEGREE_DIMS if d != "vpp"},
+    c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, **{d: p[d] for d in DEGREE_DIMS if d != "vpp"},
              vpp=p["vpp"], schedule=p["schedule"], sp=p["sp"])
-    for rule in _RULES:
-        if bool(rule.fails(c)):
-            return f"{rule.name}: {rule.why(c)}"
+    rule = R.first_failure(c, ("strategy", "schedule", "model", "canonical"))
+    if rule is not None:
+        return f"{rule.group}: {R.field_of(rule, c)}={rule.value(c)}: {rule.problem(c)}"
     for dim in DIMS:
         if p[dim] not in dom[dim]:
             how = "given" if cons[dim] is not None else "auto"

@@ -1,17 +1,20 @@
-"""Strategy: one point of the parallel-training design space, and its validity rules.
+"""Strategy: one point of the parallel-training design space.
 
-Every rule raises NdplanError naming the field, the value and the fix.
+Field checks (types, vocabularies, ranges) are here; the validity rules that relate
+fields (and the model) are the one table of rules.py, which the space generator and
+PPB's Pipeline evaluate too. Every failure raises NdplanError naming the field, the
+value and the fix.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ndplan import limits
+from ndplan import limits, rules
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 
-from ndplan.vocab import ENGINES, GRAD_DTYPES, ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULES, WEIGHT_DTYPES, ZERO_LEVELS
+from ndplan.vocab import ENGINES, GRAD_DTYPES, RECOMPUTE_MODES, SCHEDULES, WEIGHT_DTYPES, ZERO_LEVELS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,18 +100,19 @@ class Strategy:
         if self.world > limits.MAX_DEVICES:
             raise NdplanError("dp", self.dp, f"dp*tp*pp*cp = {self.world:,} devices exceeds {limits.MAX_DEVICES:,}",
                               "lower a degree")
-        if self.zero not in (0, 1, 2, 3):
+        if self.zero not in ZERO_LEVELS:
             raise NdplanError("zero", self.zero, "unknown ZeRO level", "give 0, 1, 2 or 3")
         if self.recompute not in RECOMPUTE_MODES:
             raise NdplanError("recompute", self.recompute, "unknown mode", f"choose one of {', '.join(RECOMPUTE_MODES)}")
         if self.schedule not in SCHEDULES:
             raise NdplanError("schedule", self.schedule, "unknown schedule", f"choose one of {', '.join(SCHEDULES)}")
-        from ndplan.engines import ENGINE_PROFILES  # includes profiles derived with --set
-        if self.engine not in ENGINE_PROFILES:
-            raise NdplanError("engine", self.engine, "unknown engine", f"choose one of {', '.join(ENGINES)}")
-        if self.grad_dtype not in ("fp32", "bf16"):
+        from ndplan.engines import profile
+        if not isinstance(self.engine, str):
+            raise NdplanError("engine", self.engine, "not an engine name", f"choose one of {', '.join(ENGINES)}")
+        profile(self.engine)  # a base name or one derived with --set
+        if self.grad_dtype not in GRAD_DTYPES:
             raise NdplanError("grad_dtype", self.grad_dtype, "unknown dtype", "give fp32 or bf16")
-        if self.weight_dtype not in ("auto", "fp32", "bf16", "fp8"):
+        if self.weight_dtype not in WEIGHT_DTYPES:
             raise NdplanError("weight_dtype", self.weight_dtype, "unknown dtype", "give auto, fp32, bf16 or fp8")
         if sorted(self.order.split("-")) != sorted(("tp", "cp", "ep", "dp", "pp")):
             raise NdplanError("order", self.order, "not a placement order",
@@ -126,44 +130,13 @@ class Strategy:
             if self.recompute == "none":
                 raise NdplanError("recompute_layers", self.recompute_layers, "given with recompute none",
                                   "set --recompute selective or full too")
-        if self.gbs % (self.dp * self.mbs):
-            raise NdplanError("gbs", self.gbs, f"not a multiple of dp*mbs = {self.dp * self.mbs}",
-                              f"give a multiple of {self.dp * self.mbs}, or change dp or mbs")
-        if self.seq % self.cp:
-            raise NdplanError("seq", self.seq, f"not divisible by cp={self.cp}", "change seq or cp")
-        if self.vpp > 1 and self.pp == 1:
-            # Megatron-core parallel_state.initialize_model_parallel: "pipeline-model-parallel
-            # size should be greater than 1 with interleaved schedule" (RuntimeError)
-            raise NdplanError("vpp", self.vpp, "virtual chunks need a pipeline (pp=1)", "set --pp 2 or more, or --vpp 1")
-        if self.schedule in ("gpipe", "1f1b", "zb-h1") and self.vpp != 1:
-            raise NdplanError("vpp", self.vpp, f"schedule {self.schedule} has one chunk per stage",
-                              "use --schedule interleaved, or vpp=1")
-        if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
-            raise NdplanError("vpp", self.vpp, "the interleaved schedule needs vpp >= 2", "set --vpp 2 or more")
-        if self.schedule == "zbv" and self.vpp != 2:
-            raise NdplanError("vpp", self.vpp, "zbv places two chunks (a V) per stage", "set --vpp 2")
-        if self.schedule == "interleaved" and self.pp > 1 and self.m % self.pp:
-            # Megatron-core forward_backward_pipelining_with_interleaving: micro-batches run in
-            # groups of microbatch_group_size_per_vp_stage (default pp), and a last group
-            # smaller than pp is refused ("introduces dependency bubbles"), so m % pp == 0
-            raise NdplanError("gbs", self.gbs, f"interleaved needs micro-batches m={self.m} a multiple of pp={self.pp} "
-                              "(Megatron-LM groups micro-batches by pp)", "change gbs, mbs or dp")
+        rules.check(self, ("strategy", "schedule"))
 
     def check(self, model: ModelSpec, gpus: int | None = None) -> None:
         """Divisibility rules against a model and device count."""
-        if gpus is not None and self.world != gpus:
-            raise NdplanError("gpus", gpus, f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.world}",
-                              "change a degree or --gpus so they match")
-        if model.num_attention_heads % self.tp:
-            raise NdplanError("tp", self.tp, f"does not divide num_attention_heads={model.num_attention_heads}",
-                              "choose a tp that divides it")
-        if not model.is_mla and model.num_key_value_heads % self.tp:
-            raise NdplanError("tp", self.tp, f"does not divide num_key_value_heads={model.num_key_value_heads} "
-                              "(Megatron rule)", "choose a tp that divides it")
+        rules.check(rules.WithModel(self, model, gpus), ("model",))
         chunks = self.pp * self.vpp
         L = model.num_hidden_layers
-        if L < chunks:
-            raise NdplanError("pp", self.pp, f"pp*vpp={chunks} exceeds num_hidden_layers={L}", "lower pp or vpp")
         if self.layers_per_stage is not None:
             lps = tuple(self.layers_per_stage)
             if len(lps) != chunks:
@@ -172,19 +145,6 @@ class Strategy:
             if any(x < 0 for x in lps) or sum(lps) != L:
                 raise NdplanError("layers_per_stage", list(lps), f"entries sum to {sum(lps)}",
                                   f"give counts >= 0 that sum to num_hidden_layers={L}")
-        elif L % chunks:
-            raise NdplanError("pp", self.pp, f"num_hidden_layers={L} is not divisible by pp*vpp={chunks}",
-                              "give --layers-per-stage for an uneven split, or change pp/vpp")
-        if self.ep > 1 or self.etp > 1:
-            if not model.is_moe:
-                raise NdplanError("ep", self.ep, f"model {model.name} has no experts", "use ep=1, etp=1")
-            ranks = self.dp * self.cp * self.tp
-            if ranks % (self.ep * self.etp):
-                raise NdplanError("ep", self.ep, f"ep*etp={self.ep * self.etp} does not divide dp*cp*tp={ranks} "
-                                  "(expert parallelism is carved from those ranks)", "change ep, etp or dp")
-        if model.is_moe and model.num_experts % self.ep:
-            raise NdplanError("ep", self.ep, f"does not divide the expert count {model.num_experts}",
-                              "choose an ep that divides it")
         if self.recompute_layers is not None:
             counts = self.recompute_layers if isinstance(self.recompute_layers, tuple) else (self.recompute_layers,)
             if max(counts) > L:

@@ -21,16 +21,14 @@ import numpy as np
 from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import ENGINE_PROFILES
 from ndplan.errors import NdplanError, warn
-from ndplan.estimate import Estimate, estimate, stage_breakdown, structural_key
+from ndplan.estimate import Estimate, estimate, memory_kernel, time_kernel
 from ndplan.formulas import flops as FL
 from ndplan.formulas.placement import leading_dense, symbolic_layout
-from ndplan.formulas.step import step_time
-from ndplan.kernels import cached_kernel
+from ndplan.throughput import utilization
 from ndplan.space import GRID_KEYS, Candidates, Group, generate
 from ndplan.strategy import Strategy
-from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
+from ndplan.structure import NUMERIC_FIELDS, kernel_key, structure
 from ndplan.units import GIB
 
 SORT_KEYS = ("time", "memory", "mfu")
@@ -89,7 +87,7 @@ class SweepResult:
         return len(self.table) - self.feasible
 
     def mfu(self, step_s) -> np.ndarray:
-        return self.flops_per_step / (np.asarray(step_s) * self.gpus * self.hardware.bf16_flop_per_s)
+        return utilization(self.flops_per_step, np.asarray(step_s), self.gpus, self.hardware.bf16_flop_per_s)
 
     def strategy(self, i: int) -> Strategy:
         return row_strategy(self.table.point(i), self.seq, self.gbs, self.base)
@@ -117,24 +115,31 @@ def row_strategy(p: Mapping, seq: int, gbs: int, base: Mapping) -> Strategy:
 
 
 def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping):
-    """Split a group's rows by structural key: [(key, representative Strategy, row index array)]."""
+    """Split a group's rows by Structure: [(view, row index array or slice(None))].
+
+    Within a group only the numeric fields of structure.NUMERIC_FIELDS can change the
+    view, and only those the representative's view holds: rows are split by the unique
+    values of those columns, one Strategy each goes through ``structure``, and rows
+    whose views are equal share one entry (one kernel)."""
     g = group.grid
-    n = len(group)
-    split = np.zeros(n, dtype=np.int64)
-    if leading_dense(model) is None:
-        split = split * 100000 + g["pp"]
-    if ENGINE_PROFILES[base.get("engine", "megatron")].cp_implies_sp and not group.sp:
-        split = split * 2 + (g["cp"] > 1)
-    out = []
-    values = np.unique(split)
-    for v in values:
-        rows = np.nonzero(split == v)[0] if len(values) > 1 else slice(None)  # one subgroup: no copies
-        i = int(np.nonzero(split == v)[0][0]) if len(values) > 1 else 0
-        strat = row_strategy({**{k: g[k][i] for k in GRID_KEYS}, "vpp": group.vpp, "zero": group.zero,
-                              "sp": group.sp, "recompute": group.recompute, "schedule": group.schedule},
-                             seq, gbs, base)
-        out.append((structural_key(model, strat), strat, rows))
-    return out
+    cat = {"vpp": group.vpp, "zero": group.zero, "sp": group.sp, "recompute": group.recompute,
+           "schedule": group.schedule}
+
+    def view_at(i: int):
+        return structure(model, row_strategy({**{k: g[k][i] for k in GRID_KEYS}, **cat}, seq, gbs, base))
+    first = view_at(0)
+    cols = [NUMERIC_FIELDS[f] for f in NUMERIC_FIELDS if getattr(first, f) is not None]
+    if not cols:
+        return [(first, slice(None))]
+    _, firsts, inverse = np.unique(np.stack([g[c] for c in cols], axis=1), axis=0, return_index=True,
+                                   return_inverse=True)
+    by_key: dict = {}
+    for u, i in enumerate(firsts):
+        view = view_at(int(i))
+        by_key.setdefault(kernel_key(model, view, ""), (view, []))[1].append(u)
+    if len(by_key) == 1:
+        return [(first, slice(None))]
+    return [(view, np.nonzero(np.isin(inverse.ravel(), us))[0]) for view, us in by_key.values()]
 
 
 def peak_stages(model: ModelSpec, pp: np.ndarray, vpp: int) -> list[np.ndarray]:
@@ -154,8 +159,8 @@ def evaluate_group(model: ModelSpec, hw: Hardware, group: Group, seq: int, gbs: 
     n = len(group)
     peak = np.empty(n)
     terms: dict[str, np.ndarray] = {}
-    for key, strat, rows in _subgroups(model, group, seq, gbs, base):
-        p_, t_ = _evaluate_rows(model, group, key, strat, rows, seq, hw_values)
+    for view, rows in _subgroups(model, group, seq, gbs, base):
+        p_, t_ = _evaluate_rows(model, group, view, rows, seq, hw_values)
         if isinstance(rows, slice):  # the whole group: keep the kernels' own output arrays
             return np.ceil(p_), _total(t_), t_
         peak[rows] = p_
@@ -164,21 +169,18 @@ def evaluate_group(model: ModelSpec, hw: Hardware, group: Group, seq: int, gbs: 
     return np.ceil(peak), _total(terms), terms
 
 
-def _evaluate_rows(model, group, key, strat, rows, seq, hw_values):
-    """(peak bytes, time terms) of the rows ``rows`` of a group, one structural key."""
+def _evaluate_rows(model, group, view, rows, seq, hw_values):
+    """(peak bytes, time terms) of the rows ``rows`` of a group, one Structure."""
     g = {k: group.grid[k][rows].astype(float) for k in GRID_KEYS}
     args = {**g, "vpp": float(group.vpp), "seq": float(seq), "nrec": 0.0}
-    if symbolic_layout(model, strat):
-        mk = cached_kernel(key + ("memory",), lambda s=strat: stage_breakdown(model, s))
+    if symbolic_layout(model, view):
         stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp)
+        mk = memory_kernel(model, view)
         peak = functools.reduce(np.maximum, [_total(mk(**args, stage=st.astype(float))) for st in stage_sets])
     else:
-        peak = functools.reduce(np.maximum, [_total(cached_kernel(
-            key + ("memory", i), lambda s=strat, i=i: stage_breakdown(model, s, i))(**args, stage=float(i)))
-            for i in range(strat.pp)])
-    tk = cached_kernel(key + ("time",), lambda s=strat: step_time(model, model.symbols(), s),
-                       STRATEGY_SYMBOLS + HW_SYMBOLS)
-    return peak, tk(**args, stage=0.0, **hw_values)
+        peak = functools.reduce(np.maximum, [_total(memory_kernel(model, view, i)(**args, stage=float(i)))
+                                             for i in range(view.pp)])
+    return peak, time_kernel(model, view)(**args, stage=0.0, **hw_values)
 
 
 def _total(out: dict[str, np.ndarray]) -> np.ndarray:

@@ -18,12 +18,13 @@ import sympy as sp
 from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import ENGINE_PROFILES, EngineProfile
+from ndplan.engines import EngineProfile
 from ndplan.formulas import activations as A
+from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_profiles, inflight
-from ndplan.strategy import Strategy
+from ndplan.structure import Structure, peaks_over_held_vectors, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 from ndplan.vocab import RECOMPUTE_MODES
@@ -41,24 +42,22 @@ def _per_device(pieces: list[P.Piece], tp, ep_etp) -> tuple[sp.Expr, sp.Expr]:
     return dense, expert
 
 
-def stage_params(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
+def stage_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
     """(non-expert, expert, input-embedding) parameters on one device of ``stage``; the
     non-expert total includes the embedding."""
-    tp, pp, ep_etp = S.tp, pp_expr(spec, strat), S.ep * S.etp
+    tp, pp, ep_etp = S.tp, pp_expr(spec, view), S.ep * S.etp
     dense, expert = sp.Integer(0), sp.Integer(0)
     layer = {k: _per_device(P.layer_pieces(spec, M, k), tp, ep_etp) for k in ("dense", "moe")}
-    for c in range(strat.vpp):
-        nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
+    for c in range(view.vpp):
+        nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
         dense += nd * layer["dense"][0] + nm * layer["moe"][0]
         expert += nd * layer["dense"][1] + nm * layer["moe"][1]
     first = is_first(stage)
-    last = head_device_flag(strat.schedule, stage, pp)
+    last = head_device_flag(view.schedule, stage, pp)
     emb_d, _ = _per_device(P.embedding_pieces(spec, M), tp, ep_etp)
     head_d, _ = _per_device(P.head_pieces(spec, M, tied_copy=False), tp, ep_etp)
     dense += first * emb_d + last * head_d
-    if spec.tie_word_embeddings:
-        # the last stage's copy of the tied embedding, unless it is the first stage too
-        dense += last * (1 - first) * M.V * M.h / tp
+    dense += G.tied_head_copy(spec, first, last) * M.V * M.h / tp
     if spec.mtp_layers:
         mtp_d, mtp_e = _per_device(P.mtp_pieces(spec, M), tp, ep_etp)
         dense += last * spec.mtp_layers * mtp_d
@@ -71,10 +70,10 @@ def device_params(pieces: list[P.Piece]) -> tuple[sp.Expr, sp.Expr]:
     return _per_device(pieces, S.tp, S.ep * S.etp)
 
 
-def weight_cast(strat: Strategy, eng: EngineProfile) -> int:
+def weight_cast(view: Structure, eng: EngineProfile) -> int:
     """1 when the engine casts wide unsharded weights to 16 bits every micro-batch, else 0."""
-    return int(eng.weight_cast_per_microbatch and strat.zero < eng.weights_sharded_from
-               and weight_bytes(strat, eng) > A.ACT_BYTES)
+    return int(eng.weight_cast_per_microbatch and view.zero < eng.weights_sharded_from
+               and G.weight_bytes(view, eng) > A.ACT_BYTES)
 
 
 def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
@@ -83,69 +82,54 @@ def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
     return d + e
 
 
-def act_context(spec: ModelSpec, strat: Strategy, capacity=1) -> A.ActContext:
-    eng = ENGINE_PROFILES[strat.engine]
-    seq_par = strat.sp or (eng.cp_implies_sp and strat.cp > 1)
+def act_context(spec: ModelSpec, view: Structure, capacity=1) -> A.ActContext:
+    view = structure(spec, view)
+    eng = view.engine
+    seq_par = view.seq_parallel
     t_sp = S.tp if seq_par else sp.Integer(1)
     return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
-                        capacity=sp.sympify(capacity), flash=strat.flash_attention, sp=seq_par, eng=eng, sp_flag=strat.sp,
-                        selective_configured=strat.recompute == "selective", ep=S.ep)
+                        capacity=sp.sympify(capacity), flash=view.flash_attention, sp=seq_par, eng=eng, sp_flag=view.sp,
+                        selective_configured=view.recompute == "selective", ep=S.ep)
 
 
-def weight_bytes(strat: Strategy, eng: EngineProfile) -> int:
-    return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[strat.weight_dtype]
-
-
-def chunk_recompute_count(eng: EngineProfile, strat: Strategy, chunk: int) -> sp.Expr:
+def chunk_recompute_count(eng: EngineProfile, view: Structure, chunk: int) -> sp.Expr:
     """Layers of chunk ``chunk`` that a recompute count ``nrec`` covers (before clipping
     to the chunk's layers). Per chunk by default; with ``eng.recompute_count_per_stage``
     the stage's count is dealt one layer at a time to chunks 0..vpp-1, 0, ..., so chunk c
     gets floor((nrec + vpp - 1 - c) / vpp) (exact for equal chunks; with uneven chunks a
     full chunk's leftover is not passed on)."""
-    if eng.recompute_count_per_stage and strat.vpp > 1:
-        return sp.floor((S.nrec + strat.vpp - 1 - chunk) / strat.vpp)
+    if eng.recompute_count_per_stage and view.vpp > 1:
+        return sp.floor((S.nrec + view.vpp - 1 - chunk) / view.vpp)
     return S.nrec
 
 
-def chunk_activation(spec, M, ctx, strat, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
+def chunk_activation(spec, M, ctx, view, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     """Bytes one micro-batch leaves on a chunk of nd dense and nm MoE layers; ``cast``
     adds the engine's per-micro-batch 16-bit weight cast (0 or 1); ``nrec`` is the
     chunk's recompute count (chunk_recompute_count)."""
+    view = structure(spec, view)
     act = {(k, mode): A.layer_activation(spec, M, ctx, k, mode) + cast * A.ACT_BYTES * layer_params(spec, M, k)
            for k in ("dense", "moe") for mode in RECOMPUTE_MODES}
-    if strat.recompute_layers is None:
-        return nd * act[("dense", strat.recompute)] + nm * act[("moe", strat.recompute)]
-    mode = strat.recompute
+    if not view.partial_recompute:
+        return nd * act[("dense", view.recompute)] + nm * act[("moe", view.recompute)]
+    mode = view.recompute
     rec_d = sp.Min(nrec, nd)  # the first N layers of the chunk (dense layers come first)
     rec_m = sp.Min(nrec - rec_d, nm)
     return (rec_d * act[("dense", mode)] + (nd - rec_d) * act[("dense", "none")]
             + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
 
 
-def _sharding(strat: Strategy, eng: EngineProfile, dense, expert, emb):
-    """shard(level): parameters one device keeps state for when ZeRO level >= ``level``
-    shards it: non-expert over dp*cp, experts over edp (the input embedding over cp only
-    when the engine does not ZeRO-shard it)."""
-    dp_cp = S.dp * S.cp
-    edp = S.dp * S.cp * S.tp / (S.ep * S.etp)
-
-    def shard(level: int):
-        if strat.zero < level:
-            return dense + expert
-        if eng.embedding_zero_sharded:
-            return dense / dp_cp + expert / edp
-        return (dense - emb) / dp_cp + emb / S.cp + expert / edp
-    return shard
+def _sharding(view: Structure, eng: EngineProfile, dense, expert, emb):
+    """shard(level): groups.optimizer_shard of these parameters at ZeRO level ``level``."""
+    return lambda level: G.optimizer_shard(view, eng, dense, expert, emb, level)
 
 
-def static_terms(spec: ModelSpec, strat: Strategy, eng: EngineProfile, dense, expert, emb=0) -> list[Term]:
+def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, expert, emb=0) -> list[Term]:
     """Weights, gradients, fp32 master and optimizer-state Terms (bytes) of ``dense``
     non-expert and ``expert`` parameters on one device (``emb`` of them the input
     embedding). stage_memory uses it for a stage; PPB's layer export for one layer."""
-    shard = _sharding(strat, eng, dense, expert, emb)
-    weight_b = weight_bytes(strat, eng)
-    master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
-    grad_b = (weight_b if eng.grads_in_weight_dtype else eng.grad_bytes_fp32) if strat.grad_dtype == "fp32" else 2
+    shard = _sharding(view, eng, dense, expert, emb)
+    weight_b, master_b, grad_b = G.weight_bytes(view, eng), G.master_bytes(view, eng), G.grad_bytes(view, eng)
     if eng.grads_shard_tp_only:
         # accumulated gradients take the shape of each parameter's model-parallel slice: the
         # layers' TP slice, and the input embedding's (tp*cp) slice when it is not ZeRO-sharded
@@ -154,8 +138,8 @@ def static_terms(spec: ModelSpec, strat: Strategy, eng: EngineProfile, dense, ex
         grads = shard(eng.grads_sharded_from)
     if not eng.grads_without_accumulation:
         # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
-        grads = grads * sp.Min(pp_expr(spec, strat) + S.m - 2, 1)
-    off = 0 if strat.offload_optimizer else 1
+        grads = grads * sp.Min(pp_expr(spec, view) + S.m - 2, 1)
+    off = 0 if view.offload_optimizer else 1
     scope = "one device of this stage"
     return [
         Term(key="mem.weights", expr=weight_b * shard(eng.weights_sharded_from), unit="bytes",
@@ -164,71 +148,64 @@ def static_terms(spec: ModelSpec, strat: Strategy, eng: EngineProfile, dense, ex
              source=f"{grad_b} bytes/param gradients; {_SRC_STATES}", note=scope),
         Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
              source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
-             note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
+             note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
         Term(key="mem.optimizer", expr=off * eng.optimizer_bytes * shard(1), unit="bytes",
              source=f"Adam m and v in fp32, {eng.optimizer_bytes} bytes/param; {_SRC_STATES}",
-             note=scope + (" (offloaded to host)" if strat.offload_optimizer else "")),
+             note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
     ]
 
 
-def peaks_over_held_vectors(strat: Strategy) -> bool:
-    """A given (uneven) layout under vpp > 1: chunks differ, and the stage may peak
-    holding more of its heavier chunk than the in-flight table's split, so activations
-    are the max over every per-chunk held vector the op order passes through
-    (schedules.held_profiles, exact for any chunk sizes), which fixes m in the formula."""
-    return strat.vpp > 1 and strat.layers_per_stage is not None
-
-
-def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage,
+def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage,
                  engine: EngineProfile | None = None) -> Breakdown:
-    """Peak memory Terms of one device of pipeline stage ``stage``."""
-    eng = engine or ENGINE_PROFILES[strat.engine]
-    dp_cp = S.dp * S.cp
-    dense, expert, emb = stage_params(spec, M, strat, stage)
-    z = strat.zero
-    terms = static_terms(spec, strat, eng, dense, expert, emb)
-    shard = _sharding(strat, eng, dense, expert, emb)
-    weight_b = weight_bytes(strat, eng)
-    off = 0 if strat.offload_optimizer else 1
+    """Peak memory Terms of one device of pipeline stage ``stage`` (``view``: a Structure,
+    or a Strategy turned into one; ``engine`` replaces its profile)."""
+    view = structure(spec, view, engine)
+    eng = view.engine
+    dense, expert, emb = stage_params(spec, M, view, stage)
+    z = view.zero
+    terms = static_terms(spec, view, eng, dense, expert, emb)
+    shard = _sharding(view, eng, dense, expert, emb)
+    weight_b = G.weight_bytes(view, eng)
+    off = 0 if view.offload_optimizer else 1
 
     consts = eng.attention_mask_bytes * S.seq ** 2
     if not spec.learned_positions:
         consts += eng.rope_table_bytes * 2 * S.seq * M.d
-    terms.append(Term(key="mem.graph_constants", expr=strat.vpp * consts, unit="bytes",
+    terms.append(Term(key="mem.graph_constants", expr=view.vpp * consts, unit="bytes",
                       source=f"{eng.name}: persistent causal mask ({eng.attention_mask_bytes} bytes per s x s "
                              f"element) and rotary cos/sin tables ({eng.rope_table_bytes} bytes per s x head_dim "
                              f"element), one set per pipeline chunk ({eng.sources.get('graph_constants', 'none')})",
                       note="full sequence, not split by cp"))
 
-    ctx = act_context(spec, strat)
-    pp = pp_expr(spec, strat)
-    cast = weight_cast(strat, eng)
+    ctx = act_context(spec, view)
+    pp = pp_expr(spec, view)
+    cast = weight_cast(view, eng)
     # per_mb[c]: activations chunk c of this stage keeps per micro-batch in flight
     per_mb = []
-    for c in range(strat.vpp):
-        nd, nm = chunk_layers(spec, strat, stage, c, pp, M.L)
-        per_mb.append(chunk_activation(spec, M, ctx, strat, nd, nm, cast, chunk_recompute_count(eng, strat, c)))
-    first, last = is_first(stage), head_device_flag(strat.schedule, stage, pp)
-    hc = head_chunk(strat.schedule, strat.vpp)
+    for c in range(view.vpp):
+        nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
+        per_mb.append(chunk_activation(spec, M, ctx, view, nd, nm, cast, chunk_recompute_count(eng, view, c)))
+    first, last = is_first(stage), head_device_flag(view.schedule, stage, pp)
+    hc = head_chunk(view.schedule, view.vpp)
     per_mb[0] += first * A.embedding_activation(spec, M, ctx)
     per_mb[hc] += last * A.head_activation(spec, M, ctx)
     if spec.mtp_layers:
         mtp_kind = "moe" if spec.is_moe else "dense"
-        mode = strat.recompute if strat.recompute_layers is None else "none"
+        mode = "none" if view.partial_recompute else view.recompute
         per_mb[hc] += last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
                                                 + A.head_activation(spec, M, ctx))
-    if peaks_over_held_vectors(strat):
-        vectors = held_profiles(strat.schedule, int(stage), int(pp), strat.vpp, strat.m)
+    if peaks_over_held_vectors(view):
+        vectors = held_profiles(view.schedule, int(stage), int(pp), view.vpp, view.m)
         acts = sp.Max(*[sum(h * a for h, a in zip(vec, per_mb)) for vec in vectors])
         how = "max over the held vectors of the schedule's op order (schedules.held_profiles)"
     else:
-        acts = sum(inflight(strat.schedule, stage, c, pp, strat.vpp, S.m) * a for c, a in enumerate(per_mb))
+        acts = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) * a for c, a in enumerate(per_mb))
         how = "in-flight micro-batches of the schedule (schedules.inflight)"
     terms.append(Term(
         key="mem.activations", expr=acts, unit="bytes",
         source="Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py) x layers per "
                f"chunk x {how}",
-        note=f"{strat.recompute} recompute, schedule {strat.schedule}, vpp={strat.vpp}"))
+        note=f"{view.recompute} recompute, schedule {view.schedule}, vpp={view.vpp}"))
 
     gather = sp.Integer(0)
     if z >= eng.weights_sharded_from:
@@ -244,7 +221,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
         if eng.sharded_weights_cast_once and weight_b > A.ACT_BYTES:
             note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
         else:
-            gather = gather * sp.Min(dp_cp - 1, 1)
+            gather = gather * sp.Min(G.dense_shard_ranks() - 1, 1)
             note = "zero when dp*cp = 1"
         gather_term = Term(key="mem.zero3_gather", expr=gather, unit="bytes",
                            source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
@@ -252,7 +229,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
     logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
     # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
     # (engine option backward_layer_workspace) the gradients of any layer's activations
-    one_layer = strat.recompute == "full" or eng.backward_layer_workspace
+    one_layer = view.recompute == "full" or eng.backward_layer_workspace
     kind = "moe" if spec.is_moe else "dense"
     rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if one_layer else sp.Integer(0)
     transient = sp.Max(logits, rebuilt) if one_layer else logits
@@ -273,7 +250,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
                       note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
     if z >= eng.weights_sharded_from:
         terms.append(gather_term)
-    comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (strat.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
+    comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (view.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
     terms.append(Term(
         key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
         source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
@@ -281,15 +258,16 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stag
         note="transient"))
     terms.append(Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
                       source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device"))
-    return hooks.apply(Breakdown(tuple(terms)), spec, strat)
+    return hooks.apply(Breakdown(tuple(terms)), spec, view)
 
 
-def host_memory(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage=S.stage) -> sp.Expr:
+def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:
     """Host bytes per device with optimizer offload: master + optimizer states."""
-    if not strat.offload_optimizer:
+    view = structure(spec, view)
+    if not view.offload_optimizer:
         return sp.Integer(0)
-    eng = ENGINE_PROFILES[strat.engine]
-    dense, expert, _ = stage_params(spec, M, strat, stage)
-    shard = dense / (S.dp * S.cp) + expert / (S.dp * S.cp * S.tp / (S.ep * S.etp))
-    master_b = max(eng.master_bytes, 4) if strat.weight_dtype == "fp8" else eng.master_bytes
-    return (master_b + eng.optimizer_bytes) * (shard if strat.zero >= 1 else dense + expert)
+    eng = view.engine
+    dense, expert, emb = stage_params(spec, M, view, stage)
+    # the states that left HBM: mem.master and mem.optimizer of static_terms, same sharding
+    shard = _sharding(view, eng, dense, expert, emb)
+    return G.master_bytes(view, eng) * shard(eng.master_sharded_from) + eng.optimizer_bytes * shard(1)

@@ -54,13 +54,14 @@ import sympy as sp
 from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import ENGINE_PROFILES, EngineProfile
+from ndplan.engines import EngineProfile
 from ndplan.formulas import comm as C
 from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ACT_BYTES, ActContext
-from ndplan.formulas.memory import act_context, stage_params, weight_bytes
+from ndplan.formulas import groups as G
+from ndplan.formulas.memory import act_context, stage_params
 from ndplan.formulas.placement import chunk_layers, head_device_flag, pp_expr, symbolic_layout
-from ndplan.strategy import Strategy
+from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 
@@ -99,7 +100,7 @@ def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str
     return total
 
 
-def layer_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext, kind: str, eng: EngineProfile) -> dict:
+def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext, kind: str, eng: EngineProfile) -> dict:
     """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
     gemm = sum((gemm_time(g) for g in FL.layer_gemms(spec, M, c, kind)), sp.Integer(0))
     core = FL.core_flops(spec, M, c, S.seq) / (S.peak * (S.eff_attn if c.flash else S.eff_gemm))
@@ -107,7 +108,7 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext
     F = gemm + core + elem
     B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem
     W = gemm
-    order = strat.order
+    order = view.order
     # TP/SP: two all-reduce equivalents forward, two backward (Korthikanti 2022 Sec. 4.2.2:
     # SP's all-gather + reduce-scatter pair costs one all-reduce)
     x = ACT_BYTES * c.s * c.b * M.h
@@ -126,7 +127,7 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, c: ActContext
         ep_one = C.all_to_all(S.ep, sent, C.stride(order, "ep", "expert"))
         ep_f = 2 * ep_one  # dispatch + combine
     comm_f = tp_f + cp_f + ep_f
-    R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[strat.recompute]
+    R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[view.recompute]
     return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f}
 
 
@@ -148,20 +149,21 @@ def _zero() -> dict:
     return {p: sp.Integer(0) for p in PARTS}
 
 
-def stage_parts(spec: ModelSpec, M: ModelSymbols, strat: Strategy, stage, eng: EngineProfile,
+def stage_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, eng: EngineProfile,
                 layer: dict, head: dict) -> dict:
     """Per micro-batch seconds of every part on one device of ``stage``."""
-    pp = pp_expr(spec, strat)
+    view = structure(spec, view)
+    pp = pp_expr(spec, view)
     out = _zero()
-    for ch in range(strat.vpp):
-        nd, nm = chunk_layers(spec, strat, stage, ch, pp, M.L)
+    for ch in range(view.vpp):
+        nd, nm = chunk_layers(spec, view, stage, ch, pp, M.L)
         out = _add(_add(out, layer["dense"], nd), layer["moe"], nm)
-        if strat.recompute_layers is not None:
+        if view.partial_recompute:
             # only the first nrec layers of the chunk recompute (dense layers come first)
             rd = C.vmin(S.nrec, nd)
             rm = C.vmin(S.nrec - rd, nm)
             out["R"] += (rd - nd) * layer["dense"]["R"] + (rm - nm) * layer["moe"]["R"]
-    last = head_device_flag(strat.schedule, stage, pp)
+    last = head_device_flag(view.schedule, stage, pp)
     out = _add(out, head, last)
     if spec.mtp_layers:
         out = _add(out, _add(layer["moe" if spec.is_moe else "dense"], head), last * spec.mtp_layers)
@@ -180,44 +182,44 @@ def _bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
     raise ValueError(schedule)
 
 
-def _pipeline_bubble(strat: Strategy, ref: dict, t_ref, t_max, t_sum, w_sum) -> sp.Expr:
+def _pipeline_bubble(view: Structure, ref: dict, t_ref, t_max, t_sum, w_sum) -> sp.Expr:
     """The schedule's bubble (module docstring): the factor times (sum of stage times -
     max); for zb-h1/zbv with m < pp too few weight gradients fill it, so it is floored at
     one micro-batch's critical path (F and B through every chunk, then the first chunk's
     W) plus (m-1) x the reference stage's F+B+R+C; tests/test_ppb_simulate.py holds it to
     the replay of the hand orders. Never negative (t_sum - t_max rounds to -1e-16 at pp 1)."""
-    bubble = _bubble_factor(strat.schedule, strat.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
-    if strat.schedule in ("zb-h1", "zbv"):
-        path = t_sum - w_sum + ref["W"] / strat.vpp
+    bubble = _bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
+    if view.schedule in ("zb-h1", "zbv"):
+        path = t_sum - w_sum + ref["W"] / view.vpp
         bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
     return C.vmax(bubble, 0)
 
 
-def optimizer_bytes_per_param(eng: EngineProfile, strat: Strategy) -> int:
+def optimizer_bytes_per_param(eng: EngineProfile, view: Structure) -> int:
     """HBM bytes the Adam step streams per local parameter: read the gradient, read and
     write the fp32 master (or the weights when they are the master), both moments, and
     write the 16-bit copy when a separate master exists."""
-    grad_b = 2 if strat.grad_dtype == "bf16" else (weight_bytes(strat, eng) if eng.grads_in_weight_dtype
-                                                    else eng.grad_bytes_fp32)
-    master = eng.master_bytes or weight_bytes(strat, eng)
-    copy = weight_bytes(strat, eng) if eng.master_bytes else 0
-    return grad_b + 2 * master + 2 * eng.optimizer_bytes + copy
+    master = G.master_bytes(view, eng)
+    weights = G.weight_bytes(view, eng)
+    return G.grad_bytes(view, eng) + 2 * (master or weights) + 2 * eng.optimizer_bytes + (weights if master else 0)
 
 
-def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineProfile | None = None) -> Breakdown:
-    """Time Terms of one step (seconds); they sum to the step time."""
-    eng = engine or ENGINE_PROFILES[strat.engine]
-    c = act_context(spec, strat)
-    layer = {k: (layer_parts(spec, M, strat, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
+def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineProfile | None = None) -> Breakdown:
+    """Time Terms of one step (seconds); they sum to the step time (``view``: a Structure,
+    or a Strategy turned into one; ``engine`` replaces its profile)."""
+    view = structure(spec, view, engine)
+    eng = view.engine
+    c = act_context(spec, view)
+    layer = {k: (layer_parts(spec, M, view, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
     head = head_parts(spec, M, c)
-    pp = pp_expr(spec, strat)
-    if symbolic_layout(spec, strat):
+    pp = pp_expr(spec, view)
+    if symbolic_layout(spec, view):
         stages = [sp.Integer(0), pp - 1]
     else:
-        stages = [sp.Integer(i) for i in range(strat.pp)]
-    per_stage = [stage_parts(spec, M, strat, s, eng, layer, head) for s in stages]
+        stages = [sp.Integer(i) for i in range(view.pp)]
+    per_stage = [stage_parts(spec, M, view, s, eng, layer, head) for s in stages]
     tot = {i: sum(p[k] for k in PARTS) for i, p in enumerate(per_stage)}
-    ref_i = 0 if strat.schedule == "zbv" else len(stages) - 1  # the head's stage
+    ref_i = G.head_stage(view, len(stages))  # index in ``stages`` of the head's stage
     ref = per_stage[ref_i]
     t_ref = tot[ref_i]
     t_max = C.vmax(*tot.values()) if len(tot) > 1 else t_ref
@@ -231,26 +233,26 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
     all_layers = _add(all_layers, head)
     if spec.mtp_layers:
         all_layers = _add(all_layers, _add(layer["moe" if spec.is_moe else "dense"], head), spec.mtp_layers)
-    if strat.recompute_layers is not None:
+    if view.partial_recompute:
         # recompute of the first nrec layers per chunk: every stage as the reference stage
         all_layers["R"] = S.pp * ref["R"]
     t_sum = sum(all_layers[k] for k in PARTS)
-    bubble = _pipeline_bubble(strat, ref, t_ref, t_max, t_sum, all_layers["W"])
+    bubble = _pipeline_bubble(view, ref, t_ref, t_max, t_sum, all_layers["W"])
 
     # data parallelism
-    dense, expert, _ = stage_params(spec, M, strat, stages[ref_i])
+    dense, expert, emb = stage_params(spec, M, view, stages[ref_i])
     wb = ACT_BYTES
-    gb = eng.grad_bytes_fp32 if strat.grad_dtype == "fp32" else 2
-    order = strat.order
+    gb = G.grad_bytes(view, eng)
+    order = view.order
     dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
-    n_dense, n_exp = S.dp * S.cp, S.dp * S.cp * S.tp / (S.ep * S.etp)
-    if strat.zero >= 3:
+    n_dense, n_exp = G.dense_shard_ranks(), G.expert_shard_ranks()
+    if view.zero >= 3:
         gather = (C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span))
         reduce = (C.all_gather(n_dense, gb * dense, dense_span) + C.all_gather(n_exp, gb * expert, exp_span))
         dp_time = S.m * (C.vmax(0, gather - ref["F"]) + C.vmax(0, gather + reduce - ref["B"] - ref["W"]))
         dp_src = "ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, prefetched under compute"
     else:
-        if strat.zero == 0:
+        if view.zero == 0:
             reduce = C.all_reduce(n_dense, gb * dense, dense_span) + C.all_reduce(n_exp, gb * expert, exp_span)
             gather = sp.Integer(0)
         else:
@@ -263,10 +265,10 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
                   f"overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}")
 
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
-    pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * strat.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
+    pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * view.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
 
-    shard = (dense / (S.dp * S.cp) + expert / n_exp) if strat.zero >= 1 else dense + expert
-    opt = 0 if strat.offload_optimizer else optimizer_bytes_per_param(eng, strat) * shard / (S.hbm * S.eff_hbm)
+    shard = G.optimizer_shard(view, eng, dense, expert, emb)
+    opt = 0 if view.offload_optimizer else optimizer_bytes_per_param(eng, view) * shard / (S.hbm * S.eff_hbm)
 
     m = S.m
     scope = "one device of the stage holding the head (the slowest stage of an even split)"
@@ -275,7 +277,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
         T("time.compute", m * (ref["F"] + ref["B"] + ref["W"]),
           "m x (forward + backward) per micro-batch: GEMM roofline, attention core at eff_attn, "
           "elementwise bytes at HBM bandwidth (formulas/flops.py, formulas/step.py)"),
-        T("time.recompute", m * ref["R"], f"m x extra forward of recompute={strat.recompute} "
+        T("time.recompute", m * ref["R"], f"m x extra forward of recompute={view.recompute} "
           "(selective: attention core; full: the whole layer forward incl. its collectives)"),
         T("time.tp_comm", m * ref["tp"], "TP/SP: 4 all-reduce equivalents of 2*s*b*h bytes per layer per "
           "micro-batch (Korthikanti et al. 2022 Sec. 4.2.2), exposed"),
@@ -283,11 +285,11 @@ def step_time(spec: ModelSpec, M: ModelSymbols, strat: Strategy, engine: EngineP
         T("time.ep_comm", m * ref["ep"], "EP: dispatch + combine all-to-all of s*b*k*h tokens forward and backward"),
         T("time.imbalance", m * (t_max - t_ref), "m x (slowest stage - head stage) when another stage is slower",
           "zero for even splits of uniform models"),
-        T("time.pp_bubble", bubble, f"pipeline bubble of {strat.schedule}: (sum of stage times - max) x "
+        T("time.pp_bubble", bubble, f"pipeline bubble of {view.schedule}: (sum of stage times - max) x "
           "schedule factor (formulas/step.py docstring)"),
         T("time.pp_comm", pp_time, "pipeline send/recv of the boundary activation, 2 per critical-path step"),
         T("time.dp_comm", dp_time, dp_src),
         T("time.optimizer", opt, "Adam step streaming "
-          f"{optimizer_bytes_per_param(eng, strat)} bytes per local parameter at HBM bandwidth"),
+          f"{optimizer_bytes_per_param(eng, view)} bytes per local parameter at HBM bandwidth"),
     ]
-    return hooks.apply(Breakdown(tuple(terms)), spec, strat)
+    return hooks.apply(Breakdown(tuple(terms)), spec, view)

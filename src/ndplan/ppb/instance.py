@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ndplan import limits
+from ndplan import limits, rules
 from ndplan.catalog.files import read_mapping
 from ndplan.errors import NdplanError
-from ndplan.units import MIB
+from ndplan.units import GIB, MIB
 from ndplan.vocab import RECOMPUTE_MODES as MODES, SCHEDULES  # PPB balances every schedule
 
 FORMAT = "ndplan-layers/1"
@@ -121,15 +121,8 @@ class Pipeline:
         if self.schedule not in SCHEDULES:
             raise NdplanError("schedule", self.schedule, "not a schedule PPB balances",
                               f"choose one of {', '.join(SCHEDULES)}")
-        if self.schedule in ("gpipe", "1f1b", "zb-h1") and self.vpp != 1:
-            raise NdplanError("vpp", self.vpp, f"{self.schedule} has one chunk per stage", "use vpp=1")
-        if self.schedule == "zbv" and self.vpp != 2:
-            raise NdplanError("vpp", self.vpp, "zbv runs two chunks (a V) per stage", "use vpp=2")
-        if self.schedule == "interleaved" and (self.vpp < 2 or self.m % self.pp):
-            raise NdplanError("m" if self.vpp >= 2 else "vpp", self.m if self.vpp >= 2 else self.vpp,
-                              "interleaved needs vpp >= 2 and m a multiple of pp (Megatron-LM rule)",
-                              "change m or vpp")
-        limits.real("budget_bytes", self.budget_bytes, 0.0, limits.MAX_GIB * 2**30, what="bytes")
+        rules.check(self, ("schedule",))  # the rules Strategy and the space generator evaluate
+        limits.real("budget_bytes", self.budget_bytes, 0.0, limits.MAX_GIB * GIB, what="bytes")
 
     @property
     def chunks(self) -> int:

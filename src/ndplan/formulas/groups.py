@@ -1,0 +1,80 @@
+"""Process-group sizes, bytes per element and placements that several formulas use:
+each written once here (torchtitan's ``parallel_dims.py`` plays this role there).
+
+Group sizes (Megatron-Core ``parallel_state.initialize_model_parallel``; torchtitan
+``ParallelDims``, whose ``dp_shard_cp`` mesh shards the non-expert states over the
+data and context ranks):
+
+* non-expert weights, gradients and optimizer states shard over dp*cp ranks;
+* routed experts shard over the expert-data-parallel group edp = dp*cp*tp/(ep*etp)
+  (Megatron ``expert_data_parallel_size``: the dp*cp*tp ranks of a pipeline stage
+  divided by the expert-model-parallel ranks ep*etp).
+
+Every function takes symbols or numbers alike (plain arithmetic).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.engines import EngineProfile
+
+
+def dense_shard_ranks(dp=S.dp, cp=S.cp):
+    """Ranks the non-expert states shard over (ZeRO / FSDP): dp*cp."""
+    return dp * cp
+
+
+def expert_shard_ranks(dp=S.dp, cp=S.cp, tp=S.tp, ep=S.ep, etp=S.etp):
+    """Expert-data-parallel ranks edp = dp*cp*tp/(ep*etp) (the routed experts' ZeRO group)."""
+    return dp * cp * tp / (ep * etp)
+
+
+def weight_bytes(view, eng: EngineProfile) -> int:
+    """Bytes per persistent weight element: the engine's choice under ``auto``."""
+    return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[view.weight_dtype]
+
+
+def grad_bytes(view, eng: EngineProfile) -> int:
+    """Bytes per accumulated gradient element: 2 for bf16 gradients; with fp32 gradients
+    the weights' own dtype where the engine accumulates in it (``grads_in_weight_dtype``:
+    MindSpore's gradients take the parameter dtype), else ``grad_bytes_fp32``. Memory, the
+    DP gradient traffic and the optimizer step all read this one value."""
+    if view.grad_dtype != "fp32":
+        return 2
+    return weight_bytes(view, eng) if eng.grads_in_weight_dtype else eng.grad_bytes_fp32
+
+
+def master_bytes(view, eng: EngineProfile) -> int:
+    """Bytes per fp32 master element (0 if the weights are the master); FP8 weights always
+    keep a higher-precision master (Transformer Engine keeps fp32 master weights beside
+    the FP8 copies), at least 4 bytes."""
+    return max(eng.master_bytes, 4) if view.weight_dtype == "fp8" else eng.master_bytes
+
+
+def optimizer_shard(view, eng: EngineProfile, dense, expert, emb=0, level: int = 1):
+    """Parameters one device keeps a state for when ZeRO level >= ``level`` shards it:
+    non-expert over dp*cp, experts over edp; the input embedding (``emb`` of ``dense``)
+    over cp only when the engine does not ZeRO-shard it (``embedding_zero_sharded``).
+    Below ``level``: every local parameter."""
+    if view.zero < level:
+        return dense + expert
+    if eng.embedding_zero_sharded:
+        return dense / dense_shard_ranks() + expert / expert_shard_ranks()
+    return (dense - emb) / dense_shard_ranks() + emb / S.cp + expert / expert_shard_ranks()
+
+
+def head_stage(view, pp: int) -> int:
+    """The pipeline stage holding the output head and loss: the last, or stage 0 under
+    zbv, whose V ends where it starts (formulas/placement.py, head_device_flag)."""
+    return 0 if view.schedule == "zbv" else pp - 1
+
+
+def tied_head_copy(spec, first, last):
+    """1 when a stage keeps its own copy of a tied embedding for the head: the head's
+    stage, unless it is stage 0 too (Megatron ``share_embeddings_and_output_weights``
+    keeps the copy on the last stage and all-reduces its gradient with stage 0's)."""
+    if not spec.tie_word_embeddings:
+        return sp.Integer(0)
+    return last * (1 - first)

@@ -1,0 +1,181 @@
+"""Validity rules of a parallel strategy, written once.
+
+``Strategy`` (one point, raising NdplanError), the space generator (numpy arrays of
+candidates, counting each rejected candidate under the first rule it fails) and PPB's
+``Pipeline`` (the schedule rules) all evaluate this table. A rule reads the attributes
+it needs from a context: a Strategy (plus ``model`` and ``gpus`` for the model rules),
+space._Ctx (int64 arrays of degrees, the categorical knobs as scalars) or a Pipeline;
+``fails`` works on scalars and arrays alike, ``problem`` and ``fix`` are read at one
+failing point.
+
+Scopes: ``strategy`` rules read only strategy fields (Strategy.__post_init__);
+``schedule`` rules read pp, vpp, m and schedule (also PPB's Pipeline); ``model`` rules
+need the model and the device count (Strategy.check); ``canonical`` rules keep one of
+several equivalent points (the space generator only). ``group`` is the name the space
+generator counts rejections under (``sweep --json``'s ``rejected_by_rule``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ndplan.errors import NdplanError
+from ndplan.vocab import ONE_CHUNK_SCHEDULES
+
+
+@dataclass(frozen=True)
+class Rule:
+    group: str
+    """Rejection counter of the space generator (several rules may share one)."""
+    text: str
+    """One-line statement of the rule (``sweep --help``)."""
+    scope: str
+    """strategy | schedule | model | canonical (module docstring)."""
+    field: str | Callable[[Any], str]
+    """The field the error names (a function of the context where it depends on it)."""
+    fails: Callable[[Any], Any]
+    value: Callable[[Any], Any]
+    problem: Callable[[Any], str]
+    fix: Callable[[Any], str]
+    static: bool = False
+    """Reads no categorical knob (vpp, schedule, sp): the space computes its mask once per sweep."""
+
+    def error(self, c) -> NdplanError:
+        return NdplanError(field_of(self, c), self.value(c), self.problem(c), self.fix(c))
+
+
+def field_of(rule: Rule, c) -> str:
+    return rule.field(c) if callable(rule.field) else rule.field
+
+
+def _experts_dense(c):
+    return (not c.model.is_moe) & ((c.ep != 1) | (c.etp != 1))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("world", "dp*tp*pp*cp == gpus", "model", "gpus",
+         lambda c: c.gpus is not None and c.dp * c.tp * c.pp * c.cp != c.gpus,
+         lambda c: c.gpus,
+         lambda c: f"dp*tp*pp*cp = {c.dp}*{c.tp}*{c.pp}*{c.cp} = {c.dp * c.tp * c.pp * c.cp}",
+         lambda c: "change a degree or --gpus so they match", static=True),
+    Rule("batch", "gbs % (dp*mbs) == 0", "strategy", "gbs",
+         lambda c: c.gbs % (c.dp * c.mbs) != 0,
+         lambda c: c.gbs,
+         lambda c: f"not a multiple of dp*mbs = {c.dp}*{c.mbs} = {c.dp * c.mbs}",
+         lambda c: f"give a multiple of {c.dp * c.mbs}, or change dp or mbs", static=True),
+    Rule("seq", "seq % cp == 0", "strategy", "seq",
+         lambda c: c.seq % c.cp != 0,
+         lambda c: c.seq,
+         lambda c: f"not divisible by cp={c.cp}",
+         lambda c: "change seq or cp", static=True),
+    # Megatron-core parallel_state.initialize_model_parallel: "pipeline-model-parallel size
+    # should be greater than 1 with interleaved schedule" (RuntimeError)
+    Rule("schedule", "vpp > 1 needs pp > 1", "schedule", "vpp",
+         lambda c: (c.vpp > 1) & (c.pp == 1),
+         lambda c: c.vpp,
+         lambda c: "virtual chunks need a pipeline (pp=1)",
+         lambda c: "set --pp 2 or more, or --vpp 1"),
+    Rule("schedule", "gpipe, 1f1b, zb-h1: vpp == 1", "schedule", "vpp",
+         lambda c: (c.schedule in ONE_CHUNK_SCHEDULES) & (c.vpp != 1),
+         lambda c: c.vpp,
+         lambda c: f"schedule {c.schedule} has one chunk per stage",
+         lambda c: "use --schedule interleaved, or vpp=1"),
+    Rule("schedule", "interleaved: vpp >= 2", "schedule", "vpp",
+         lambda c: (c.schedule == "interleaved") & (c.pp > 1) & (c.vpp < 2),
+         lambda c: c.vpp,
+         lambda c: "the interleaved schedule needs vpp >= 2",
+         lambda c: "set --vpp 2 or more"),
+    Rule("schedule", "zbv: vpp == 2", "schedule", "vpp",
+         lambda c: (c.schedule == "zbv") & (c.vpp != 2),
+         lambda c: c.vpp,
+         lambda c: "zbv places two chunks (a V) per stage",
+         lambda c: "set --vpp 2"),
+    # Megatron-core forward_backward_pipelining_with_interleaving: micro-batches run in
+    # groups of microbatch_group_size_per_vp_stage (default pp), and a last group smaller
+    # than pp is refused ("introduces dependency bubbles"), so m % pp == 0
+    Rule("schedule", "interleaved: m a multiple of pp", "schedule", lambda c: "gbs" if hasattr(c, "gbs") else "m",
+         lambda c: (c.schedule == "interleaved") & (c.pp > 1) & (c.m % c.pp != 0),
+         lambda c: c.gbs if hasattr(c, "gbs") else c.m,
+         lambda c: f"interleaved needs micro-batches m={c.m} a multiple of pp={c.pp} "
+                   "(Megatron-LM groups micro-batches by pp)",
+         lambda c: "change gbs, mbs or dp" if hasattr(c, "gbs") else "give --m a multiple of --pp"),
+    Rule("heads", "num_attention_heads % tp == 0", "model", "tp",
+         lambda c: c.model.num_attention_heads % c.tp != 0,
+         lambda c: c.tp,
+         lambda c: f"does not divide num_attention_heads={c.model.num_attention_heads}",
+         lambda c: "choose a tp that divides it", static=True),
+    Rule("kv_heads", "num_key_value_heads % tp == 0 (Megatron rule; not for MLA)", "model", "tp",
+         lambda c: (not c.model.is_mla) & (c.model.num_key_value_heads % c.tp != 0),
+         lambda c: c.tp,
+         lambda c: f"does not divide num_key_value_heads={c.model.num_key_value_heads} (Megatron rule)",
+         lambda c: "choose a tp that divides it", static=True),
+    Rule("layers", "pp*vpp <= num_hidden_layers", "model", "pp",
+         lambda c: c.model.num_hidden_layers < c.pp * c.vpp,
+         lambda c: c.pp,
+         lambda c: f"pp*vpp={c.pp * c.vpp} exceeds num_hidden_layers={c.model.num_hidden_layers}",
+         lambda c: "lower pp or vpp"),
+    Rule("layers", "num_hidden_layers % (pp*vpp) == 0 (even split)", "model", "pp",
+         lambda c: (c.layers_per_stage is None) & (c.model.num_hidden_layers % (c.pp * c.vpp) != 0),
+         lambda c: c.pp,
+         lambda c: f"num_hidden_layers={c.model.num_hidden_layers} is not divisible by pp*vpp={c.pp * c.vpp}",
+         lambda c: "give --layers-per-stage for an uneven split, or change pp/vpp"),
+    Rule("experts", "dense model: ep == etp == 1", "model", "ep",
+         _experts_dense,
+         lambda c: c.ep,
+         lambda c: f"model {c.model.name} has no experts (ep={c.ep}, etp={c.etp})",
+         lambda c: "use ep=1, etp=1", static=True),
+    Rule("experts", "MoE: num_experts % ep == 0", "model", "ep",
+         lambda c: c.model.is_moe & (c.model.num_experts % c.ep != 0),
+         lambda c: c.ep,
+         lambda c: f"does not divide the expert count {c.model.num_experts}",
+         lambda c: "choose an ep that divides it", static=True),
+    Rule("experts", "MoE: (dp*cp*tp) % (ep*etp) == 0", "model", "ep",
+         lambda c: c.model.is_moe & ((c.dp * c.cp * c.tp) % (c.ep * c.etp) != 0),
+         lambda c: c.ep,
+         lambda c: f"ep*etp={c.ep * c.etp} does not divide dp*cp*tp={c.dp * c.cp * c.tp} "
+                   "(expert parallelism is carved from those ranks)",
+         lambda c: "change ep, etp or dp", static=True),
+    Rule("duplicate", "canonical form: pp == 1 keeps only schedule 1f1b with vpp 1; tp == 1 keeps only sp=True",
+         "canonical", "schedule",
+         lambda c: ((c.pp == 1) & ((c.schedule != "1f1b") | (c.vpp != 1))) | ((c.tp == 1) & (not c.sp)),
+         lambda c: c.schedule,
+         lambda c: (f"pp=1 runs no pipeline schedule; schedule={c.schedule} vpp={c.vpp} duplicates schedule=1f1b "
+                    "vpp=1") if c.pp == 1 else "tp=1 makes sequence parallelism a no-op; sp=False duplicates sp=True",
+         lambda c: "the equivalent point is in the sweep"),
+)
+
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(r.group for r in RULES))
+"""Rejection counters in evaluation order."""
+
+
+def describe() -> list[tuple[str, str]]:
+    """(group, its rules' statements) in evaluation order (``sweep --help``)."""
+    return [(g, "; ".join(r.text for r in RULES if r.group == g)) for g in GROUPS]
+
+
+def first_failure(c, scopes: tuple[str, ...]) -> Rule | None:
+    """The first rule of ``scopes`` that context ``c`` (one point) fails, or None."""
+    for rule in RULES:
+        if rule.scope in scopes and bool(np.any(rule.fails(c))):
+            return rule
+    return None
+
+
+def check(c, scopes: tuple[str, ...]) -> None:
+    """Raise the NdplanError of the first rule of ``scopes`` that ``c`` fails."""
+    rule = first_failure(c, scopes)
+    if rule is not None:
+        raise rule.error(c)
+
+
+class WithModel:
+    """A strategy seen with a model and a device count (the context of model rules)."""
+
+    def __init__(self, strat, model, gpus=None):
+        self._strat, self.model, self.gpus = strat, model, gpus
+
+    def __getattr__(self, name):
+        return getattr(self._strat, name)
