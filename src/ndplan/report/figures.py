@@ -14,7 +14,7 @@ import numpy as np
 from ndplan.formulas.memory import STATIC_KEYS
 from ndplan.ppb.simulate import SimResult
 from ndplan.ppb.svg import COLORS
-from ndplan.space import row_label
+from ndplan.labels import label
 from ndplan.units import GIB
 
 PLOT_MISSING = "matplotlib is not installed: figures skipped, tables only; install them with: pip install 'ndplan[plot]'"
@@ -142,7 +142,7 @@ def pareto_plot(res, chosen: int = 0):
         x, y = float(t.step_s[chosen]), float(mem[chosen])
         ax.scatter([x], [y], marker="*", s=220, color="#e15759", edgecolor="black", zorder=5,
                    label=f"chosen (#{chosen + 1})")
-        words = row_label(t.point(chosen)).split(" ")
+        words = label(t.point(chosen)).split(" ")
         half = (len(words) + 1) // 2
         text = (f"chosen #{chosen + 1}: {' '.join(words[:half])}\n{' '.join(words[half:])}\n"
                 f"{y:.1f} GiB, step {x:.3g} s")
