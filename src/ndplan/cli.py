@@ -20,6 +20,7 @@ from ndplan.cli_options import build, strategy_options
 from ndplan.cli_sweep import register as register_sweep
 from ndplan.cli_types import Cli, Count
 from ndplan.errors import NdplanError
+from ndplan.export import emit
 from ndplan.paths import output_file
 from ndplan.estimate import estimate as run_estimate
 from ndplan.report import cli as report_cli
@@ -68,12 +69,13 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     if export_layers:
         output_file("--export-layers", export_layers)
     model, hw, strat, gpus = build(kw)
+    form = emit(emit_fmt, model, strat) if emit_fmt else None  # a form that cannot express it fails here
     if export_layers:
         _export_layers(export_layers, model, hw, strat)
     est = run_estimate(model, hw, strat, gpus)
     if report_cli.estimate(est, kw):  # writes --report; True when it printed --csv
         return
-    if emit_cli(emit_fmt, emit_out, model, strat):
+    if emit_cli(emit_fmt, emit_out, model, strat, text=form):
         return
     if as_json:
         click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
