@@ -15,6 +15,7 @@ Notebook API (see README):
 from ndplan.errors import NdplanError
 from ndplan.catalog import load_model, load_hardware, list_models, list_hardware, ModelSpec, Hardware
 from ndplan.strategy import Strategy
+from ndplan.points import strategy_from_point
 from ndplan.estimate import estimate, stage_breakdown, Estimate
 from ndplan.terms import Term, Breakdown
 from ndplan.kernels import compile_breakdown
@@ -31,6 +32,7 @@ __all__ = [
     "ModelSpec",
     "Hardware",
     "Strategy",
+    "strategy_from_point",
     "estimate",
     "stage_breakdown",
     "Estimate",

@@ -187,14 +187,16 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     u = ci.strategy
     base = {f: getattr(u, f) for f in ("engine", "flash_attention", "order", "grad_dtype", "weight_dtype",
                                        "offload_optimizer")}
-    try:
-        res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, mem_limit_gib=limit / GIB, base=base)
+    try:  # every valid candidate is in the table; those under ``limit`` (bytes, no GiB round trip) are kept
+        res = sweep(ci.model, hw, ci.gpus, u.seq, u.gbs, _space(ci), top=0, base=base)
     except NdplanError:  # no valid candidate at these devices / seq / gbs
         return []
-    t, n = res.table, res.feasible
+    t = res.table
+    fit = np.nonzero(t.peak_bytes <= limit)[0]
+    n = len(fit)
     if not n:
         return []
-    g = {f: t.grid[f][:n] for f in t.grid}
+    g = {f: t.grid[f][fit] for f in t.grid}
     dist = np.zeros(n, dtype=int)
     for f in ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "schedule"):
         dist += g[f] != getattr(u, f)
@@ -202,7 +204,7 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     dist += (g["recompute"] != u.recompute) | (u.recompute_layers is not None)
     dist += u.layers_per_stage is not None
     out: list[Proposal] = []
-    for i in np.lexsort((t.step_s[:n], dist)):
+    for i in fit[np.lexsort((t.step_s[fit], dist))]:
         s = res.strategy(int(i))
         changed = changed_fields(u, s)
         if any(_adds_to(changed, p.changed) and t.step_s[i] >= p.estimate.step_s for p in out):

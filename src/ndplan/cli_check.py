@@ -7,8 +7,10 @@ import sys
 
 import click
 
+from ndplan.cli_format import stage_table, time_summary
 from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.interop import FORMATS
+from ndplan.labels import label, recompute_text
 from ndplan.units import fmt_bytes
 from ndplan.vocab import RECOMPUTE_MODES
 
@@ -17,45 +19,51 @@ EXIT_DOES_NOT_FIT = 1
 
 def _show(v) -> str:
     if isinstance(v, tuple) and len(v) == 2 and v[0] in RECOMPUTE_MODES:
-        return v[0] if v[1] is None else f"{v[0]}[first {v[1]}]"
+        return recompute_text(*v)
     return str(v)
 
 
-def _strategy_line(s) -> str:
-    rec = s.recompute if s.recompute_layers is None else f"{s.recompute}[first {s.recompute_layers}]"
-    return (f"dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} mbs={s.mbs} gbs={s.gbs} m={s.m} "
-            f"seq={s.seq} zero={s.zero} sp={'on' if s.sp else 'off'} recompute={rec} schedule={s.schedule} "
-            f"engine={s.engine}")
+def _read_lines(res) -> list[str]:
+    """What was read: the file, the strategy, where each value came from, notes."""
+    ci = res.input
+    lines = [f"{ci.path.name} ({ci.fmt}): {ci.model.name} [{ci.model_origin}] on {res.hardware.name} x {ci.gpus}",
+             f"  {label(ci.strategy, full=True)}",
+             "  from: " + "; ".join(f"{k} <- {v}" for k, v in ci.origin.items())]
+    if ci.unknown:
+        lines.append(f"  not used: {' '.join(ci.unknown)}")
+    return lines + [f"  note: {n}" for n in ci.notes]
+
+
+def _verdict_lines(res) -> list[str]:
+    est = res.estimate
+    verdict = "fits" if res.fits else f"DOES NOT FIT (over by {fmt_bytes(est.peak_bytes - res.limit_bytes)})"
+    return [stage_table(est),
+            f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage}; limit {fmt_bytes(res.limit_bytes)} "
+            f"({res.limit_source}): {verdict}",
+            time_summary(est)]
+
+
+def _oom_text(res) -> str:
+    """The terms that cause the OOM and the nearest fitting strategies, each as a diff
+    (ends in a newline)."""
+    name = res.input.path.name
+    lines = ["OOM caused by (largest terms of the peak stage covering the excess): " + ", ".join(
+        f"{c['key']} {fmt_bytes(c['bytes'])} ({c['share']:.0%} of the peak)" for c in res.causes)]
+    if not res.proposals:
+        return "\n".join(lines + ["no fitting strategy at these devices, sequence length and global batch", ""])
+    lines.append(f"nearest fitting strategies (fewest changed fields, then step time), as diffs of {name}:")
+    text = "\n".join(lines)
+    for i, p in enumerate(res.proposals, 1):
+        ch = ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in p.changed.items())
+        text += (f"\n\n#{i} [{p.distance} changed: {ch}] peak {fmt_bytes(p.estimate.peak_bytes)}, "
+                 f"step {p.estimate.step_s:.3g} s, MFU {p.estimate.mfu:.1%}\n{p.diff}")
+    return text
 
 
 def _print(res) -> None:
-    from ndplan.cli import stage_table, time_summary
-    ci, est = res.input, res.estimate
-    click.echo(f"{ci.path.name} ({ci.fmt}): {ci.model.name} [{ci.model_origin}] on {res.hardware.name} x {ci.gpus}")
-    click.echo(f"  {_strategy_line(ci.strategy)}")
-    click.echo("  from: " + "; ".join(f"{k} <- {v}" for k, v in ci.origin.items()))
-    if ci.unknown:
-        click.echo(f"  not used: {' '.join(ci.unknown)}")
-    for n in ci.notes:
-        click.echo(f"  note: {n}")
-    click.echo(stage_table(est))
-    verdict = "fits" if res.fits else f"DOES NOT FIT (over by {fmt_bytes(est.peak_bytes - res.limit_bytes)})"
-    click.echo(f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage}; limit {fmt_bytes(res.limit_bytes)} "
-               f"({res.limit_source}): {verdict}")
-    click.echo(time_summary(est))
-    if res.fits:
-        return
-    click.echo("OOM caused by (largest terms of the peak stage covering the excess): " + ", ".join(
-        f"{c['key']} {fmt_bytes(c['bytes'])} ({c['share']:.0%} of the peak)" for c in res.causes))
-    if not res.proposals:
-        click.echo("no fitting strategy at these devices, sequence length and global batch")
-        return
-    click.echo(f"nearest fitting strategies (fewest changed fields, then step time), as diffs of {ci.path.name}:")
-    for i, p in enumerate(res.proposals, 1):
-        ch = ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in p.changed.items())
-        click.echo(f"\n#{i} [{p.distance} changed: {ch}] peak {fmt_bytes(p.estimate.peak_bytes)}, "
-                   f"step {p.estimate.step_s:.3g} s, MFU {p.estimate.mfu:.1%}")
-        click.echo(p.diff, nl=False)
+    click.echo("\n".join(_read_lines(res) + _verdict_lines(res)))
+    if not res.fits:
+        click.echo(_oom_text(res), nl=False)
 
 
 def register(main):

@@ -16,11 +16,14 @@ def emit_options(fn):
                         help="Export the strategy as a framework config.")(fn)
 
 
-def emit_cli(fmt: str | None, out: str | None, model, strategy, balance=None) -> bool:
-    """Emit when asked; True when the form went to stdout (the caller prints no report)."""
+def emit_cli(fmt: str | None, out: str | None, model, strategy, balance=None, text: str | None = None) -> bool:
+    """Emit when asked; True when the form went to stdout (the caller prints no report).
+    ``text``: the form already rendered (``emit``, before the work, so that a strategy
+    the format cannot express fails first)."""
     if fmt is None:
         return False
-    text = emit(fmt, model, strategy, balance=balance)
+    if text is None:
+        text = emit(fmt, model, strategy, balance=balance)
     if write(text, out):
         click.echo(f"wrote {fmt} form to {out}", err=True)
         return False

@@ -110,8 +110,8 @@ RULES: list[tuple[str, str]] = R.describe()
 
 def row_label(p: Mapping) -> str:
     """One candidate (a sweep ``Table.point``) in one line, as the CLI and the figures print it."""
-    return (f"dp={p['dp']} tp={p['tp']} pp={p['pp']} vpp={p['vpp']} cp={p['cp']} ep={p['ep']} etp={p['etp']} "
-            f"mbs={p['mbs']} zero={p['zero']} rc={p['recompute']} {p['schedule']}{'' if p['sp'] else ' no-sp'}")
+    from ndplan.labels import label
+    return label(p)
 
 
 def load_space(path: str | Path) -> dict[str, object]:

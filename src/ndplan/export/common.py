@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
+from ndplan.labels import label
 from ndplan.formulas.schedules import virtual_stage
 from ndplan.ppb.plan import slot  # reads pp, vpp, schedule: a Strategy has them too
 from ndplan.strategy import Strategy
@@ -75,11 +76,7 @@ def cannot(target: str, field: str, value, fix: str) -> NdplanError:
 
 
 def header(target: str, model: ModelSpec, strat: Strategy, prefix: str = "# ") -> list[str]:
-    s = strat
-    return [f"{prefix}{target} form of an ndplan strategy for {model.name}",
-            f"{prefix}dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} etp={s.etp} mbs={s.mbs} "
-            f"gbs={s.gbs} m={s.m} seq={s.seq} zero={s.zero} sp={'on' if s.sp else 'off'} "
-            f"recompute={s.recompute} schedule={s.schedule}"]
+    return [f"{prefix}{target} form of an ndplan strategy for {model.name}", prefix + label(strat, full=True)]
 
 
 def nest(flat: dict) -> dict:

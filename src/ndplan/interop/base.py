@@ -8,6 +8,7 @@ from pathlib import Path
 from ndplan import limits
 from ndplan.catalog.model import ModelSpec, load_model
 from ndplan.errors import NdplanError
+from ndplan.points import data_parallel
 from ndplan.strategy import Strategy
 
 
@@ -64,13 +65,12 @@ def positive(field_: str, value, where: str) -> int:
 
 
 def world_dp(gpus: int | None, tp: int, pp: int, cp: int, field_: str, where: str) -> tuple[int, int]:
-    """(gpus, dp) when dp fills the devices the other degrees leave."""
+    """(gpus, dp) when dp fills the devices the other degrees leave (points.data_parallel)."""
     if gpus is None:
         raise NdplanError("gpus", None, f"{where} does not say the device count; give --gpus N")
-    if gpus <= 0 or gpus % (tp * pp * cp):
-        raise NdplanError("gpus", gpus, f"not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp} "
-                                         f"({field_}); change a degree or --gpus")
-    return gpus, gpus // (tp * pp * cp)
+    if gpus <= 0:
+        raise NdplanError("gpus", gpus, "not a positive device count", "give --gpus N with N >= 1")
+    return gpus, data_parallel(gpus, tp, pp, cp, "gpus", f" ({field_})")
 
 
 def make_strategy(kw: dict, notes: list[str]) -> Strategy:

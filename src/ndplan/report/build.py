@@ -8,6 +8,7 @@ import numpy as np
 from ndplan.estimate import Estimate, estimate
 from ndplan.ppb.instance import SCHEDULES
 from ndplan.explain import Explained, explain
+from ndplan.labels import label
 from ndplan.report import figures as F
 from ndplan.report import tables as T
 from ndplan.report.model import Figure, Report
@@ -21,11 +22,6 @@ def _plots(plots: bool | None, report: Report) -> bool:
     if not ok:
         report.notes.append(F.PLOT_MISSING if plots is None or plots else "figures not requested: tables only")
     return ok
-
-
-def _label(s) -> str:
-    return (f"dp={s.dp} tp={s.tp} pp={s.pp} vpp={s.vpp} cp={s.cp} ep={s.ep} mbs={s.mbs} zero={s.zero} "
-            f"rc={s.recompute} {s.schedule}")
 
 
 def formulas(e: Estimate) -> list[Explained]:
@@ -56,12 +52,12 @@ def _pipeline(report: Report, cand: tuple[int, Estimate] | None, limit: int, plo
     i, e = cand
     run = pipeline_run(e, limit, time_limit_s)
     which = "the chosen plan" if i == 0 else f"candidate #{i + 1}, the best feasible one with pp > 1"
-    report.notes.append(f"Pipeline timeline: {which} ({_label(e.strategy)}), {run.how}; "
+    report.notes.append(f"Pipeline timeline: {which} ({label(e.strategy)}), {run.how}; "
                         f"replayed step {fmt_seconds(run.sim.step_s)} for the per-layer work "
                         f"(the estimate's {fmt_seconds(e.step_s)} adds per-step terms).")
     if plots:
         report.figures.append(Figure("timeline", f"Pipeline timeline of #{i + 1} ({run.how})",
-                                     F.to_png(F.timeline_plot(run.sim, _label(e.strategy)))))
+                                     F.to_png(F.timeline_plot(run.sim, label(e.strategy)))))
 
 
 def _plan_sections(report: Report, e: Estimate) -> None:

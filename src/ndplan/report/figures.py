@@ -14,7 +14,7 @@ import numpy as np
 from ndplan.formulas.memory import STATIC_KEYS
 from ndplan.ppb.simulate import SimResult
 from ndplan.ppb.svg import COLORS
-from ndplan.space import row_label
+from ndplan.labels import label
 from ndplan.units import GIB
 
 PLOT_MISSING = "matplotlib is not installed: figures skipped, tables only; install them with: pip install 'ndplan[plot]'"
@@ -118,9 +118,25 @@ def pareto_plot(res, chosen: int = 0):
     t = res.table
     fig, axes = _figure(8.5, 5.2)
     ax = axes[0][0]
-    f = res.feasible
     lim = res.mem_limit_bytes / GIB
-    top = pareto_ylim(t.peak_bytes, f, res.mem_limit_bytes) / GIB
+    top = pareto_ylim(t.peak_bytes, res.feasible, res.mem_limit_bytes) / GIB
+    n_off = _pareto_points(ax, res, top)
+    ax.axhline(lim, color="black", linestyle="--", linewidth=1, label=f"memory limit ({lim:,.0f} GiB)")
+    ax.set_ylim(0, top)
+    ax.set_xscale("log")
+    if res.feasible and 0 <= chosen < len(t):
+        _mark_chosen(ax, res, chosen, lim, top)
+    _pareto_title(ax, res, top, n_off)
+    ax.set_xlabel("step time (s, log)")
+    ax.set_ylabel("peak memory (GiB per device)")
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    return fig
+
+
+def _pareto_points(ax, res, top: float) -> int:
+    """Over the limit (light red), feasible (grey), off the axis (triangles on the top
+    edge), the front (line); returns how many are off the axis."""
+    t, f = res.table, res.feasible
     mem = t.peak_bytes / GIB
     off = mem > top
     inside = (np.arange(len(t)) >= f) & ~off
@@ -135,38 +151,42 @@ def pareto_plot(res, chosen: int = 0):
     front = sorted(res.pareto, key=lambda i: t.peak_bytes[i])
     if front:
         ax.plot(t.step_s[front], mem[front], "o-", color="#4e79a7", markersize=4, label="Pareto front")
-    ax.axhline(lim, color="black", linestyle="--", linewidth=1, label=f"memory limit ({lim:,.0f} GiB)")
-    ax.set_ylim(0, top)
-    ax.set_xscale("log")
-    if f and 0 <= chosen < len(t):
-        x, y = float(t.step_s[chosen]), float(mem[chosen])
-        ax.scatter([x], [y], marker="*", s=220, color="#e15759", edgecolor="black", zorder=5,
-                   label=f"chosen (#{chosen + 1})")
-        words = row_label(t.point(chosen)).split(" ")
-        half = (len(words) + 1) // 2
-        text = (f"chosen #{chosen + 1}: {' '.join(words[:half])}\n{' '.join(words[half:])}\n"
-                f"{y:.1f} GiB, step {x:.3g} s")
-        lo, hi = np.log10(ax.get_xlim())  # autoscaled to every point drawn so far
-        fx = (np.log10(x) - lo) / (hi - lo)
-        left = fx < 0.5  # the label goes to the side with more room, its corner just above the limit line
-        ann = ax.annotate(text, (x, y), xytext=(fx + (0.03 if left else -0.03), lim / top + 0.03),
-                          textcoords="axes fraction", ha="left" if left else "right", va="bottom", fontsize=8,
-                          zorder=6, bbox=dict(boxstyle="round", facecolor="white", edgecolor="#e15759", alpha=0.95),
-                          arrowprops=dict(arrowstyle="->", color="#e15759", shrinkB=9))
-        ann.set_gid("chosen")
+    return n_off
+
+
+def _mark_chosen(ax, res, chosen: int, lim: float, top: float) -> None:
+    """The chosen candidate: a star, and its strategy (labels.label, on two lines) beside it."""
+    t = res.table
+    x, y = float(t.step_s[chosen]), float(t.peak_bytes[chosen] / GIB)
+    ax.scatter([x], [y], marker="*", s=220, color="#e15759", edgecolor="black", zorder=5,
+               label=f"chosen (#{chosen + 1})")
+    words = label(t.point(chosen)).split(" ")
+    half = (len(words) + 1) // 2
+    text = (f"chosen #{chosen + 1}: {' '.join(words[:half])}\n{' '.join(words[half:])}\n"
+            f"{y:.1f} GiB, step {x:.3g} s")
+    lo, hi = np.log10(ax.get_xlim())  # autoscaled to every point drawn so far
+    fx = (np.log10(x) - lo) / (hi - lo)
+    left = fx < 0.5  # the label goes to the side with more room, its corner just above the limit line
+    ann = ax.annotate(text, (x, y), xytext=(fx + (0.03 if left else -0.03), lim / top + 0.03),
+                      textcoords="axes fraction", ha="left" if left else "right", va="bottom", fontsize=8,
+                      zorder=6, bbox=dict(boxstyle="round", facecolor="white", edgecolor="#e15759", alpha=0.95),
+                      arrowprops=dict(arrowstyle="->", color="#e15759", shrinkB=9))
+    ann.set_gid("chosen")
+
+
+def _pareto_title(ax, res, top: float, n_off: int) -> None:
+    """The title, and above the axis a note on the candidates drawn off scale."""
+    t = res.table
     title = f"{res.model.name} on {res.gpus} x {res.hardware.name}: {len(t):,} candidates"
-    if n_off:
-        ax.set_title(title, pad=16)
-        note = ax.annotate(f"{n_off:,} candidates above {top:,.0f} GiB (up to {mem.max():,.0f} GiB) not to scale: "
-                           "triangles at the top edge", (0.5, 1.0), xycoords="axes fraction", xytext=(0, 3),
-                           textcoords="offset points", ha="center", va="bottom", fontsize=8, color="#b52b27")
-        note.set_gid("off-scale")
-    else:
+    if not n_off:
         ax.set_title(title)
-    ax.set_xlabel("step time (s, log)")
-    ax.set_ylabel("peak memory (GiB per device)")
-    fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
-    return fig
+        return
+    ax.set_title(title, pad=16)
+    note = ax.annotate(f"{n_off:,} candidates above {top:,.0f} GiB (up to {t.peak_bytes.max() / GIB:,.0f} GiB) "
+                       "not to scale: triangles at the top edge", (0.5, 1.0), xycoords="axes fraction",
+                       xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                       color="#b52b27")
+    note.set_gid("off-scale")
 
 
 def timeline_plot(sim: SimResult, title: str = ""):
