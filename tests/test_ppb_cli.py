@@ -109,7 +109,8 @@ def test_sapp_layers_description():
          "memory_select_rec": 40, "memory_recompute": 5, "recompute_time": 7},
         {"name": "Head", "type": "HEAD", "time": 1, "nb_layer": 1, "memory_parameter": 300}]}
     layers = from_sapp(doc)
-    assert [x.kind for x in layers] == ["head", "body", "body", "body", "body", "tail"]
+    # SAPP's HEAD is the first layer (the embedding), TAIL the last (output and loss)
+    assert [x.kind for x in layers] == ["embedding", "body", "body", "body", "body", "head"]
     body = layers[1]
     assert body.forward_s == pytest.approx(2e-3)
     assert body.backward_input_s + body.backward_weight_s == pytest.approx(4e-3)  # 2 x time
