@@ -114,7 +114,7 @@ def plan_args(p, balance) -> dict:
     if balance.mtp_layers():
         args[FLAG["mtp_layers"]] = balance.mtp_layers()
     rec, notes = _recompute(balance.decoder_layers(), *balance.recompute_counts(), uniform=False)
-    return {"args": [f"{k} {v}" for k, v in (args | rec).items()], "notes": notes}
+    return {"args": [f"{k} {shlex.quote(str(v))}" for k, v in (args | rec).items()], "notes": notes}
 
 
 def _recompute(layers, full, sel, uniform: bool) -> tuple[dict, list[str]]:

@@ -153,6 +153,17 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     return replace(sol, wall_s=time.perf_counter() - t0)
 
 
+BOUND_TOLERANCE = 1e-6
+"""CP-SAT reports the objective bound as a double (27999.999999999996 for a proven
+28000); the objective Z is an integer (time units), so a bound within this of an integer
+proves that integer."""
+
+
+def integer_bound(bound: float) -> int:
+    """The proven lower bound on the integer objective."""
+    return math.ceil(bound - BOUND_TOLERANCE)
+
+
 PASS_SHARE = 0.3
 """Share of the time limit one relaxation solve may take before its plan and bound are
 used (an unproven relaxation still gives a valid bound and a plan to cut)."""
@@ -192,7 +203,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
             if best is None and budget.left() > FINAL_POLISH_SHARE * total:
                 continue
             break
-        bound = max(bound, solver.BestObjectiveBound())
+        bound = max(bound, integer_bound(solver.BestObjectiveBound()))
         plan = pm.plan(solver)
         dur = unit_durations(inst, sc, plan)
         length, counts = dag.longest_path(graph, dur)
