@@ -15,6 +15,7 @@ from ndplan.ppb.instance import MODES, Instance, Layer, Pipeline
 from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
 from ndplan.ppb.simulate import simulate
 from ndplan.ppb.solve import Config, diagnose, evaluate, solve
+from ndplan.units import GIB
 
 MS = 1e-3  # test times are whole milliseconds: no rounding at the 1 us resolution
 MB = 2**20  # test memory is whole MiB: no rounding at the 1 MiB unit
@@ -158,7 +159,7 @@ def _llm(n_layers, pp, vpp, m, schedule, budget_gib):
     dec = layer(4, 4, 4, 1000, {"none": 800, "selective": 500, "full": 100}, {"selective": 1, "full": 4}, "decoder")
     head = layer(6, 6, 6, 3000, {"none": 600}, {}, "head")
     return Instance(layers=(emb,) + (dec,) * n_layers + (head,),
-                    pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * 2**30)))
+                    pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * GIB)))
 
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])

@@ -89,7 +89,7 @@ def plan_fields(p, balance) -> dict:
     """``pipeline_fields`` of a PPB plan alone (``ndplan balance``), by leaf name."""
     _check_schedule(p)
     doc = pipeline_fields(p, balance.decoder_layers(), *balance.recompute_counts())
-    return {k.rsplit(".", 1)[1]: v for k, v in doc.items()}
+    return {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:

@@ -174,6 +174,17 @@ FINAL_POLISH_SHARE = 0.1
 proven optimal by the relaxation drops recompute that does not change its step time."""
 
 
+def _seed_cuts(inst: Instance, sc: Scaled, pm: PPBModel, graph, stages, start_plan: Plan) -> tuple[int, Plan] | None:
+    """Cut the paths of the start plan and of the even plans; (its length, start_plan)
+    as the first incumbent when it fits, else None."""
+    for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
+        for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
+            pm.add_path_cut(c)
+    if not unit_memory_fits(inst, sc, start_plan):
+        return None
+    return dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan
+
+
 def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, start_plan: Plan) -> Solution:
     """Fixed-order schedules: minimise Z over path cuts (model.py), adding the critical
     paths of each solved plan until a solve's optimum is its own longest path. Every
@@ -185,12 +196,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
     total = budget.total
     stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
-    for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
-        for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
-            pm.add_path_cut(c)
-    best: tuple[int, Plan] | None = None
-    if unit_memory_fits(inst, sc, start_plan):
-        best = (dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan)
+    best = _seed_cuts(inst, sc, pm, graph, stages, start_plan)
     bound = 0.0
     status = "UNKNOWN"
     while (left := budget.left() - FINAL_POLISH_SHARE * total) > 0:
