@@ -4,6 +4,7 @@ SAPP import, and one-line errors with exit code 2 for bad layer files."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import yaml
@@ -13,8 +14,9 @@ from ndplan.catalog import load_hardware, load_model
 from ndplan.cli import main
 from ndplan.estimate import estimate
 from ndplan.ppb.export import OVERHEAD_KEYS, layers_from_model
-from ndplan.ppb.instance import Instance, Pipeline, from_sapp
-from ndplan.ppb.plan import even_bounds, stage_memory_bytes, uniform_plan
+from ndplan.export.balance import plan_forms
+from ndplan.ppb.instance import Instance, Layer, Pipeline, from_sapp
+from ndplan.ppb.plan import Plan, even_bounds, stage_memory_bytes, uniform_plan
 from ndplan.strategy import Strategy
 
 GOOD = {"format": "ndplan-layers/1", "layers": [
@@ -27,6 +29,10 @@ GOOD = {"format": "ndplan-layers/1", "layers": [
      "static_bytes": 2e9, "activation_bytes": {"none": 6e8}}]}
 
 
+DETERMINISTIC = ("--deterministic-time", "5", "--workers", "1")
+"""CP-SAT budget in deterministic time on one worker: the same answer on any machine or load."""
+
+
 def _run(tmp_path, doc, *args):
     f = tmp_path / "layers.yaml"
     f.write_text(yaml.safe_dump(doc))
@@ -36,7 +42,7 @@ def _run(tmp_path, doc, *args):
 def test_balance_json_schema(tmp_path):
     svg = tmp_path / "t.svg"
     r = _run(tmp_path, GOOD, "--pp", "2", "--vpp", "2", "--m", "4", "--budget-gib", "20", "--json",
-             "--timeline", str(svg), "--time-limit", "5")
+             "--timeline", str(svg), *DETERMINISTIC)
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["status"] == "OPTIMAL" and out["objective_s"] == pytest.approx(out["bound_s"])
@@ -97,7 +103,7 @@ def test_estimate_export_layers_then_balance(tmp_path):
     r = CliRunner().invoke(main, ["estimate", "-m", "llama3-8b", "--tp", "2", "--pp", "2", "--dp", "2", "--gbs", "16",
                                   "--export-layers", str(f)])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(main, ["balance", "--layers", str(f), "--pp", "2", "--m", "8", "--time-limit", "5"])
+    r = CliRunner().invoke(main, ["balance", "--layers", str(f), "--pp", "2", "--m", "8", *DETERMINISTIC])
     assert r.exit_code == 0, r.output
     assert "OPTIMAL" in r.output and "MindFormers" in r.output and "Megatron-LM" in r.output
 
@@ -109,7 +115,8 @@ def test_sapp_layers_description():
          "memory_select_rec": 40, "memory_recompute": 5, "recompute_time": 7},
         {"name": "Head", "type": "HEAD", "time": 1, "nb_layer": 1, "memory_parameter": 300}]}
     layers = from_sapp(doc)
-    assert [x.kind for x in layers] == ["head", "body", "body", "body", "body", "tail"]
+    # SAPP's HEAD is the first layer (the embedding), TAIL the last (output and loss)
+    assert [x.kind for x in layers] == ["embedding", "body", "body", "body", "body", "head"]
     body = layers[1]
     assert body.forward_s == pytest.approx(2e-3)
     assert body.backward_input_s + body.backward_weight_s == pytest.approx(4e-3)  # 2 x time
@@ -124,8 +131,90 @@ def test_rerank_balances_pipelined_candidates_only():
     spec, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
     ests = [estimate(spec, hw, Strategy(dp=2, tp=2, pp=2, gbs=16, seq=4096)),
             estimate(spec, hw, Strategy(dp=4, tp=2, pp=1, gbs=16, seq=4096))]
-    out = rerank(ests, hw.hbm_bytes, Config(time_limit_s=5))
+    out = rerank(ests, hw.hbm_bytes, Config(deterministic_time=5, workers=1))
     assert [b.step_s for b in out] == sorted(b.step_s for b in out)
     by_pp = {b.estimate.strategy.pp: b for b in out}
     assert by_pp[1].solution is None and by_pp[1].step_s == by_pp[1].estimate.step_s
     assert by_pp[2].solution.status == "OPTIMAL"
+
+
+# ------------------------------------------------ framework forms of a plan (export/)
+
+def _plan(kinds, counts, pp, vpp=1, schedule=None, modes=None):
+    """Layers of the given kinds, ``counts`` layers per virtual stage, ``modes`` per layer."""
+    layers = tuple(Layer(name=k, kind=k, forward_s=1e-3, backward_input_s=1e-3, backward_weight_s=1e-3,
+                         static_bytes=1, activation_bytes={"none": 3, "selective": 2, "full": 1},
+                         recompute_s={"selective": 1e-4, "full": 1e-3}) for k in kinds)
+    pipe = Pipeline(pp=pp, vpp=vpp, m=4, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
+                    budget_bytes=10**12)
+    bounds = (0, *(sum(counts[:i + 1]) for i in range(len(counts))))
+    return Instance(layers=layers, pipeline=pipe), Plan(bounds=bounds, recompute=tuple(modes or ("none",) * len(kinds)))
+
+
+def test_sapp_plan_offsets_sum_to_the_layer_remainder():
+    """7 BODY layers between a HEAD and a TAIL on pp = 2, slices HEAD + 4 BODY | 3 BODY +
+    TAIL. MindFormers builds 7 // 2 + offset[s] layers on stage s and requires sum(offset)
+    = 7 % 2 = 1 (mindspore-lab/mindformers:mindformers/models/utils.py,
+    LayerSetting._check_inputs), so offset = [4 - 3, 3 - 3] = [1, 0]. Counting the TAIL as a
+    decoder layer (its kind was "tail") gave [0, 0], which MindFormers rejects."""
+    doc = {"layers_description": [{"name": "h", "type": "HEAD", "time": 1},
+                                  {"name": "b", "type": "BODY", "time": 2, "nb_layer": 7},
+                                  {"name": "t", "type": "TAIL", "time": 1}]}
+    inst = Instance(layers=from_sapp(doc), pipeline=Pipeline(pp=2, m=4, budget_bytes=10**12))
+    forms = plan_forms(inst, Plan(bounds=(0, 5, 9), recompute=("none",) * 9))
+    assert forms["mindformers"] == {"offset": [1, 0], "recompute": False, "select_recompute": False}
+
+
+def test_mindformers_select_recompute_counts_full_layers_too():
+    """Stage 0: 1 full + 1 selective of 3 decoder layers; stage 1: 2 full of 3. MindFormers
+    counts both lists from the slice's first layer and skips select recompute on a fully
+    recomputed layer (LayerSetting.set: ``if not is_full_recompute``), so the selective
+    layer of stage 0 needs select_recompute = 2 there: recompute [1, 2], select [2, 2]."""
+    modes = ["none", "full", "selective", "none", "full", "full", "none", "none"]
+    inst, plan = _plan(["embedding"] + ["dense"] * 6 + ["head"], (4, 4), pp=2, modes=modes)
+    assert plan_forms(inst, plan)["mindformers"] == {"offset": 0, "recompute": [1, 2], "select_recompute": [2, 2]}
+
+
+def test_megatron_layout_places_mtp_layers():
+    """E + 6 decoder + 1 MTP + loss on pp = 2, vpp = 2, slices of 3, 2, 2, 2 layers:
+    groups Ett | tt | tt | mL. Megatron-LM's validate_layer_layout
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py) asserts the layout's m
+    count equals mtp_num_layers, so the layout carries the m and --mtp-num-layers 1; the
+    MTP sits in the last virtual stage of pp rank 1, as it requires."""
+    inst, plan = _plan(["embedding"] + ["dense"] * 6 + ["mtp", "head"], (3, 2, 2, 2), pp=2, vpp=2)
+    forms = plan_forms(inst, plan)["megatron"]
+    words = shlex.split(" ".join(forms["args"]))
+    assert dict(zip(words[::2], words[1::2])) == {"--pipeline-model-parallel-layout": "Ett|tt|tt|mL",
+                                                  "--num-virtual-stages-per-pipeline-rank": "2",
+                                                  "--mtp-num-layers": "1"}
+
+
+def test_megatron_partial_selective_recompute_is_noted():
+    """Decoder layers 5 | 3, selective on 3 | 3: Megatron-LM's selective granularity covers
+    every layer of the block (TransformerBlock: checkpoint_core_attention =
+    recompute_granularity == 'selective'), so the two stage-0 layers without it differ
+    and must be noted (the old check min(sel) < min(layers), 3 < 3, missed it)."""
+    modes = ["none"] + ["selective"] * 3 + ["none"] * 2 + ["selective"] * 3 + ["none"]
+    inst, plan = _plan(["embedding"] + ["dense"] * 8 + ["head"], (6, 4), pp=2, modes=modes)
+    forms = plan_forms(inst, plan)["megatron"]
+    assert "--recompute-granularity selective" in forms["args"]
+    assert any("selective recompute of [3, 3]" in n for n in forms["notes"])
+
+
+def test_zbv_plan_has_no_megatron_or_mindformers_form():
+    """zbv runs slice 2*pp-1-s on stage s's second chunk, Megatron-LM's interleaving slice
+    pp + s (pipeline_parallel_layer_layout.py: layout[vpp_rank * pp + pp_rank]), so
+    flags for a zbv plan would put layers on other devices: no form, a reason."""
+    inst, plan = _plan(["embedding"] + ["dense"] * 6 + ["head"], (2, 2, 2, 2), pp=2, vpp=2, schedule="zbv")
+    forms = plan_forms(inst, plan)
+    assert "cannot express" in forms["megatron"]["error"] and "cannot express" in forms["mindformers"]["error"]
+
+
+def test_balanced_strategy_takes_gbs_from_dp_mbs_and_m():
+    """The layer file's strategy at dp 2, mbs 2, balanced with m = 8 micro-batches:
+    gbs = 2 * 2 * 8 = 32, decoder layers per stage 3 | 5 (embedding and head excluded)."""
+    from ndplan.ppb.result import balanced_strategy
+    inst, plan = _plan(["embedding"] + ["dense"] * 8 + ["head"], (4, 6), pp=2)
+    inst = Instance(layers=inst.layers, pipeline=Pipeline(pp=2, m=8, budget_bytes=10**12))
+    s = balanced_strategy(Strategy(dp=2, tp=1, pp=1, mbs=2, gbs=4).as_dict(), inst, plan)
+    assert (s.gbs, s.m, s.pp, s.layers_per_stage) == (32, 8, 2, (3, 5))

@@ -24,7 +24,7 @@ from ndplan.ppb.simulate import simulate
 from ndplan.ppb.solve import Config, evaluate, solve
 from tests.test_ppb_solver import MB, MS, _llm, layer, oracle_memory, oracle_time
 
-CFG = Config(time_limit_s=20)
+CFG = Config(deterministic_time=20, workers=1)  # reproducible (test_ppb_solver.CFG)
 
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("zb-h1", 1), ("zbv", 2)])
@@ -96,6 +96,19 @@ def test_interleaved_peak_with_uneven_chunk_memory():
     plan = Plan(bounds=(0, 1, 2, 3, 4), recompute=("none",) * 4)
     assert simulate(inst, plan).peak_bytes[0] == pytest.approx(401 * MB)
     assert stage_memory_bytes(inst, plan)[0] == pytest.approx(401 * MB)
+
+
+@pytest.mark.parametrize("schedule,bubble_ms", [("1f1b", 3), ("zb-h1", 1)])
+def test_idle_split_of_a_balanced_pipeline_is_the_papers_bubble(schedule, bubble_ms):
+    """pp = 2, m = 4, one layer per stage with F = B = W = 1 ms: the bubble of a balanced
+    pipeline is (p-1)(T_F + T_B + T_W) = 3 ms for 1F1B and (p-1)(T_F + T_B - T_W) = 1 ms
+    for ZB-H1 (Qi et al. 2024, Table 2); the replay idles exactly that on both stages
+    (step = m t + bubble), so the whole idle time is bubble and none is imbalance."""
+    x = layer(1, 1, 1, 0, {"none": 0}, {})
+    inst = Instance(layers=(x, x), pipeline=Pipeline(pp=2, m=4, schedule=schedule, budget_bytes=MB))
+    r = simulate(inst, Plan(bounds=(0, 1, 2), recompute=("none", "none")))
+    assert r.step_s == pytest.approx((4 * 3 + bubble_ms) * MS)
+    assert r.bubble_s == pytest.approx([bubble_ms * MS] * 2) and r.imbalance_s == pytest.approx([0, 0])
 
 
 def test_idle_split_adds_up():

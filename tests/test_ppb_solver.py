@@ -15,10 +15,13 @@ from ndplan.ppb.instance import MODES, Instance, Layer, Pipeline
 from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
 from ndplan.ppb.simulate import simulate
 from ndplan.ppb.solve import Config, diagnose, evaluate, solve
+from ndplan.units import GIB
 
 MS = 1e-3  # test times are whole milliseconds: no rounding at the 1 us resolution
 MB = 2**20  # test memory is whole MiB: no rounding at the 1 MiB unit
-CFG = Config(time_limit_s=20)
+CFG = Config(deterministic_time=20, workers=1)
+"""Deterministic budget, one worker, seed 0: the same plans on every machine and load
+(ppb/config.py), so a test cannot pass or fail by how busy the machine is."""
 
 
 def layer(f, b, w, static, acts, recs, name="x"):
@@ -156,7 +159,7 @@ def _llm(n_layers, pp, vpp, m, schedule, budget_gib):
     dec = layer(4, 4, 4, 1000, {"none": 800, "selective": 500, "full": 100}, {"selective": 1, "full": 4}, "decoder")
     head = layer(6, 6, 6, 3000, {"none": 600}, {}, "head")
     return Instance(layers=(emb,) + (dec,) * n_layers + (head,),
-                    pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * 2**30)))
+                    pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * GIB)))
 
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
@@ -253,3 +256,35 @@ def test_batched_lengths_equal_the_oracle(schedule, data):
         got = dag.lengths(dag.build(schedule, p.pp, p.vpp, p.m), dur)[0] * MS
         assert got == pytest.approx(oracle_time(inst, plan), abs=1e-9)
         assert bool(fits[0]) == (max(oracle_memory(inst, plan)) <= inst.pipeline.budget_bytes)
+
+
+def test_deterministic_budget_is_not_the_wall_clock():
+    """Config.deterministic_time: every pass stops at max_deterministic_time with no
+    wall-clock limit (interleave_search with several workers), the budget counts only
+    the passes' deterministic time and local search has no deadline; two solves of one
+    instance give the same plan."""
+    import math
+
+    from ndplan.ppb.solve import _Budget, _solver
+    params = _solver(Config(deterministic_time=3, workers=2), 1.5).parameters
+    assert (params.max_deterministic_time, params.max_time_in_seconds, params.interleave_search) == (1.5, math.inf, True)
+    assert _solver(Config(time_limit_s=4), 2.0).parameters.max_time_in_seconds == 2.0
+    budget = _Budget(Config(time_limit_s=1e-9, deterministic_time=7))
+    assert (budget.total, budget.deadline(0.2)) == (7, math.inf)
+    inst = _llm(10, 4, 1, 8, "1f1b", 12)
+    a, b = solve(inst, CFG), solve(inst, CFG)
+    assert a.status == "OPTIMAL" and (a.plan, a.objective_s) == (b.plan, b.objective_s)
+
+
+def test_a_bound_a_rounding_error_below_the_optimum_proves_it():
+    """CP-SAT proved 28 ms here but reported the bound 27999.999999999996 us, and the
+    solve said FEASIBLE (a hypothesis draw of test_optimum_equals_brute_force). The
+    objective is an integer number of time units, so that bound proves 28000."""
+    from ndplan.ppb.solve import integer_bound
+    assert integer_bound(27999.999999999996) == 28000  # not 27999.999... < 28000
+    assert (integer_bound(27999.5), integer_bound(28000.1)) == (28000, 28001)  # Z >= 27999.5 means Z >= 28000
+    inst = Instance(layers=(layer(3, 0, 4, 0, {"none": 0, "full": 0}, {"full": 1}), layer(1, 0, 6, 0, {"none": 0}, {}),
+                            layer(0, 4, 6, 0, {"none": 0}, {})),
+                    pipeline=Pipeline(pp=2, m=2, schedule="zb-h1", budget_bytes=60 * MB))
+    sol = solve(inst, CFG)
+    assert sol.status == "OPTIMAL" and sol.objective_s == pytest.approx(brute_force(inst)[0], abs=1e-9)

@@ -12,10 +12,13 @@ from ndplan.errors import NdplanError, warn
 from ndplan import limits
 from ndplan.cli_types import Count, Real
 from ndplan.paths import output_file
-from ndplan.ppb.instance import MODES, SCHEDULES, Instance, Pipeline, layers_from_doc, load_layer_doc
-from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
+from ndplan.ppb.instance import Instance, Pipeline, layers_from_doc, load_layer_doc
+from ndplan.ppb.plan import Plan, uniform_plan
+from ndplan.ppb.config import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS
+from ndplan.ppb.scale import TIME_UNIT_S, Scale
 from ndplan.report import cli as report_cli
-from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, TIME_UNIT_S, Scale
+from ndplan.vocab import RECOMPUTE_MODES as MODES
+from ndplan.vocab import SCHEDULES
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
 
@@ -71,20 +74,6 @@ def _user_plan(inst: Instance, text: str | None, rec: str | None) -> Plan | None
     return plan
 
 
-def _row(inst, plan, sim) -> list[dict]:
-    p = inst.pipeline
-    times, mems = stage_time_s(inst, plan), stage_memory_bytes(inst, plan)
-    rows = []
-    for v in range(p.chunks):
-        s, c = slot(p, v)
-        rows.append({"stage": s, "chunk": c, "layers": list(plan.layers(v)),
-                     "recompute": [plan.recompute[i] for i in plan.layers(v)],
-                     "time_s": sum(inst.layers[i].time_s(plan.recompute[i]) for i in plan.layers(v)),
-                     "stage_time_s": times[s], "peak_bytes": int(mems[s]), "simulated_peak_bytes": int(sim.peak_bytes[s]),
-                     "bubble_s": sim.bubble_s[s], "imbalance_s": sim.imbalance_s[s], "recompute_s": sim.recompute_s[s]})
-    return sorted(rows, key=lambda r: (r["stage"], r["chunk"]))
-
-
 def _index_note(layers) -> str:
     """What the layer indices of the table count."""
     n = len(layers) - 1
@@ -98,26 +87,17 @@ def _ranges(layers: list[int]) -> str:
     return f"{layers[0]}-{layers[-1]}" if layers else "-"
 
 
-def _emit_balanced(meta: dict, inst: Instance, plan: Plan, fmt: str, out: str | None) -> bool:
+def _emit_balanced(meta: dict, res, fmt: str, out: str | None) -> bool:
     """--emit the balanced plan with the strategy the layer file was exported at
     (``ndplan estimate --export-layers``), pp/vpp/m/schedule from this command."""
-    import dataclasses
-
     from ndplan.catalog import load_model
     from ndplan.export import Balance
-    from ndplan.export.common import recompute_mode
-    from ndplan.strategy import Strategy
+    from ndplan.ppb.result import balanced_strategy
     if not isinstance(meta.get("strategy"), dict) or "model" not in meta:
         raise NdplanError("--emit", fmt, "the layer file has no model and strategy",
                           "export it with `ndplan estimate --export-layers`")
-    fields = {f.name for f in dataclasses.fields(Strategy)}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["strategy"].items() if k in fields}
-    bal = Balance(inst, plan)
-    p = inst.pipeline
-    strat = Strategy(**given | {"pp": p.pp, "vpp": p.vpp, "schedule": p.schedule, "gbs": p.m * given["dp"] * given["mbs"],
-                                "layers_per_stage": bal.decoder_layers(), "recompute_layers": None,
-                                "recompute": recompute_mode(*bal.recompute_counts())})
-    return emit_cli(fmt, out, load_model(meta["model"]), strat, balance=bal)
+    strat = balanced_strategy(meta["strategy"], res.inst, res.plan)
+    return emit_cli(fmt, out, load_model(meta["model"]), strat, balance=Balance(res.inst, res.plan))
 
 
 def _check_outputs(emit_fmt, emit_out, as_json, as_csv, timeline) -> None:
@@ -130,29 +110,24 @@ def _check_outputs(emit_fmt, emit_out, as_json, as_csv, timeline) -> None:
         output_file("--timeline", timeline)
 
 
-def _baselines(inst: Instance, cfg, sol, given: Plan | None) -> dict:
-    """The solved plan against the even split with each recompute mode (and --plan)."""
-    from ndplan.ppb.simulate import simulate
-    from ndplan.ppb.solve import evaluate
-    plans = {"even_none": uniform_plan(inst, "none"), "even_selective": uniform_plan(inst, "selective"),
-             "even_full": uniform_plan(inst, "full")}
-    if given is not None:
-        plans["user"] = given
-    out = {}
-    for name, plan in plans.items():
-        fits = max(stage_memory_bytes(inst, plan)) <= inst.pipeline.budget_bytes
-        t = evaluate(inst, plan, cfg)
-        out[name] = {"objective_s": t, "fits": fits, "gain": (t - sol.objective_s) / t if t else 0.0,
-                     "simulated_step_s": simulate(inst, plan).step_s}
-    return out
+def _print_forms(out: dict) -> None:
+    mf, mg = out["mindformers"], out["megatron"]
+    click.echo(f"MindFormers: {mf['error'] if 'error' in mf else json.dumps(mf)}")
+    if "error" in mg:
+        click.echo(f"Megatron-LM: {mg['error']}")
+        return
+    click.echo("Megatron-LM: " + (" ".join(mg["args"]) or "(even split, no recompute: no extra flags)"))
+    for n in mg["notes"]:
+        click.echo(f"  note: {n}")
 
 
-def _print_text(out: dict, sol, sim, layers, pipe: Pipeline) -> None:
+def _print_text(out: dict, res) -> None:
     """The human-readable answer: status, per-stage table, baselines, framework forms."""
+    sol, sim, pipe = res.solution, res.simulation, res.inst.pipeline
     gap = f", gap {sol.gap:.2%}" if sol.gap else ""
     click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)}{gap}; "
                f"replay {fmt_seconds(sim.step_s)}) in {sol.wall_s:.1f} s; budget {fmt_bytes(pipe.budget_bytes)}")
-    click.echo(_index_note(layers))
+    click.echo(_index_note(res.inst.layers))
     click.echo("stage chunk  layers      full sel  t/mb      peak        bubble    imbalance recompute")
     for r in out["stages"]:
         click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {r['recompute'].count('full'):>4} "
@@ -162,43 +137,70 @@ def _print_text(out: dict, sol, sim, layers, pipe: Pipeline) -> None:
     for name, c in out["baselines"].items():
         click.echo(f"vs {name:<13} {fmt_seconds(c['objective_s']):<10} "
                    f"{'fits' if c['fits'] else 'does not fit'}; gain {c['gain']:+.1%}")
-    click.echo(f"MindFormers: {json.dumps(out['mindformers'])}")
-    click.echo("Megatron-LM: " + (" ".join(out["megatron"]["args"]) or "(even split, no recompute: no extra flags)"))
-    for n in out["megatron"]["notes"]:
-        click.echo(f"  note: {n}")
+    _print_forms(out)
+
+
+def _no_plan(res, out: dict, as_json: bool, time_limit) -> None:
+    """No plan: the JSON answer, or the one error line (infeasible budget, or the limit)."""
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    if res.diagnosis is not None:
+        raise NdplanError("budget", fmt_bytes(res.inst.pipeline.budget_bytes), res.diagnosis.message(),
+                          "raise --budget-gib, or give more stages or recompute in the layer file")
+    raise NdplanError("--time-limit", time_limit, f"solver status {res.solution.status}: no plan found", "raise it")
+
+
+def _instance(doc: dict, pp, vpp, m, schedule, budget) -> Instance:
+    layers = layers_from_doc(doc)
+    pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
+                    budget_bytes=_budget(doc, *budget))
+    return Instance(layers=layers, pipeline=pipe)
+
+
+def _seconds(what: str):
+    return Real(lambda f, v: limits.real(f, v, 0.0, limits.MAX_TIME_LIMIT_S, what=what))
+
+
+OPTIONS = [
+    click.option("--layers", "layers_file", required=True, type=click.Path(dir_okay=False),
+                 help="Layer description (ndplan-layers/1 JSON/YAML, or a SAPP layers_description file)."),
+    click.option("--pp", type=Count(hi=limits.MAX_PP, what="a stage count"), required=True, help="Pipeline stages."),
+    click.option("--vpp", type=Count(hi=limits.MAX_PP, what="a chunk count"), default=1, show_default=True,
+                 help="Chunks per stage."),
+    click.option("--m", "m", type=Count(hi=limits.MAX_MICROBATCHES, what="a micro-batch count"), required=True,
+                 help="Micro-batches per step."),
+    click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="Default: 1f1b, interleaved if vpp>1."),
+    click.option("--budget-gib", type=Real(limits.gib), default=None, help="Per-device memory for static + activations."),
+    click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib."),
+    click.option("--reserve-gib", type=Real(lambda f, v: limits.gib(f, v, lo_open=False)), default=None,
+                 help="Default: the layer file's overhead_bytes."),
+    click.option("--time-limit", type=_seconds("seconds"), default=DEFAULT_TIME_LIMIT_S, show_default=True,
+                 help="Solver wall-clock seconds (CP-SAT passes and local search)."),
+    click.option("--deterministic-time", type=_seconds("CP-SAT deterministic time units"), default=None,
+                 help="Instead of --time-limit: a budget in CP-SAT deterministic time (about a second a unit); "
+                      "the plan is then the same on every machine and under any load, for given --workers."),
+    click.option("--workers", type=Count(hi=limits.MAX_WORKERS, what="a worker count"), default=DEFAULT_WORKERS,
+                 show_default=True, help="CP-SAT search workers. A fixed count, not the machine's cores: the plan "
+                                         "found within a limit depends on it, so fixing it keeps results comparable."),
+    click.option("--time-resolution-us", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e6, what="microseconds")),
+                 default=TIME_UNIT_S * 1e6, show_default=True, help="Time unit of the CP-SAT model."),
+    click.option("--plan", "user_plan", default=None,
+                 help="A plan to compare: layers per virtual stage (the layer file's layers, embedding and head "
+                      "included), e.g. 21,20,20,21."),
+    click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan."),
+    click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here."),
+    click.option("--json", "as_json", is_flag=True),
+    emit_options,
+    report_cli.report_csv_options,
+]
+"""``ndplan balance``'s options, top to bottom as --help lists them."""
 
 
 def register(main: click.Group) -> None:
-    @main.command("balance")
-    @click.option("--layers", "layers_file", required=True, type=click.Path(dir_okay=False),
-                  help="Layer description (ndplan-layers/1 JSON/YAML, or a SAPP layers_description file).")
-    @click.option("--pp", type=Count(hi=limits.MAX_PP, what="a stage count"), required=True, help="Pipeline stages.")
-    @click.option("--vpp", type=Count(hi=limits.MAX_PP, what="a chunk count"), default=1, show_default=True,
-                  help="Chunks per stage.")
-    @click.option("--m", "m", type=Count(hi=limits.MAX_MICROBATCHES, what="a micro-batch count"), required=True,
-                  help="Micro-batches per step.")
-    @click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="Default: 1f1b, interleaved if vpp>1.")
-    @click.option("--budget-gib", type=Real(limits.gib), default=None, help="Per-device memory for static + activations.")
-    @click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib.")
-    @click.option("--reserve-gib", type=Real(lambda f, v: limits.gib(f, v, lo_open=False)), default=None,
-                  help="Default: the layer file's overhead_bytes.")
-    @click.option("--time-limit", type=Real(lambda f, v: limits.real(f, v, 0.0, limits.MAX_TIME_LIMIT_S, what="seconds")),
-                  default=DEFAULT_TIME_LIMIT_S, show_default=True, help="CP-SAT wall-clock seconds.")
-    @click.option("--workers", type=Count(hi=limits.MAX_WORKERS, what="a worker count"), default=DEFAULT_WORKERS,
-                  show_default=True, help="CP-SAT workers.")
-    @click.option("--time-resolution-us", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e6, what="microseconds")),
-                  default=TIME_UNIT_S * 1e6, show_default=True, help="Time unit of the CP-SAT model.")
-    @click.option("--plan", "user_plan", default=None,
-                  help="A plan to compare: layers per virtual stage (the layer file's layers, embedding and head "
-                       "included), e.g. 21,20,20,21.")
-    @click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan.")
-    @click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here.")
-    @click.option("--json", "as_json", is_flag=True)
-    @emit_options
-    @report_cli.report_csv_options
-    def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit, workers,
-                    time_resolution_us, user_plan, plan_recompute, timeline, as_json, emit_fmt, emit_out,
-                    **report_kw):
+    def balance_cmd(layers_file, pp, vpp, m, schedule, budget_gib, hardware, reserve_gib, time_limit,
+                    deterministic_time, workers, time_resolution_us, user_plan, plan_recompute, timeline, as_json,
+                    emit_fmt, emit_out, **report_kw):
         """Stage-layer allocation and per-layer recompute that minimise step time under a memory budget.
 
         \b
@@ -207,49 +209,31 @@ def register(main: click.Group) -> None:
           ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --json
           ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --emit mindformers
         """
-        from ndplan.ppb.forms import megatron, mindformers
-        from ndplan.ppb.simulate import simulate
-        from ndplan.ppb.svg import timeline_svg
-
         _check_outputs(emit_fmt, emit_out, as_json, report_kw.get("report_csv"), timeline)
         doc = load_layer_doc(layers_file)
-        layers = layers_from_doc(doc)
-        pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
-                        budget_bytes=_budget(doc, budget_gib, hardware, reserve_gib))
-        inst = Instance(layers=layers, pipeline=pipe)
-        from ndplan.ppb.solve import Config, diagnose, solve  # ortools: import on use (0.3 s)
-        cfg = Config(time_limit_s=time_limit, workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6))
-        given = _user_plan(inst, user_plan, plan_recompute)
-        sol = solve(inst, cfg)
-        out = {"status": sol.status, "objective_s": sol.objective_s, "bound_s": sol.bound_s,
-               "solve_s": sol.wall_s, "budget_bytes": pipe.budget_bytes}
-        if sol.plan is None:
-            if sol.status == "INFEASIBLE":
-                d = diagnose(inst, cfg)
-                out |= {"infeasible": {"stage": d.stage, "overflow_bytes": d.overflow_bytes,
-                                       "min_budget_bytes": d.min_budget_bytes}}
-                if not as_json:
-                    raise NdplanError("budget", fmt_bytes(pipe.budget_bytes), d.message(),
-                                      "raise --budget-gib, or give more stages or recompute in the layer file")
-            if as_json:
-                click.echo(json.dumps(out, indent=2))
-                return
-            raise NdplanError("--time-limit", time_limit, f"solver status {sol.status}: no plan found", "raise it")
-        sim = simulate(inst, sol.plan)
-        out["simulated_step_s"] = sim.step_s
-        out["stages"] = _row(inst, sol.plan, sim)
-        out["baselines"] = _baselines(inst, cfg, sol, given)
-        out["mindformers"] = mindformers(inst, sol.plan)
-        out["megatron"] = megatron(inst, sol.plan)
+        inst = _instance(doc, pp, vpp, m, schedule, (budget_gib, hardware, reserve_gib))
+        from ndplan.ppb.result import balance  # ortools: import on use (0.3 s)
+        from ndplan.ppb.config import Config
+        cfg = Config(time_limit_s=time_limit, deterministic_time=deterministic_time, workers=workers,
+                     scale=Scale(time_s=time_resolution_us * 1e-6))
+        res = balance(inst, cfg, _user_plan(inst, user_plan, plan_recompute))
+        out = res.as_dict()
+        if res.plan is None:
+            return _no_plan(res, out, as_json, time_limit)
         if timeline:
-            Path(timeline).write_text(timeline_svg(sim, f"{pipe.schedule} pp={pp} vpp={vpp} m={m}"))
+            from ndplan.ppb.svg import timeline_svg
+            Path(timeline).write_text(timeline_svg(res.simulation, f"{inst.pipeline.schedule} pp={pp} vpp={vpp} m={m}"))
             out["timeline"] = timeline
-        inputs = {"layers": layers_file, "pp": pp, "vpp": vpp, "m": m, "schedule": pipe.schedule}
-        if report_cli.balance(out, sim, inputs, report_kw):  # writes --report; True when it printed --csv
+        inputs = {"layers": layers_file, "pp": pp, "vpp": vpp, "m": m, "schedule": inst.pipeline.schedule}
+        if report_cli.balance(out, res.simulation, inputs, report_kw):  # writes --report; True when it printed --csv
             return
-        if emit_fmt and _emit_balanced(doc, inst, sol.plan, emit_fmt, emit_out):
+        if emit_fmt and _emit_balanced(doc, res, emit_fmt, emit_out):
             return
         if as_json:
             click.echo(json.dumps(out, indent=2))
             return
-        _print_text(out, sol, sim, layers, pipe)
+        _print_text(out, res)
+
+    for option in reversed(OPTIONS):
+        balance_cmd = option(balance_cmd)
+    main.command("balance")(balance_cmd)

@@ -1,13 +1,25 @@
-"""A PPB result (``ndplan balance``) as the exporters read it: decoder layers and
-recompute modes per virtual stage. Only decoder layers count (ppb/forms.py)."""
+"""A PPB result (``ndplan balance``) as the exporters read it: decoder layers, recompute
+modes and layer kinds per virtual stage, and the framework forms ``ndplan balance``
+prints for a plan alone (no model or strategy: the pipeline parts of the MindFormers and
+Megatron-LM translators, export/mindformers.py and export/megatron.py).
+
+Only decoder layers count in layer numbers (not the embedding, the head or MTP layers),
+as in ``Strategy.layers_per_stage`` and the frameworks' flags."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ndplan.ppb.forms import NOT_DECODER
+from ndplan.errors import NdplanError
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan
+
+NOT_DECODER = ("embedding", "head", "mtp")
+"""Layer kinds that are not decoder layers (ppb/export.py writes these kinds)."""
+LAYOUT_SYMBOL = {"embedding": "E", "head": "L", "mtp": "m"}
+"""Layer kind -> Megatron-LM layout character (megatron/core/transformer/
+pipeline_parallel_layer_layout.py ``parse_str_to_list``: E embedding, L loss, m MTP,
+t decoder); every other kind is a decoder layer, t."""
 
 
 @dataclass(frozen=True)
@@ -28,3 +40,35 @@ class Balance:
         v_all = range(self.inst.pipeline.chunks)
         return (tuple(self._modes(v).count("full") for v in v_all),
                 tuple(self._modes(v).count("selective") for v in v_all))
+
+    def layout_groups(self) -> list[str]:
+        """Megatron-LM layout group of every virtual stage from the layers' kinds. Megatron
+        requires the embedding first and the loss last (``validate_layer_layout``): a
+        layer file without them gets E on the first slice and L on the last, where
+        Megatron-LM builds them."""
+        layers = self.inst.layers
+        groups = ["".join(LAYOUT_SYMBOL.get(layers[i].kind, "t") for i in self.plan.layers(v))
+                  for v in range(self.inst.pipeline.chunks)]
+        if not groups[0].startswith("E"):
+            groups[0] = "E" + groups[0]
+        if not groups[-1].endswith("L"):
+            groups[-1] += "L"
+        return groups
+
+    def mtp_layers(self) -> int:
+        return sum(layer.kind == "mtp" for layer in self.inst.layers)
+
+
+def plan_forms(inst: Instance, plan: Plan) -> dict:
+    """{"mindformers": {offset, recompute, select_recompute} | {"error": ...},
+    "megatron": {"args": [...], "notes": [...]} | {"error": ...}}: what ``ndplan balance``
+    prints for a plan, by the exporters' own translators."""
+    from ndplan.export import megatron, mindformers
+    bal = Balance(inst, plan)
+    out = {}
+    for name, form in (("mindformers", mindformers.plan_fields), ("megatron", megatron.plan_args)):
+        try:
+            out[name] = form(inst.pipeline, bal)
+        except NdplanError as e:
+            out[name] = {"error": e.problem}
+    return out

@@ -12,7 +12,7 @@ Pipeline Parallel"); ``_add_moe_args``: ``--expert-model-parallel-size``,
 ``--global-batch-size``, ``--recompute-granularity full|selective``,
 ``--recompute-method uniform|block``, ``--recompute-num-layers``,
 ``--optimizer-cpu-offload``; ``_add_network_size_args``: ``--num-layers``;
-``_add_data_args``: ``--seq-length``).
+``_add_data_args``: ``--seq-length``; ``_add_mtp_args``: ``--mtp-num-layers``).
 
 Mapping: zero 1 and 2 -> the distributed optimizer (it shards optimizer states and
 fp32 master weights over dp and reduce-scatters gradients); zero 3 -> torch FSDP2
@@ -20,8 +20,13 @@ fp32 master weights over dp and reduce-scatters gradients); zero 3 -> torch FSDP
 (only each layer's input is kept, ndplan's ``full``); of the first N layers of each
 chunk -> ``block`` N. Megatron-LM takes one count for every chunk and one granularity:
 a PPB plan with differing counts gets the largest count and a ``# note``. Uneven
-layers: first/last-stage flags when vpp = 1 and the middle stages are even, else a
-layout (E embedding, t decoder layer, L loss, ``|`` between virtual stages).
+layers: first/last-stage flags when vpp = 1 and the middle stages are even (with pp = 2
+both flags and no middle stage: Megatron-LM's ``get_num_layers_to_build`` then takes
+0 middle layers), else a layout (E embedding, t decoder layer, m MTP layer, L loss, ``|``
+between virtual stages; from a PPB plan, each layer's own kind). A model with MTP layers
+gets ``--mtp-num-layers`` and its m's in the layout: ``validate_layer_layout``
+(megatron/core/transformer/pipeline_parallel_layer_layout.py) asserts that the layout's
+m count equals mtp_num_layers, and that the layout starts with E and ends with L.
 
 Schedules: 1f1b (pp > 1, vpp = 1) and interleaved (vpp > 1) are Megatron-LM's; gpipe,
 zb-h1 and zbv are not expressible (NdplanError).
@@ -50,6 +55,7 @@ FLAG = {
     "offload_optimizer": "--optimizer-cpu-offload", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
     "seq": "--seq-length", "recompute_granularity": "--recompute-granularity",
     "recompute_method": "--recompute-method", "recompute_num_layers": "--recompute-num-layers",
+    "mtp_layers": "--mtp-num-layers",
 }
 """Strategy knob -> Megatron-LM flag: the one table the exporter and the reader
 (interop/megatron.py) use."""
@@ -57,10 +63,15 @@ SWITCHES = ("sp", "distributed_optimizer", "fsdp2", "offload_optimizer")
 """Flags without a value (``store_true``)."""
 
 
+def _check_schedule(p) -> None:
+    """``p``: anything with pp and schedule (a Strategy, a PPB Pipeline)."""
+    if p.pp > 1 and p.schedule not in ("1f1b", "interleaved"):
+        raise cannot(TARGET, "schedule", p.schedule, "it runs 1f1b (vpp=1) or interleaved (vpp>1); "
+                                                     "use --schedule 1f1b/interleaved or --emit torchtitan")
+
+
 def _check(model: ModelSpec, strat: Strategy) -> None:
-    if strat.pp > 1 and strat.schedule not in ("1f1b", "interleaved"):
-        raise cannot(TARGET, "schedule", strat.schedule, "it runs 1f1b (vpp=1) or interleaved (vpp>1); "
-                                                         "use --schedule 1f1b/interleaved or --emit torchtitan")
+    _check_schedule(strat)
     if strat.zero == 3 and strat.pp > 1:
         raise cannot(TARGET, "zero", 3, "FSDP2 (--use-torch-fsdp2) does not run with pipeline parallelism; "
                                         "use zero<=2 or pp=1")
@@ -69,29 +80,51 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
                                                         "optimizer; use zero 1 or 2")
 
 
-def _layout(model: ModelSpec, strat: Strategy, layers) -> dict:
-    L = model.num_hidden_layers
+def _groups(model: ModelSpec, strat: Strategy, balance=None) -> list[str]:
+    """Layout group of every virtual stage: from the PPB plan's layer kinds, else the
+    even (or ``layers_per_stage``) split with E first and the MTP layers and L last."""
+    if balance is not None:
+        return balance.layout_groups()
+    groups = ["t" * n for n in chunk_layers(model, strat)]
+    groups[0], groups[-1] = "E" + groups[0], groups[-1] + "m" * model.mtp_layers + "L"
+    return groups
+
+
+def _layout(p, groups: list[str]) -> dict:
+    """Layer placement flags of ``groups`` (``_groups``); ``p`` has pp and vpp."""
+    layers = [g.count("t") for g in groups]
     if len(set(layers)) == 1:
-        if strat.vpp > 1:
-            return {FLAG["layers_per_vstage"]: L // (strat.pp * strat.vpp)}
+        if p.vpp > 1:
+            return {FLAG["layers_per_vstage"]: layers[0]}
         return {}
     middle = layers[1:-1]
-    if strat.vpp == 1 and len(set(middle)) <= 1:
+    if p.vpp == 1 and len(set(middle)) <= 1:
         return {FLAG["first_layers"]: layers[0], FLAG["last_layers"]: layers[-1]}
-    groups = ["t" * n for n in layers]
-    groups[0], groups[-1] = "E" + groups[0], groups[-1] + "L"
     out = {FLAG["layout"]: "|".join(groups)}
-    if strat.vpp > 1:
-        out[FLAG["vstages_per_rank"]] = strat.vpp
+    if p.vpp > 1:
+        out[FLAG["vstages_per_rank"]] = p.vpp
     return out
 
 
-def _recompute(strat: Strategy, layers, full, sel, balanced: bool) -> tuple[dict, list[str]]:
+def plan_args(p, balance) -> dict:
+    """{"args": [...], "notes": [...]}: the layout, MTP and recompute flags of a PPB plan
+    alone (``ndplan balance``); ``p`` is its Pipeline."""
+    _check_schedule(p)
+    args = _layout(p, balance.layout_groups())
+    if balance.mtp_layers():
+        args[FLAG["mtp_layers"]] = balance.mtp_layers()
+    rec, notes = _recompute(balance.decoder_layers(), *balance.recompute_counts(), uniform=False)
+    return {"args": [f"{k} {shlex.quote(str(v))}" for k, v in (args | rec).items()], "notes": notes}
+
+
+def _recompute(layers, full, sel, uniform: bool) -> tuple[dict, list[str]]:
+    """Recompute flags of (``full``, ``sel``) counts per virtual stage; ``uniform``: an
+    all-layers full recompute may be given as ``uniform`` 1 (not for per-layer plans)."""
     args, notes = {}, []
     gran, method, num = FLAG["recompute_granularity"], FLAG["recompute_method"], FLAG["recompute_num_layers"]
     if max(full):
         every = all(f == n for f, n in zip(full, layers))
-        if every and strat.recompute_layers is None and not balanced:
+        if every and uniform:
             args |= {gran: "full", method: "uniform", num: 1}
         else:
             args |= {gran: "full", method: "block", num: max(full)}
@@ -117,7 +150,9 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     args = {FLAG["layers"]: model.num_hidden_layers, FLAG["tp"]: s.tp, FLAG["pp"]: s.pp, FLAG["cp"]: s.cp}
     if model.is_moe:
         args |= {FLAG["ep"]: s.ep, FLAG["etp"]: s.etp}
-    args |= _layout(model, s, layers)
+    args |= _layout(s, _groups(model, s, balance))
+    if model.mtp_layers:
+        args[FLAG["mtp_layers"]] = model.mtp_layers
     if s.sp and s.tp > 1:
         args[FLAG["sp"]] = True
     if s.zero in (1, 2):
@@ -127,7 +162,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     if s.offload_optimizer:
         args[FLAG["offload_optimizer"]] = True
     args |= {FLAG["mbs"]: s.mbs, FLAG["gbs"]: s.gbs, FLAG["seq"]: s.seq}
-    rec, notes = _recompute(s, layers, full, sel, balance is not None)
+    rec, notes = _recompute(layers, full, sel, uniform=s.recompute_layers is None and balance is None)
     args |= rec
     if s.zero == 2:
         notes.append("zero 2 is given as the distributed optimizer (sharded optimizer states, "

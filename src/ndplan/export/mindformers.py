@@ -12,8 +12,13 @@ shared/validation/mindformers/llama3/): ``parallel_config`` (``data_parallel``,
 ``offset``, ``pp_interleave_num``).
 
 ``offset`` = decoder layers of the slice - L // (pp*vpp), per stage (per chunk and stage
-with vpp > 1); ``select_recompute`` counts selective + full layers (a full recompute also
-drops what selective would; MindSpore SAPP's convention, ppb/forms.py).
+with vpp > 1): MindFormers builds ``L // (pp * pp_interleave_num) + offset[chunk][stage]``
+layers per slice and requires sum(offset) = L % (pp * pp_interleave_num)
+(mindspore-lab/mindformers:mindformers/models/utils.py, ``LayerSetting.__init__`` and
+``_check_inputs``). ``recompute`` and ``select_recompute`` count from the slice's first
+layer, and a fully recomputed layer skips select recompute (``LayerSetting.set``:
+``if not is_full_recompute``), so ``select_recompute`` counts selective + full layers
+for the plan's "full first, then selective" order (also MindSpore SAPP's convention).
 ``vocab_emb_dp`` is False when tp > 1 (the embedding is split over model_parallel).
 ``gradient_aggregation_group`` = 4 is the value of every SAPP example (a fusion knob).
 Schedules other than 1f1b and interleaved are not expressed (NdplanError).
@@ -56,13 +61,35 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
 
 
-def _counts(strat: Strategy, counts, layers):
+def _counts(p, counts, layers):
     """False (none), True (every layer) or the per-stage list form."""
     if not max(counts):
         return False
     if all(c == n for c, n in zip(counts, layers)):
         return True
-    return per_stage(strat, counts)
+    return per_stage(p, counts)
+
+
+def _check_schedule(p) -> None:
+    """``p``: anything with pp and schedule (a Strategy, a PPB Pipeline)."""
+    if p.pp > 1 and p.schedule not in ("1f1b", "interleaved"):
+        raise cannot(TARGET, "schedule", p.schedule, "use --schedule 1f1b or interleaved")
+
+
+def pipeline_fields(p, layers, full, sel) -> dict:
+    """recompute, select_recompute and offset (dotted keys) of decoder ``layers`` and
+    (``full``, ``sel``) recompute counts per virtual stage; ``p`` has pp, vpp, schedule."""
+    offset = [n - sum(layers) // len(layers) for n in layers]
+    return {KEY["full"]: _counts(p, full, layers),
+            KEY["selective"]: _counts(p, [f + x for f, x in zip(full, sel)], layers) if max(sel) else False,
+            KEY["offset"]: per_stage(p, offset) if any(offset) else 0}
+
+
+def plan_fields(p, balance) -> dict:
+    """``pipeline_fields`` of a PPB plan alone (``ndplan balance``), by leaf name."""
+    _check_schedule(p)
+    doc = pipeline_fields(p, balance.decoder_layers(), *balance.recompute_counts())
+    return {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
@@ -70,11 +97,8 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     accumulates ``runner_config.gradient_accumulation_steps`` micro-batches (micro_batch_num
     is a pipeline setting), so pp = 1 writes both."""
     s = strat
-    if s.pp > 1 and s.schedule not in ("1f1b", "interleaved"):
-        raise cannot(TARGET, "schedule", s.schedule, "use --schedule 1f1b or interleaved")
-    layers = chunk_layers(model, s, balance)
-    full, sel = recompute_counts(model, s, balance)
-    base = sum(layers) // len(layers)
+    _check_schedule(s)
+    pipe = pipeline_fields(s, chunk_layers(model, s, balance), *recompute_counts(model, s, balance))
     doc = {KEY["zero"]: s.zero >= 1, KEY["mbs"]: s.mbs}
     if s.pp == 1:
         doc[KEY["grad_accum"]] = s.m
@@ -83,10 +107,8 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         doc[KEY["ep"]] = s.ep
     doc |= {KEY["m"]: s.m, KEY["vocab_emb_dp"]: s.tp == 1, KEY["sp"]: s.sp and s.tp > 1,
             KEY["grad_group"]: GRADIENT_AGGREGATION_GROUP}
-    doc |= {KEY["full"]: _counts(s, full, layers),
-            KEY["selective"]: _counts(s, [f + x for f, x in zip(full, sel)], layers) if max(sel) else False}
-    offset = [n - base for n in layers]
-    doc |= {KEY["seq"]: s.seq, KEY["offset"]: per_stage(s, offset) if any(offset) else 0}
+    doc |= {KEY["full"]: pipe[KEY["full"]], KEY["selective"]: pipe[KEY["selective"]]}
+    doc |= {KEY["seq"]: s.seq, KEY["offset"]: pipe[KEY["offset"]]}
     if s.vpp > 1:
         doc |= {KEY["vpp"]: s.vpp, KEY["interleave"]: True}
     notes = []

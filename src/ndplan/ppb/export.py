@@ -50,6 +50,18 @@ def _times(parts: dict, point) -> tuple[float, float, float]:
     return _value(parts["F"], point) + comm, _value(parts["B"], point) + comm, _value(parts["W"], point)
 
 
+def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
+    """The output layer and loss; ``c`` the activation context of the strategy's mode."""
+    f, b, w = _times(head_parts(spec, M, c), point)
+    # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
+    # (memory.stage_params); under zbv the head sits on stage 0
+    tied_copy = strat.pp > 1 and strat.schedule != "zbv"
+    head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point)
+    return Layer(name="head", kind="head", forward_s=f, backward_input_s=b, backward_weight_s=w,
+                 static_bytes=head_static,
+                 activation_bytes={"none": int(round(_value(A.head_activation(spec, M, c), point)))})
+
+
 def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[tuple[Layer, ...], dict]:
     """(ordered layers, meta) of ``spec`` under ``strat`` on ``hw``."""
     eng = ENGINE_PROFILES[strat.engine]
@@ -79,15 +91,7 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
         if kind not in cache:
             cache[kind] = decoder(kind, f"decoder.{kind}")
         layers.append(cache[kind])
-    head = head_parts(spec, M, c)
-    f, b, w = _times(head, point)
-    # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
-    # (memory.stage_params); under zbv the head sits on stage 0
-    tied_copy = strat.pp > 1 and strat.schedule != "zbv"
-    head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point)
-    head_layer = Layer(name="head", kind="head", forward_s=f, backward_input_s=b, backward_weight_s=w,
-                       static_bytes=head_static,
-                       activation_bytes={"none": int(round(_value(A.head_activation(spec, M, c), point)))})
+    head_layer = _head(spec, M, strat, eng, c, point)
     for k in range(spec.mtp_layers):
         mtp_kind = "moe" if spec.is_moe else "dense"
         base = decoder(mtp_kind, f"mtp.{k}", extra_static=P.mtp_pieces(spec, M))

@@ -239,6 +239,12 @@ SAPP_TIME_KEYS = {"none": "backward_time", "selective": "select_rec_time", "full
 SAPP_DEFAULT_COEF = {"none": 0.0, "selective": 0.04, "full": 0.5}
 """SAPP fallback when a backward time is absent: backward = 2 x time x (1 + coef)
 (SAPP ``Recompute.DEFAULT_COEF``: selective 0.04, full 0.5)."""
+SAPP_KINDS = {"HEAD": "embedding", "BODY": "body", "TAIL": "head"}
+"""SAPP entry type -> layer kind: SAPP's HEAD is the model's first layer (the embedding)
+and TAIL its last (output layer and loss), ``Layer.type_enum`` of SAPP
+``toolkit/pipeline_balance/utils/layer.py``; ndplan's ``head`` is the output layer, so a
+SAPP HEAD must not become one (the exporters count decoder layers by kind,
+export/balance.py)."""
 SAPP_TIME_UNIT_S = 1e-3
 """SAPP profiles state times in milliseconds."""
 SAPP_WEIGHT_GRAD_SHARE = 0.5
@@ -261,7 +267,7 @@ def _sapp_layer(d: dict, where: str) -> Layer:
     act.setdefault("none", 0)
     w = SAPP_WEIGHT_GRAD_SHARE * bwd["none"]
     rec = {m: max(bwd[m] - bwd["none"], 0) * SAPP_TIME_UNIT_S for m in act if m != "none"}
-    return Layer(name=str(d.get("name", where)), kind=str(d.get("type", "BODY")).lower(),
+    return Layer(name=str(d.get("name", where)), kind=SAPP_KINDS[str(d.get("type", "BODY")).upper()],
                  forward_s=fwd * SAPP_TIME_UNIT_S, backward_input_s=(bwd["none"] - w) * SAPP_TIME_UNIT_S,
                  backward_weight_s=w * SAPP_TIME_UNIT_S,
                  static_bytes=int(_number(d, "memory_parameter", where, 0) * MIB),

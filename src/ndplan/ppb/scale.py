@@ -96,9 +96,3 @@ def scale_instance(inst: Instance, sc: Scale) -> Scaled:
 
 
 __all__ = ["MODES", "Scale", "Scaled", "LayerType", "scale_instance"]
-
-
-DEFAULT_TIME_LIMIT_S = 10.0
-"""Solver wall-clock limit unless the caller gives one (the issue's 10 s target)."""
-DEFAULT_WORKERS = 2
-"""CP-SAT search workers (the project's machines have 2 cores)."""

@@ -14,12 +14,15 @@ accounting are its own.
 Memory: a chunk's activations for micro-batch j are alive from the start of F(v, j)
 to the end of B(v, j) (as in the memory model, which frees at B).
 
-Idle split per stage s (busy = m t_s incl. recompute; idle = step - busy):
+The replay alone gives step_s, busy_s, idle_s (= step - busy), the memory series and
+peak_bytes; nothing of formulas/ enters them, so tests can hold the closed forms of
+formulas/step.py to them.
+
+Idle split per stage s (an attribution, not part of the replay; ``_idle_split``):
 recompute_s = m x its recompute seconds; bubble_s = the schedule's bubble for a
-perfectly balanced pipeline of the same total work (1f1b/gpipe (pp-1) tbar,
-interleaved (pp-1) tbar/vpp, zb-h1 (pp-1) max(tbar - 2 Wbar, 0), zbv (pp-1)
-max(Fbar, tbar - 3 Wbar)/2 (formulas/step.py),
-tbar, Fbar, Wbar = stage means);
+perfectly balanced pipeline of the same total work, (pp-1) tbar x the schedule's bubble
+factor of formulas/step.py (``_bubble_factor`` at t = tbar, W = Wbar, F = Fbar, the stage
+means: 1f1b/gpipe 1, interleaved 1/vpp, zb-h1 max(t - 2W, 0)/t, zbv max(F, t - 3W)/(2t));
 bubble_s is at most the stage's idle time (a stage busier than the mean idles less than a
 balanced pipeline would), imbalance_s = idle_s - bubble_s >= 0.
 """
@@ -30,9 +33,10 @@ import heapq
 from dataclasses import dataclass, field
 
 from ndplan.formulas.schedules import op_order, virtual_stage
-from ndplan.ppb.dag import SPLIT_W_SCHEDULES
+from ndplan.formulas.step import _bubble_factor
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, chunk_time_s, slot
+from ndplan.vocab import SPLIT_W_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -62,88 +66,100 @@ class SimResult:
 
 def simulate(inst: Instance, plan: Plan) -> SimResult:
     p = inst.pipeline
-    pp, vpp, m, V = p.pp, p.vpp, p.m, p.chunks
-    zb = p.schedule in SPLIT_W_SCHEDULES
-    times = [chunk_time_s(inst, plan, v) for v in range(V)]
+    times = [chunk_time_s(inst, plan, v) for v in range(p.chunks)]
+    runs, mem = _replay(p, _op_seconds(p, times), _chunk_activation_bytes(inst, plan), _static_bytes(inst, plan))
+    step = max(r.end_s for r in runs)
+    busy = [sum(r.end_s - r.start_s for r in runs if r.stage == s) for s in range(p.pp)]
+    idle = [step - b for b in busy]
+    bubbles, recompute = _idle_split(p, times, busy, idle)
+    return SimResult(step_s=step, busy_s=busy, idle_s=idle, bubble_s=bubbles,
+                     imbalance_s=[i - b for i, b in zip(idle, bubbles)], recompute_s=recompute,
+                     peak_bytes=[max(b for _, b in series) for series in mem], memory=mem, ops=runs)
+
+
+def _op_seconds(p, times: list[dict]) -> dict[tuple[str, int], float]:
+    """Seconds of op kind F, B, W on virtual stage v (B includes W unless it runs apart)."""
+    split_w = p.schedule in SPLIT_W_SCHEDULES
     dur = {}
     for v, t in enumerate(times):
         dur["F", v] = t["F"]
-        dur["B", v] = t["B"] + (0.0 if zb else t["W"])
+        dur["B", v] = t["B"] + (0.0 if split_w else t["W"])
         dur["W", v] = t["W"]
-    act = [sum(inst.layers[i].activation_bytes[plan.recompute[i]] for i in plan.layers(v)) for v in range(V)]
-    static = [0.0] * pp
-    for v in range(V):
+    return dur
+
+
+def _chunk_activation_bytes(inst: Instance, plan: Plan) -> list[float]:
+    """Bytes one micro-batch keeps on each virtual stage from its F to its B."""
+    return [sum(inst.layers[i].activation_bytes[plan.recompute[i]] for i in plan.layers(v))
+            for v in range(inst.pipeline.chunks)]
+
+
+def _static_bytes(inst: Instance, plan: Plan) -> list[float]:
+    p = inst.pipeline
+    static = [0.0] * p.pp
+    for v in range(p.chunks):
         static[slot(p, v)[0]] += sum(inst.layers[i].static_bytes for i in plan.layers(v))
-    vs = lambda s, c: virtual_stage(p.schedule, s, c, pp)  # noqa: E731
+    return static
 
-    done: dict[tuple[str, int, int], float] = {}
 
-    def ready(kind, v, j, now) -> bool:
-        if kind == "F":
-            need = ("F", v - 1, j) if v > 0 else None
-        elif kind == "B":
-            need = ("B", v + 1, j) if v < V - 1 else ("F", v, j)
-        else:
-            need = ("B", v, j)
-        return need is None or (need in done and done[need] <= now)
+def _needs(op: tuple[str, int, int], V: int) -> tuple[str, int, int] | None:
+    """The op whose end op waits for (module docstring), None for the first F."""
+    kind, v, j = op
+    if kind == "F":
+        return ("F", v - 1, j) if v > 0 else None
+    if kind == "B":
+        return ("B", v + 1, j) if v < V - 1 else ("F", v, j)
+    return ("B", v, j)
 
-    orders = [[(k, vs(s, c), j) for k, c, j in op_order(p.schedule, s, pp, vpp, m)] for s in range(pp)]
-    pos = [0] * pp
 
-    def pick(s, now):
-        if pos[s] < len(orders[s]) and ready(*orders[s][pos[s]], now):
-            pos[s] += 1
-            return orders[s][pos[s] - 1]
-        return None
-
-    n_ops = V * m * (3 if zb else 2)
-    busy_until = [0.0] * pp
+def _replay(p, dur, act, static) -> tuple[list[OpRun], list[list[tuple[float, float]]]]:
+    """Run every stage's op order, each op as soon as its stage is idle and its input
+    exists: (ops run, per-stage (time, bytes) series)."""
+    V = p.chunks
+    orders = [[(k, virtual_stage(p.schedule, s, c, p.pp), j) for k, c, j in op_order(p.schedule, s, p.pp, p.vpp, p.m)]
+              for s in range(p.pp)]
+    n_ops = V * p.m * (3 if p.schedule in SPLIT_W_SCHEDULES else 2)
+    pos, done, runs = [0] * p.pp, {}, []
     events: list[tuple[float, int, tuple]] = []  # (end time, stage, op)
-    mem = [[(0.0, static[s])] for s in range(pp)]
-    cur = list(static)
-    runs: list[OpRun] = []
-    now = 0.0
-    idle = set(range(pp))
+    mem, cur = [[(0.0, static[s])] for s in range(p.pp)], list(static)
+    now, idle = 0.0, set(range(p.pp))
     while len(done) < n_ops:
         for s in sorted(idle):
-            op = pick(s, now)
-            if op is None:
+            op = orders[s][pos[s]] if pos[s] < len(orders[s]) else None
+            need = op and _needs(op, V)
+            if op is None or (need is not None and not (need in done and done[need] <= now)):
                 continue
+            pos[s] += 1
             kind, v, j = op
-            end = now + dur[kind, v]
             if kind == "F":
                 cur[s] += act[v]
                 mem[s].append((now, cur[s]))
-            heapq.heappush(events, (end, s, op))
-            runs.append(OpRun(stage=s, kind=kind, v=v, mb=j, start_s=now, end_s=end))
+            heapq.heappush(events, (now + dur[kind, v], s, op))
+            runs.append(OpRun(stage=s, kind=kind, v=v, mb=j, start_s=now, end_s=now + dur[kind, v]))
             idle.discard(s)
-            busy_until[s] = end
         if not events:
             raise RuntimeError(f"{p.schedule} replay deadlocked at t={now} with {n_ops - len(done)} ops left")
         now = events[0][0]
         while events and events[0][0] <= now:
             end, s, op = heapq.heappop(events)
             done[op] = end
-            kind, v, j = op
-            if kind == "B":
-                cur[s] -= act[v]
+            if op[0] == "B":
+                cur[s] -= act[op[1]]
                 mem[s].append((end, cur[s]))
             idle.add(s)
-    step = max(r.end_s for r in runs)
-    busy = [sum(r.end_s - r.start_s for r in runs if r.stage == s) for s in range(pp)]
-    rec = [0.0] * pp
-    w_stage, f_stage = [0.0] * pp, [0.0] * pp
+    return runs, mem
+
+
+def _idle_split(p, times: list[dict], busy: list[float], idle: list[float]) -> tuple[list[float], list[float]]:
+    """(bubble_s, recompute_s) per stage: the attribution of the module docstring, from
+    formulas/step.py's bubble factor (the replay's numbers do not depend on it)."""
+    rec, w_stage, f_stage = [0.0] * p.pp, [0.0] * p.pp, [0.0] * p.pp
     for v, t in enumerate(times):
-        rec[slot(p, v)[0]] += m * t["R"]
-        w_stage[slot(p, v)[0]] += t["W"]
-        f_stage[slot(p, v)[0]] += t["F"]
-    tbar = sum(busy) / m / pp
-    wbar, fbar = sum(w_stage) / pp, sum(f_stage) / pp
-    factor = {"gpipe": tbar, "1f1b": tbar, "interleaved": tbar / vpp, "zb-h1": max(tbar - 2 * wbar, 0.0),
-              "zbv": max(fbar, tbar - 3 * wbar) / 2}
-    bubble = (pp - 1) * factor[p.schedule]
-    idle_s = [step - b for b in busy]
-    bubbles = [min(bubble, i) for i in idle_s]
-    return SimResult(step_s=step, busy_s=busy, idle_s=idle_s, bubble_s=bubbles,
-                     imbalance_s=[i - b for i, b in zip(idle_s, bubbles)], recompute_s=rec,
-                     peak_bytes=[max(b for _, b in series) for series in mem], memory=mem, ops=runs)
+        s = slot(p, v)[0]
+        rec[s] += p.m * t["R"]
+        w_stage[s] += t["W"]
+        f_stage[s] += t["F"]
+    tbar = sum(busy) / p.m / p.pp
+    factor = _bubble_factor(p.schedule, p.vpp, tbar, sum(w_stage) / p.pp, sum(f_stage) / p.pp) if tbar else 0
+    bubble = (p.pp - 1) * tbar * float(factor)
+    return [min(bubble, i) for i in idle], rec

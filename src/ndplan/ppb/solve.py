@@ -3,8 +3,9 @@ plan evaluation under the same model, baselines and infeasibility diagnosis."""
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
@@ -13,21 +14,8 @@ from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.local import polish, unit_durations, unit_memory_fits
 from ndplan.ppb.model import PPBModel
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, uniform_plan
-from ndplan.ppb.scale import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Scale, Scaled, scale_instance
-
-
-
-@dataclass(frozen=True, kw_only=True)
-class Config:
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S
-    """CP-SAT wall-clock limit per solve, seconds."""
-    workers: int = DEFAULT_WORKERS
-    """CP-SAT search workers."""
-    scale: Scale = field(default_factory=Scale)
-    """Time resolution and memory unit (scale.py)."""
-    seed: int = 0
-    """CP-SAT random seed (results are reproducible for a given seed and worker count)."""
-
+from ndplan.ppb.config import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config  # noqa: F401 (re-exported)
+from ndplan.ppb.scale import Scaled, scale_instance
 
 @dataclass(frozen=True, kw_only=True)
 class Solution:
@@ -69,22 +57,62 @@ STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.I
           cp_model.UNKNOWN: "UNKNOWN"}
 
 
-def _solver(cfg: Config) -> cp_model.CpSolver:
+class _Budget:
+    """What one solve may spend: wall-clock seconds, or CP-SAT deterministic time
+    (``Config.deterministic_time``; then only the passes spend it and local search has
+    no deadline)."""
+
+    def __init__(self, cfg: Config, total: float | None = None):
+        self.cfg = cfg
+        self.deterministic = cfg.deterministic_time is not None
+        whole = cfg.deterministic_time if self.deterministic else cfg.time_limit_s
+        self.total = max(whole if total is None else total, MIN_PASS)
+        self.t0 = time.perf_counter()
+        self.passes = 0.0
+        """Deterministic time spent by CP-SAT passes so far."""
+
+    def spent(self) -> float:
+        return self.passes if self.deterministic else time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.total - self.spent()
+
+    def deadline(self, share: float, keep: float = 0.0) -> float:
+        """perf_counter() deadline for local search taking ``share`` of the budget and
+        leaving ``keep`` of it (none in deterministic mode)."""
+        if self.deterministic:
+            return math.inf
+        return min(time.perf_counter() + share * self.total, self.t0 + (1 - keep) * self.total)
+
+    def run(self, pm: PPBModel, limit: float) -> tuple[str, cp_model.CpSolver]:
+        """One CP-SAT pass of at most ``limit`` budget units."""
+        status, solver = _run(pm, self.cfg, max(limit, MIN_PASS))
+        self.passes += solver.deterministic_time
+        return status, solver
+
+
+MIN_PASS = 0.01
+"""Smallest limit of one CP-SAT pass (seconds or deterministic units)."""
+
+
+def _solver(cfg: Config, limit: float) -> cp_model.CpSolver:
     s = cp_model.CpSolver()
-    s.parameters.max_time_in_seconds = cfg.time_limit_s
+    if cfg.deterministic_time is None:
+        s.parameters.max_time_in_seconds = limit
+    else:
+        s.parameters.max_deterministic_time = limit
+        s.parameters.interleave_search = cfg.workers > 1
     s.parameters.num_workers = cfg.workers
     s.parameters.random_seed = cfg.seed
     return s
 
 
-def _run(pm: PPBModel, cfg: Config) -> tuple[str, cp_model.CpSolver, float]:
-    solver = _solver(cfg)
-    t0 = time.perf_counter()
+def _run(pm: PPBModel, cfg: Config, limit: float) -> tuple[str, cp_model.CpSolver]:
+    solver = _solver(cfg, limit)
     code = solver.Solve(pm.model)
-    wall = time.perf_counter() - t0
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"PPB built an invalid CP-SAT model: {pm.model.Validate()}")
-    return STATUS[code], solver, wall
+    return STATUS[code], solver
 
 
 def greedy_hint(inst: Instance) -> Plan:
@@ -108,19 +136,32 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     """Minimise the step time (the longest path of the schedule's op DAG) under the
     memory budget, from ``hint`` or the greedy even split (``_solve_paths``)."""
     t0 = time.perf_counter()
+    whole = _Budget(cfg)
     sc = scale_instance(inst, cfg.scale)
     start = hint or greedy_hint(inst)
     pm = PPBModel(inst, sc)
     if inst.pipeline.vpp > 1:
         first = PPBModel(inst, sc, chunk_slack=CHUNK_SLACK)
-        sol = _solve_paths(inst, sc, first, replace(cfg, time_limit_s=cfg.time_limit_s * BALANCED_PHASE_SHARE),
-                           start, time.perf_counter())
+        phase = _Budget(cfg, whole.total * BALANCED_PHASE_SHARE)
+        sol = _solve_paths(inst, sc, first, phase, start)
+        whole.passes += phase.passes
         pm.add_path_cuts(first.cuts)
         if sol.plan is not None and (not unit_memory_fits(inst, sc, start) or sol.objective_s <= evaluate(inst, start, cfg)):
             start = sol.plan
-    left = replace(cfg, time_limit_s=max(cfg.time_limit_s - (time.perf_counter() - t0), 0.01))
-    sol = _solve_paths(inst, sc, pm, left, start, time.perf_counter())
+    rest = _Budget(cfg, whole.left())
+    sol = _solve_paths(inst, sc, pm, rest, start)
     return replace(sol, wall_s=time.perf_counter() - t0)
+
+
+BOUND_TOLERANCE = 1e-6
+"""CP-SAT reports the objective bound as a double (27999.999999999996 for a proven
+28000); the objective Z is an integer (time units), so a bound within this of an integer
+proves that integer."""
+
+
+def integer_bound(bound: float) -> int:
+    """The proven lower bound on the integer objective."""
+    return math.ceil(bound - BOUND_TOLERANCE)
 
 
 PASS_SHARE = 0.3
@@ -133,37 +174,42 @@ FINAL_POLISH_SHARE = 0.1
 proven optimal by the relaxation drops recompute that does not change its step time."""
 
 
-def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_plan: Plan, t0: float) -> Solution:
+def _seed_cuts(inst: Instance, sc: Scaled, pm: PPBModel, graph, stages, start_plan: Plan) -> tuple[int, Plan] | None:
+    """Cut the paths of the start plan and of the even plans; (its length, start_plan)
+    as the first incumbent when it fits, else None."""
+    for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
+        for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
+            pm.add_path_cut(c)
+    if not unit_memory_fits(inst, sc, start_plan):
+        return None
+    return dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan
+
+
+def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, start_plan: Plan) -> Solution:
     """Fixed-order schedules: minimise Z over path cuts (model.py), adding the critical
     paths of each solved plan until a solve's optimum is its own longest path. Every
     relaxation bound is a valid bound (it has a subset of the paths); the incumbent is
     the best plan by its longest path, the replayed step time; each solved plan is
     polished by local search (local.py) before the next solve."""
+    t0 = time.perf_counter()
     p = inst.pipeline
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
-    end = t0 + cfg.time_limit_s
-    deadline = end - FINAL_POLISH_SHARE * cfg.time_limit_s
+    total = budget.total
     stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
-    for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
-        for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
-            pm.add_path_cut(c)
-    best: tuple[int, Plan] | None = None
-    if unit_memory_fits(inst, sc, start_plan):
-        best = (dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan)
+    best = _seed_cuts(inst, sc, pm, graph, stages, start_plan)
     bound = 0.0
     status = "UNKNOWN"
-    while time.perf_counter() < deadline:
+    while (left := budget.left() - FINAL_POLISH_SHARE * total) > 0:
         pm.model.ClearHints()
         pm.hint(best[1] if best else start_plan)
-        left = deadline - time.perf_counter()
-        status, solver, _ = _run(pm, replace(cfg, time_limit_s=max(min(left, PASS_SHARE * cfg.time_limit_s), 0.01)))
+        status, solver = budget.run(pm, min(left, PASS_SHARE * total))
         if status == "INFEASIBLE":
             return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
         if status == "UNKNOWN":
-            if best is None and time.perf_counter() < deadline:
+            if best is None and budget.left() > FINAL_POLISH_SHARE * total:
                 continue
             break
-        bound = max(bound, solver.BestObjectiveBound())
+        bound = max(bound, integer_bound(solver.BestObjectiveBound()))
         plan = pm.plan(solver)
         dur = unit_durations(inst, sc, plan)
         length, counts = dag.longest_path(graph, dur)
@@ -171,16 +217,15 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, cfg: Config, start_pl
         for c in dag.paths_through(graph, dur, stages):
             new |= pm.add_path_cut(c)
         if length > bound:
-            length, plan = polish(inst, sc, graph, plan, length,
-                                   min(deadline, time.perf_counter() + LOCAL_SEARCH_SHARE * cfg.time_limit_s),
-                                   pm.add_path_cut)
+            deadline = budget.deadline(LOCAL_SEARCH_SHARE, keep=FINAL_POLISH_SHARE)
+            length, plan = polish(inst, sc, graph, plan, length, deadline, pm.add_path_cut)
         if best is None or length < best[0]:
             best = (length, plan)
         if bound >= best[0] or (status == "OPTIMAL" and not new):
             break  # proven (a relaxation optimum whose critical paths are all cuts is its longest path)
-    unit = cfg.scale.time_s
+    unit = budget.cfg.scale.time_s
     if best is not None:
-        best = polish(inst, sc, graph, best[1], best[0], end, pm.add_path_cut)
+        best = polish(inst, sc, graph, best[1], best[0], budget.deadline(1.0), pm.add_path_cut)
     wall = time.perf_counter() - t0
     if best is None:
         return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
@@ -203,7 +248,8 @@ def diagnose(inst: Instance, cfg: Config = Config()) -> Diagnosis:
     sc = scale_instance(inst, cfg.scale)
     pm = PPBModel(inst, sc, objective="memory", enforce_memory=False)
     pm.hint(uniform_plan(inst, "full"))
-    status, solver, _ = _run(pm, cfg)
+    budget = _Budget(cfg)
+    status, solver = budget.run(pm, budget.total)
     if status not in ("OPTIMAL", "FEASIBLE"):
         raise RuntimeError(f"the memory-minimising model returned {status}")
     mems = [max(solver.Value(e) for e in exprs) for exprs in pm.mem]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from ndplan.ppb.simulate import SimResult
+from ndplan.units import GIB
 
 COLORS = {"F": "#4e79a7", "B": "#f28e2b", "W": "#59a14f"}
 ROW_PX, WIDTH_PX, LEFT_PX, TOP_PX = 28, 1200, 70, 30
@@ -31,7 +32,7 @@ def timeline_svg(r: SimResult, title: str = "") -> str:
             out.append(f'<text x="{x + 2:.2f}" y="{y + ROW_PX * 0.6:.1f}" fill="white" font-size="9">{op.mb}</text>')
     peak = max(r.peak_bytes) or 1.0
     base = TOP_PX + pp * ROW_PX + 20
-    out.append(f'<text x="4" y="{base - 6}">memory (peak {peak / 2**30:.2f} GiB)</text>')
+    out.append(f'<text x="4" y="{base - 6}">memory (peak {peak / GIB:.2f} GiB)</text>')
     for s, series in enumerate(r.memory):
         pts = []
         last = series[0][1]
