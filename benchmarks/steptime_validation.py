@@ -85,6 +85,7 @@ import ndplan
 from ndplan.catalog.model import model_from_config
 from ndplan.engines import ENGINE_PROFILES
 from ndplan.formulas import flops as FL
+from ndplan.symbols import model_symbols
 
 from shared_data import validation_dir  # noqa: E402 (benchmarks/shared_data.py)
 
@@ -165,7 +166,7 @@ def measured_step(src: str, c: dict, model, strat) -> tuple[float, str]:
         F = 72 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (12 * L * h))
         return F / tflops, "Megatron model FLOPs / (TFLOPS*GPUs)"
     if src == "llama3":
-        F = float(FL.model_flops_per_sequence(model, model.symbols(), s)) * B
+        F = float(FL.model_flops_per_sequence(model, model_symbols(model), s)) * B
         return F / tflops, "ndplan model FLOPs (causal) / (TFLOPS*GPUs)"
     if src == "nemo":
         g, a, f = m["kv_heads"], m["heads"], m["ffn"]

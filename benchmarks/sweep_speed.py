@@ -28,12 +28,10 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ndplan import load_hardware, load_model  # noqa: E402
-from ndplan.estimate import stage_breakdown, structural_key  # noqa: E402
-from ndplan.formulas.step import step_time  # noqa: E402
-from ndplan.kernels import cached_kernel  # noqa: E402
+from ndplan.estimate import memory_kernel, time_kernel  # noqa: E402
 from ndplan.space import Group, generate  # noqa: E402
 from ndplan.sweep import evaluate_group, row_strategy, sweep  # noqa: E402
-from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS  # noqa: E402
+from ndplan.structure import structure  # noqa: E402
 
 N_ROWS = 1_000_000
 N_LOOP = 3_000
@@ -58,9 +56,8 @@ def evaluation_rate() -> None:
     # baseline: the same generated formulas, called one candidate at a time from Python
     strat = row_strategy({**{k: g.grid[k][0] for k in g.grid}, "vpp": g.vpp, "zero": g.zero, "sp": g.sp,
                           "recompute": g.recompute, "schedule": g.schedule}, 8192, 1024, {})
-    key = structural_key(model, strat)
-    fm = cached_kernel(key + ("memory",), lambda: stage_breakdown(model, strat))
-    ft = cached_kernel(key + ("time",), lambda: step_time(model, model.symbols(), strat), STRATEGY_SYMBOLS + HW_SYMBOLS)
+    view = structure(model, strat)
+    fm, ft = memory_kernel(model, view), time_kernel(model, view)
     t0 = time.perf_counter()
     for i in range(N_LOOP):
         row = {k: float(v[i]) for k, v in big.grid.items()} | {"vpp": 1.0, "seq": 8192.0, "nrec": 0.0}

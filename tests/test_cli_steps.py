@@ -62,8 +62,6 @@ def test_estimate_and_compare_derive_the_same_strategy():
     assert (a["dp"], a["schedule"], b[1]["schedule"]) == (8, "interleaved", "1f1b")
 
 
-@pytest.mark.xfail(reason="space.why still defaults the schedule to 1f1b whatever vpp is; "
-                          "it should complete the point with points.default_schedule", strict=False)
 def test_why_defaults_the_schedule_as_estimate_does():
     """``sweep --why "pp=2,vpp=2"`` on 16 devices: estimate takes that point as an
     interleaved pipeline (dp 8, m = 16/8 = 2, a multiple of pp), a valid candidate."""

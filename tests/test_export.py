@@ -17,7 +17,7 @@ from ndplan.catalog import load_model
 from ndplan.cli import main
 from ndplan.errors import NdplanError
 from ndplan.export import EMITTERS, Balance, emit
-from ndplan.export.common import chunk_layers, recompute_counts
+from ndplan.export.common import layers_per_chunk, recompute_counts
 from ndplan.ppb.instance import Instance, Layer, Pipeline
 from ndplan.ppb.plan import Plan
 from ndplan.strategy import Strategy
@@ -82,7 +82,7 @@ def test_megatron_parses_back(model, s):
         assert (a.expert_model_parallel_size, a.expert_tensor_parallel_size) == (s.ep, s.etp)
     assert a.sequence_parallel == (s.sp and s.tp > 1)
     assert a.use_distributed_optimizer == (s.zero in (1, 2)) and a.use_torch_fsdp2 == (s.zero == 3)
-    assert megatron_layers(a, model.num_hidden_layers, s.pp, s.vpp) == list(chunk_layers(model, s))
+    assert megatron_layers(a, model.num_hidden_layers, s.pp, s.vpp) == list(layers_per_chunk(model, s))
     assert (a.recompute_granularity or "none") == s.recompute
     if s.recompute == "full":
         assert (a.recompute_method, a.recompute_num_layers) == (("uniform", 1) if s.recompute_layers is None
@@ -114,7 +114,7 @@ def test_torchtitan_parses_back(model, s):
                                                    "zbv": "ZBVZeroBubble"}[s.schedule]
         if "pipeline_parallel_split_points" in p:
             cuts = [0] + [int(x.split(".")[1]) for x in p["pipeline_parallel_split_points"]] + [model.num_hidden_layers]
-            assert [b - a for a, b in zip(cuts, cuts[1:])] == list(chunk_layers(model, s))
+            assert [b - a for a, b in zip(cuts, cuts[1:])] == list(layers_per_chunk(model, s))
         else:
             assert p["pipeline_parallel_layers_per_stage"] * s.pp * s.vpp == model.num_hidden_layers
     else:  # gradient accumulation: global / (local * dp) micro-batches
@@ -177,9 +177,9 @@ def test_mindformers_parses_back(model, s):
     assert mc.get("pp_interleave_num", 1) == s.vpp and mc["seq_length"] == s.seq
     base = model.num_hidden_layers // (s.pp * s.vpp)
     offset = [0] * (s.pp * s.vpp) if mc["offset"] == 0 else _flat(s, mc["offset"])
-    assert [base + o for o in offset] == list(chunk_layers(model, s))
+    assert [base + o for o in offset] == list(layers_per_chunk(model, s))
     full, sel = recompute_counts(model, s)
-    layers = chunk_layers(model, s)
+    layers = layers_per_chunk(model, s)
     want_full = True if full == layers else (False if not max(full) else None)
     if want_full is None:
         assert _flat(s, rc["recompute"]) == list(full)

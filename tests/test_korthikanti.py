@@ -30,6 +30,7 @@ import ndplan
 from ndplan import symbols as S
 from ndplan.formulas import activations as A
 from ndplan.formulas.memory import act_context
+from ndplan.symbols import model_symbols
 
 SEQ = 2048
 TP = 8
@@ -81,7 +82,7 @@ def ndplan_layer(name, t, b, sp_on, recompute) -> sp.Expr:
     spec = ndplan.load_model(name)
     strat = strategy(t, sp_on, recompute)
     ctx = act_context(spec, strat)
-    expr = A.layer_activation(spec, spec.symbols(), ctx, "dense", strat.recompute)
+    expr = A.layer_activation(spec, model_symbols(spec), ctx, "dense", strat.recompute)
     val = sp.sympify(expr).subs({S.tp: t, S.cp: 1, S.mbs: b, S.seq: SEQ})
     assert val.is_Rational, f"unsubstituted symbols left: {val}"
     return val

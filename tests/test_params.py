@@ -17,6 +17,7 @@ import yaml
 
 import ndplan
 from ndplan.formulas.params import params_total
+from ndplan.symbols import model_symbols
 
 DATA = Path(__file__).parent / "data" / "hf_param_counts.yaml"
 HF_COUNTS: dict[str, int] = {name: int(row["params"])
@@ -24,7 +25,7 @@ HF_COUNTS: dict[str, int] = {name: int(row["params"])
 
 
 def _count(spec) -> int:
-    n = params_total(spec, spec.symbols())
+    n = params_total(spec, model_symbols(spec))
     assert n.is_Integer, f"params_total of {spec.name} is not an integer: {n}"
     return int(n)
 
@@ -64,8 +65,8 @@ def test_params_total_matches_issue(name, expected, source):
 def test_deepseek_v3_mtp_is_excluded_by_default():
     spec = ndplan.load_model("deepseek-v3")
     assert spec.mtp_layers >= 1
-    main = int(params_total(spec, spec.symbols()))
-    with_mtp = int(params_total(spec, spec.symbols(), mtp=True))
+    main = int(params_total(spec, model_symbols(spec)))
+    with_mtp = int(params_total(spec, model_symbols(spec), mtp=True))
     assert main == 671_026_404_352
     assert with_mtp > main
 

@@ -137,7 +137,7 @@ WHY_TABLE = [
     ("llama3-8b", {"tp": 1, "pp": 16, "vpp": 4, "schedule": "interleaved"}, "layers"),  # 64 > 32
     ("llama3-8b", {"tp": 2, "cp": 8}, "seq"),                       # seq 2052 % 8
     ("llama3-8b", {"tp": 1, "mbs": 3}, "batch"),                    # 16*3 does not divide 64
-    ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 2}, "schedule"),        # 1f1b with vpp 2
+    ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 2, "schedule": "1f1b"}, "schedule"),  # 1f1b with vpp 2
     ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 2, "schedule": "interleaved"}, None),
     ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 1, "schedule": "interleaved"}, "schedule"),
     ("llama3-8b", {"tp": 2, "pp": 2, "vpp": 4, "schedule": "zbv"}, "schedule"),

@@ -21,6 +21,7 @@ from ndplan.estimate import estimate
 from ndplan.formulas.step import step_time
 from ndplan.kernels import compile_breakdown
 from ndplan.sweep import find_min_gpus, pareto_front, row_strategy, sweep
+from ndplan.symbols import model_symbols
 
 H100 = load_hardware("h100-sxm")
 SMALL_SPACE = {"mbs": [1, 2], "zero": [1, 3], "recompute": ["none", "full"]}
@@ -128,7 +129,7 @@ def test_time_kernel_equals_subs(name, schedule, recompute, zero, dp, tp, cp, mb
         strat.check(model)
     except Exception:
         return
-    bd = step_time(model, model.symbols(), strat)
+    bd = step_time(model, model_symbols(model), strat)
     hw = load_hardware(random.Random(seed).choice(["h100-sxm", "a100-80gb", "ascend-910b"])).kernel_values()
     point = {S.dp: dp, S.tp: tp, S.pp: pp, S.vpp: vpp, S.cp: cp, S.ep: ep, S.etp: 1, S.mbs: mbs, S.m: strat.m,
              S.seq: 4096, S.nrec: 0, S.stage: 0}

@@ -9,7 +9,7 @@ Notebook API (see README):
     >>> est = ndplan.estimate(model, hw, strat)
     >>> est.peak_bytes, est.step_s, est.mfu
     >>> res = ndplan.sweep(model, hw, gpus=64, seq=8192, gbs=512)   # exhaustive search
-    >>> ndplan.step_time(model, model.symbols(), strat)["time.tp_comm"].expr   # a closed form
+    >>> ndplan.step_time(model, ndplan.model_symbols(model), strat)["time.tp_comm"].expr   # a closed form
 """
 
 from ndplan.errors import NdplanError
@@ -22,6 +22,7 @@ from ndplan.kernels import compile_breakdown
 from ndplan.formulas.step import step_time
 from ndplan.sweep import sweep, SweepResult
 from ndplan import hooks
+from ndplan.symbols import model_symbols
 
 __all__ = [
     "NdplanError",
@@ -40,6 +41,7 @@ __all__ = [
     "Breakdown",
     "compile_breakdown",
     "step_time",
+    "model_symbols",
     "sweep",
     "SweepResult",
     "hooks",

@@ -36,6 +36,7 @@ from ndplan.strategy import Strategy
 from ndplan.sweep import mem_limit as sweep_mem_limit
 from ndplan.sweep import sweep
 from ndplan.units import GIB
+from ndplan.labels import label
 
 DISTANCE_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "sp", "recompute", "schedule",
                    "layers_per_stage")
@@ -166,12 +167,8 @@ def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
             name = ci.path.name
             diff = difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}", f"b/{name}")
             return "".join(diff), text
-    raise NdplanError("strategy", _plain_strategy(strat), f"{ci.fmt} form does not read back as this strategy",
+    raise NdplanError("strategy", label(strat, sep=","), f"{ci.fmt} form does not read back as this strategy",
                       "the file's format cannot express it")
-
-
-def _plain_strategy(s: Strategy) -> str:
-    return f"dp={s.dp},tp={s.tp},pp={s.pp},cp={s.cp},vpp={s.vpp},mbs={s.mbs},zero={s.zero},recompute={s.recompute}"
 
 
 def _space(ci: CheckInput) -> dict:

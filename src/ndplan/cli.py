@@ -24,6 +24,7 @@ from ndplan.export import emit
 from ndplan.paths import output_file
 from ndplan.estimate import estimate as run_estimate
 from ndplan.report import cli as report_cli
+from ndplan.symbols import model_symbols
 
 
 @click.group(cls=Cli, name="ndplan", context_settings={"help_option_names": ["-h", "--help"]})
@@ -144,7 +145,7 @@ def models(as_json):
     for m in list_models():
         rows.append({"name": m.name, "model_type": m.model_type, "architecture": m.architecture,
                      "layers": m.num_hidden_layers, "hidden_size": m.hidden_size,
-                     "params_total": int(params_total(m, m.symbols())), "source": m.source})
+                     "params_total": int(params_total(m, model_symbols(m))), "source": m.source})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

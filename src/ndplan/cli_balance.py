@@ -20,6 +20,7 @@ from ndplan.report import cli as report_cli
 from ndplan.vocab import RECOMPUTE_MODES as MODES
 from ndplan.vocab import SCHEDULES
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
+from ndplan.points import default_schedule
 
 
 def _budget(meta: dict, budget_gib, hardware, reserve_gib) -> int:
@@ -153,7 +154,7 @@ def _no_plan(res, out: dict, as_json: bool, time_limit) -> None:
 
 def _instance(doc: dict, pp, vpp, m, schedule, budget) -> Instance:
     layers = layers_from_doc(doc)
-    pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
+    pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or default_schedule(vpp),
                     budget_bytes=_budget(doc, *budget))
     return Instance(layers=layers, pipeline=pipe)
 

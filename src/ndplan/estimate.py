@@ -26,6 +26,7 @@ from ndplan.strategy import Strategy
 from ndplan.structure import Structure, kernel_key, structure
 from ndplan.terms import Breakdown
 from ndplan.throughput import tokens_per_s_per_device, utilization
+from ndplan.symbols import model_symbols
 
 
 def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
@@ -44,8 +45,8 @@ def stage_breakdown(model: ModelSpec, view: Structure, stage: int | None = None)
         stage = S.stage if symbolic_stage_ok(model, view) else 0
     if not isinstance(stage, sp.Symbol) and not symbolic_stage_ok(model, view):
         # uneven layouts: layer counts need concrete pp and stage
-        return stage_memory(model, model.symbols(), view, sp.Integer(stage))
-    return stage_memory(model, model.symbols(), view, stage)
+        return stage_memory(model, model_symbols(model), view, sp.Integer(stage))
+    return stage_memory(model, model_symbols(model), view, stage)
 
 
 def memory_kernel(model: ModelSpec, view: Structure, stage: int | None = None):
@@ -57,7 +58,7 @@ def memory_kernel(model: ModelSpec, view: Structure, stage: int | None = None):
 
 def time_kernel(model: ModelSpec, view: Structure):
     """The compiled step-time kernel of ``view`` (arguments: strategy and hardware symbols)."""
-    return cached_kernel(kernel_key(model, view, "time"), lambda: step_time(model, model.symbols(), view),
+    return cached_kernel(kernel_key(model, view, "time"), lambda: step_time(model, model_symbols(model), view),
                          STRATEGY_SYMBOLS + HW_SYMBOLS, use_disk=not view.hooks)
 
 
@@ -170,7 +171,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
         nrec = np.broadcast_to(np.asarray(point["nrec"], dtype=float), (strat.pp,))
         values = [memory_kernel(model, view, int(i))(**(point | {"nrec": nrec[i]}), stage=float(i)) for i in stages]
     rows = _stage_rows(values, stages)
-    M = model.symbols()
+    M = model_symbols(model)
     host = host_memory(model, M, strat, sp.Integer(0))
     host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
     tview = structure(model, strat, engine)

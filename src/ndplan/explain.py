@@ -21,6 +21,7 @@ from ndplan.formulas.step import step_time
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
+from ndplan.symbols import model_symbols
 
 _PARAM_SRC = ("Hugging Face transformers module structure of the model type (formulas/params.py); "
               "held to transformers' exact counts in tests/data/hf_param_counts.yaml")
@@ -64,7 +65,7 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
             term: str | None = None, hardware: Hardware | None = None) -> list[Explained]:
     """Every Term (parameters, memory of ``stage``, and with ``hardware`` the step-time
     Terms) with its closed form and its value at the strategy."""
-    concrete = spec.symbols()
+    concrete = model_symbols(spec)
     M = ModelSymbols.symbolic() if symbolic else concrete
     model_subs = M.as_subs(concrete) if symbolic else {}
     stage_arg = S.stage if symbolic_stage_ok(spec, strat) else sp.Integer(stage)

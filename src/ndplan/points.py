@@ -74,3 +74,14 @@ def strategy_from_point(point: Mapping, gpus: int | None = None, field: str = "-
     every value; ``Strategy.check(model, gpus)`` is the caller's (it needs the model).
     """
     return Strategy(**complete_point(point, gpus, field, context))
+
+
+#: Fields of a sweep row (space.Group grid + its categorical knobs) and their Python types.
+ROW_FIELDS = {"dp": int, "tp": int, "pp": int, "cp": int, "ep": int, "etp": int, "vpp": int, "mbs": int,
+              "zero": int, "sp": bool, "recompute": str, "schedule": str}
+
+
+def strategy_from_row(row: Mapping, seq: int, gbs: int, base: Mapping | None = None) -> Strategy:
+    """The Strategy of one sweep candidate (numpy scalars welcome; ``m`` is derived)
+    with the sweep's seq, gbs and fixed fields ``base`` (engine, dtypes, ...)."""
+    return Strategy(**{k: t(row[k]) for k, t in ROW_FIELDS.items()}, gbs=gbs, seq=seq, **(base or {}))

@@ -54,6 +54,7 @@ import numpy as np
 from ndplan.catalog.files import read_mapping
 from ndplan.catalog.model import ModelSpec
 from ndplan import limits
+from ndplan import points as P
 from ndplan import rules as R
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
@@ -66,9 +67,6 @@ DEGREE_DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
 #: Keys of ``Group.grid``; ``m`` = gbs // (dp*mbs) micro-batches per step.
 GRID_KEYS = ("dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m")
 AUTO_MBS = tuple(range(1, 9))
-#: Values ``why`` gives a dimension the point leaves out (dp is derived from gpus).
-POINT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": 1, "zero": 1,
-                  "recompute": "none", "schedule": "1f1b", "sp": True}
 #: Sweep arguments people put in a space file by mistake.
 _NOT_DIMS = {"gbs": "--gbs", "seq": "--seq", "gpus": "--gpus", "model": "--model", "hardware": "--hardware"}
 
@@ -341,11 +339,9 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
 def group_strategies(group: Group, seq: int, gbs: int, rows=None, engine: str = "megatron") -> list[Strategy]:
     """``Strategy`` objects for some rows of a group (all rows when ``rows`` is None)."""
     rows = range(len(group)) if rows is None else rows
-    g = group.grid
-    return [Strategy(dp=int(g["dp"][i]), tp=int(g["tp"][i]), pp=int(g["pp"][i]), cp=int(g["cp"][i]),
-                     ep=int(g["ep"][i]), etp=int(g["etp"][i]), vpp=group.vpp, mbs=int(g["mbs"][i]),
-                     gbs=gbs, seq=seq, zero=group.zero, sp=group.sp, recompute=group.recompute,
-                     schedule=group.schedule, engine=engine)
+    cat = {"vpp": group.vpp, "zero": group.zero, "sp": group.sp, "recompute": group.recompute,
+           "schedule": group.schedule}
+    return [P.strategy_from_row({**{k: group.grid[k][i] for k in GRID_KEYS}, **cat}, seq, gbs, {"engine": engine})
             for i in rows]
 
 
@@ -355,7 +351,8 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
     """Why ``point`` is not a candidate: ``"<rule>: <explanation>"``, or None if it is one.
 
     Missing dimensions take the space's value when it fixes one (its first listed value
-    when the default is not listed), else POINT_DEFAULTS; a missing dp is
+    when the default is not listed), else the defaults of ``points`` (Strategy's, the
+    schedule interleaved when vpp > 1); a missing dp is
     gpus/(tp*pp*cp). A point that passes every rule but lies outside the space's values
     gets ``"space: ..."`` (not a RULES name: generate never makes such a point).
     """
@@ -371,7 +368,7 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
         if given[dim] is not None:
             p[dim] = given[dim][0]
         else:
-            default = POINT_DEFAULTS[dim]
+            default = P.default_schedule(p["vpp"]) if dim == "schedule" else P.STRATEGY_DEFAULTS[dim]
             p[dim] = default if default in dom[dim] else dom[dim][0]
     rest = p["tp"] * p["pp"] * p["cp"]
     if given["dp"] is None and gpus % rest:

@@ -27,9 +27,11 @@ from ndplan.formulas import flops as FL
 from ndplan.formulas.placement import leading_dense, symbolic_layout
 from ndplan.throughput import utilization
 from ndplan.space import GRID_KEYS, Candidates, Group, generate
+from ndplan.points import strategy_from_row
 from ndplan.strategy import Strategy
 from ndplan.structure import NUMERIC_FIELDS, kernel_key, structure
 from ndplan.units import GIB
+from ndplan.symbols import model_symbols
 
 SORT_KEYS = ("time", "memory", "mfu")
 #: Columns of the candidate table, in order (axis 1 of ``Table.numeric``).
@@ -107,11 +109,8 @@ class SweepResult:
         }
 
 
-def row_strategy(p: Mapping, seq: int, gbs: int, base: Mapping) -> Strategy:
-    return Strategy(dp=int(p["dp"]), tp=int(p["tp"]), pp=int(p["pp"]), cp=int(p["cp"]), ep=int(p["ep"]),
-                    etp=int(p["etp"]), vpp=int(p["vpp"]), mbs=int(p["mbs"]), gbs=gbs, seq=seq,
-                    zero=int(p["zero"]), sp=bool(p["sp"]), recompute=str(p["recompute"]),
-                    schedule=str(p["schedule"]), **base)
+row_strategy = strategy_from_row
+"""A sweep row's Strategy (points.strategy_from_row)."""
 
 
 def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping):
@@ -288,7 +287,7 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
     front = np.sort(front)  # rank order
     top_est = [estimate(model, hw, row_strategy(table.point(i), seq, gbs, base), gpus)
                for i in range(min(top, feasible))]
-    flops = float(FL.model_flops_per_sequence(model, model.symbols(), seq)) * gbs
+    flops = float(FL.model_flops_per_sequence(model, model_symbols(model), seq)) * gbs
     return SweepResult(model=model, hardware=hw, gpus=gpus, seq=seq, gbs=gbs, mem_limit_bytes=cap,
                        candidates=cands, table=table, feasible=feasible, top=top_est,
                        pareto=[int(i) for i in front], flops_per_step=flops,

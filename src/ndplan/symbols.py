@@ -60,7 +60,7 @@ def _posreal(name: str) -> sp.Symbol:
 peak = _posreal("peak")            #: dense tensor-core FLOP/s of the compute dtype
 eff_gemm = _posreal("eff_gemm")    #: achieved / peak FLOP/s of large GEMMs
 eff_attn = _posreal("eff_attn")    #: achieved / peak FLOP/s of the fused attention core
-hbm = _posreal("hbm")              #: HBM bandwidth, B/s
+hbm_bytes_per_s = _posreal("hbm_bytes_per_s")  #: HBM bandwidth, B/s (the capacity is Hardware.hbm_gib)
 eff_hbm = _posreal("eff_hbm")      #: achieved / nominal HBM bandwidth of streaming kernels
 bw_intra = _posreal("bw_intra")    #: per-device unidirectional intra-node bandwidth, B/s
 bw_inter = _posreal("bw_inter")    #: per-device unidirectional NIC bandwidth, B/s
@@ -70,7 +70,7 @@ lat_intra = _posreal("lat_intra")  #: latency per collective step inside a node,
 lat_inter = _posreal("lat_inter")  #: latency per collective step across nodes, s
 node = _posreal("node")            #: devices per node
 
-HW_SYMBOLS: tuple[sp.Symbol, ...] = (peak, eff_gemm, eff_attn, hbm, eff_hbm, bw_intra, bw_inter,
+HW_SYMBOLS: tuple[sp.Symbol, ...] = (peak, eff_gemm, eff_attn, hbm_bytes_per_s, eff_hbm, bw_intra, bw_inter,
                                      eff_intra, eff_inter, lat_intra, lat_inter, node)
 
 #: Strategy symbols in the canonical argument order of compiled kernels.
@@ -102,6 +102,19 @@ class ModelSymbols:
     dv: sp.Expr  #: MLA v_head_dim
 
     @classmethod
+    def of(cls, spec) -> "ModelSymbols":
+        """A model's sizes (a catalog ModelSpec) as SymPy Integers: the catalog itself
+        builds no SymPy (symbols depend on the catalog, never the other way)."""
+        I = sp.Integer
+        return cls(
+            h=I(spec.hidden_size), L=I(spec.num_hidden_layers), a=I(spec.num_attention_heads),
+            kv=I(spec.num_key_value_heads), d=I(spec.head_dim), f=I(spec.intermediate_size),
+            V=I(spec.vocab_size), P=I(spec.max_position_embeddings), E=I(spec.num_experts),
+            k=I(spec.experts_per_token), fe=I(spec.moe_intermediate_size),
+            fs=I(spec.shared_intermediate_size), ql=I(spec.q_lora_rank), kl=I(spec.kv_lora_rank),
+            dn=I(spec.qk_nope_head_dim), dr=I(spec.qk_rope_head_dim), dv=I(spec.v_head_dim))
+
+    @classmethod
     def symbolic(cls) -> "ModelSymbols":
         return cls(**{f.name: _pos(f.name) for f in fields(cls)})
 
@@ -109,3 +122,8 @@ class ModelSymbols:
         """Substitution dict mapping these symbols to another instance's values."""
         return {getattr(self, f.name): getattr(concrete, f.name) for f in fields(self)
                 if isinstance(getattr(self, f.name), sp.Symbol)}
+
+
+def model_symbols(spec) -> ModelSymbols:
+    """``ModelSymbols.of(spec)``: a catalog model's sizes as SymPy Integers."""
+    return ModelSymbols.of(spec)

@@ -127,7 +127,7 @@ class Hardware:
             warn("weight_dtype", "fp8", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
         peak = self.fp8_tflops if (fp8 and self.fp8_tflops) else self.bf16_tflops
         return {"peak": peak * TERA, "eff_gemm": self.gemm_efficiency, "eff_attn": self.attention_efficiency,
-                "hbm": self.hbm_gb_per_s * GIGA, "eff_hbm": self.hbm_efficiency,
+                "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA, "eff_hbm": self.hbm_efficiency,
                 "bw_intra": self.intra_node_gb_per_s * GIGA, "bw_inter": self.inter_node_gb_per_s * GIGA,
                 "eff_intra": self.intra_node_efficiency, "eff_inter": self.inter_node_efficiency,
                 "lat_intra": self.intra_node_latency_us * 1e-6, "lat_inter": self.inter_node_latency_us * 1e-6,

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import sympy as sp
-
 from ndplan.catalog.files import catalog_names, read_mapping, resolve
 from ndplan import limits
 from ndplan.errors import NdplanError, warn
-from ndplan.symbols import ModelSymbols
 
 #: model_type values whose MLP is the 2-matrix (non-gated) GeLU MLP with LayerNorm,
 #: biases everywhere and learned absolute positions (GPT-2/GPT-3/Megatron GPT).
@@ -108,17 +105,6 @@ class ModelSpec:
         if self.mtp_layers:
             parts.append(f"MTP {self.mtp_layers}")
         return ", ".join(parts)
-
-    def symbols(self) -> ModelSymbols:
-        """This model's sizes as SymPy Integers."""
-        I = sp.Integer
-        return ModelSymbols(
-            h=I(self.hidden_size), L=I(self.num_hidden_layers), a=I(self.num_attention_heads),
-            kv=I(self.num_key_value_heads), d=I(self.head_dim), f=I(self.intermediate_size),
-            V=I(self.vocab_size), P=I(self.max_position_embeddings), E=I(self.num_experts),
-            k=I(self.experts_per_token), fe=I(self.moe_intermediate_size),
-            fs=I(self.shared_intermediate_size), ql=I(self.q_lora_rank), kl=I(self.kv_lora_rank),
-            dn=I(self.qk_nope_head_dim), dr=I(self.qk_rope_head_dim), dv=I(self.v_head_dim))
 
     def __post_init__(self):
         for f_ in POSITIVE_FIELDS:

@@ -17,7 +17,7 @@ from ndplan.ppb.plan import slot  # reads pp, vpp, schedule: a Strategy has them
 from ndplan.strategy import Strategy
 
 
-def chunk_layers(model: ModelSpec, strat: Strategy, balance=None) -> tuple[int, ...]:
+def layers_per_chunk(model: ModelSpec, strat: Strategy, balance=None) -> tuple[int, ...]:
     """Decoder layers of every virtual stage, in model order."""
     if balance is not None:
         return balance.decoder_layers()
@@ -41,7 +41,7 @@ def recompute_counts(model: ModelSpec, strat: Strategy, balance=None) -> tuple[t
     from ndplan.formulas.memory import chunk_recompute_count
     from ndplan import symbols as S
     eng = ENGINE_PROFILES[strat.engine]
-    layers = chunk_layers(model, strat)
+    layers = layers_per_chunk(model, strat)
     counts = []
     for v, n in enumerate(layers):
         rl = strat.recompute_layers

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, nest, recompute_counts
+from ndplan.export.common import cannot, layers_per_chunk, nest, recompute_counts
 from ndplan.strategy import Strategy
 
 TARGET = "DeepSpeed config JSON"
@@ -64,7 +64,7 @@ def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
     """(dotted key -> value; notes) expressing ``strat``."""
     s = strat
-    layers = chunk_layers(model, s, balance)
+    layers = layers_per_chunk(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
     _check(model, s, layers, full, sel)
     doc = {KEY["gbs"]: s.gbs, KEY["mbs"]: s.mbs, KEY["m"]: s.m, KEY["bf16"]: True, KEY["zero"]: s.zero}

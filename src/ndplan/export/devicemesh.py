@@ -22,7 +22,7 @@ torch/distributed/pipelining/schedules.py (schedule classes, see torchtitan.py).
 from __future__ import annotations
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import chunk_layers, header
+from ndplan.export.common import layers_per_chunk, header
 from ndplan.export.torchtitan import SCHEDULES
 from ndplan.strategy import Strategy
 
@@ -48,7 +48,7 @@ def mesh_dims(strat: Strategy) -> tuple[tuple[str, ...], tuple[int, ...]]:
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     s = strat
     names, sizes = mesh_dims(s)
-    layers = chunk_layers(model, s, balance)
+    layers = layers_per_chunk(model, s, balance)
     sched = SCHEDULE_CLASSES.get(s.schedule)
     lines = ['"""' + header(TARGET, model, s, prefix="")[0] + ".", "", header(TARGET, model, s, prefix="")[1],
              f"Run under torchrun with {s.world} processes; fill in parallelize() for your model.", '"""', "",

@@ -40,7 +40,7 @@ from __future__ import annotations
 import shlex
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, header, recompute_counts
+from ndplan.export.common import cannot, layers_per_chunk, header, recompute_counts
 from ndplan.strategy import Strategy
 
 TARGET = "Megatron-LM"
@@ -85,7 +85,7 @@ def _groups(model: ModelSpec, strat: Strategy, balance=None) -> list[str]:
     even (or ``layers_per_stage``) split with E first and the MTP layers and L last."""
     if balance is not None:
         return balance.layout_groups()
-    groups = ["t" * n for n in chunk_layers(model, strat)]
+    groups = ["t" * n for n in layers_per_chunk(model, strat)]
     groups[0], groups[-1] = "E" + groups[0], groups[-1] + "m" * model.mtp_layers + "L"
     return groups
 
@@ -145,7 +145,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     """(flag -> value, True for a switch; notes) expressing ``strat``."""
     _check(model, strat)
     s = strat
-    layers = chunk_layers(model, s, balance)
+    layers = layers_per_chunk(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
     args = {FLAG["layers"]: model.num_hidden_layers, FLAG["tp"]: s.tp, FLAG["pp"]: s.pp, FLAG["cp"]: s.cp}
     if model.is_moe:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import yaml
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, header, nest, per_stage, recompute_counts
+from ndplan.export.common import cannot, layers_per_chunk, header, nest, per_stage, recompute_counts
 from ndplan.strategy import Strategy
 
 TARGET = "MindFormers"
@@ -98,7 +98,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     is a pipeline setting), so pp = 1 writes both."""
     s = strat
     _check_schedule(s)
-    pipe = pipeline_fields(s, chunk_layers(model, s, balance), *recompute_counts(model, s, balance))
+    pipe = pipeline_fields(s, layers_per_chunk(model, s, balance), *recompute_counts(model, s, balance))
     doc = {KEY["zero"]: s.zero >= 1, KEY["mbs"]: s.mbs}
     if s.pp == 1:
         doc[KEY["grad_accum"]] = s.m

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, chunk_layers, header, nest, recompute_counts, recompute_mode
+from ndplan.export.common import cannot, layers_per_chunk, header, nest, recompute_counts, recompute_mode
 from ndplan.strategy import Strategy
 
 TARGET = "torchtitan"
@@ -89,7 +89,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     """(dotted key -> value; notes) expressing ``strat``."""
     s = strat
     _check(model, s)
-    layers = chunk_layers(model, s, balance)
+    layers = layers_per_chunk(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
     doc = {KEY["dp_replicate"]: s.dp if s.zero == 0 else 1, KEY["dp_shard"]: 1 if s.zero == 0 else s.dp}
     if s.zero:

@@ -52,21 +52,22 @@ GEMM_BACKWARD_FACTOR = 2
 
 @dataclass(frozen=True)
 class Gemm:
-    """``count`` independent (M x K) @ (K x N) products on one device."""
+    """``count`` independent (rows x inner) @ (inner x cols) products on one device (the
+    GEMM's M, K, N; named apart from the model symbols ``M``)."""
 
     name: str
-    M: sp.Expr
-    K: sp.Expr
-    N: sp.Expr
+    rows: sp.Expr
+    inner: sp.Expr
+    cols: sp.Expr
     count: sp.Expr = sp.Integer(1)
 
     @property
     def flops(self) -> sp.Expr:
-        return 2 * self.M * self.K * self.N * self.count
+        return 2 * self.rows * self.inner * self.cols * self.count
 
     @property
     def bytes(self) -> sp.Expr:
-        return ACT_BYTES * (self.M * self.K + self.K * self.N + self.M * self.N) * self.count
+        return ACT_BYTES * (self.rows * self.inner + self.inner * self.cols + self.rows * self.cols) * self.count
 
 
 def attention_gemms(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> list[Gemm]:

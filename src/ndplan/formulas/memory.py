@@ -28,6 +28,7 @@ from ndplan.structure import Structure, peaks_over_held_vectors, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 from ndplan.vocab import RECOMPUTE_MODES
+from ndplan.symbols import model_symbols
 
 STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
 
@@ -158,29 +159,40 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
 def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage,
                  engine: EngineProfile | None = None) -> Breakdown:
     """Peak memory Terms of one device of pipeline stage ``stage`` (``view``: a Structure,
-    or a Strategy turned into one; ``engine`` replaces its profile)."""
+    or a Strategy turned into one; ``engine`` replaces its profile): static states,
+    graph constants, activations, transients, gather buffers, communication buffers and
+    the reserve (module docstring)."""
     view = structure(spec, view, engine)
     eng = view.engine
     dense, expert, emb = stage_params(spec, M, view, stage)
-    z = view.zero
     terms = static_terms(spec, view, eng, dense, expert, emb)
+    terms.append(graph_constants_term(spec, M, view, eng))
+    acts = activation_term(spec, M, view, stage)
+    gather = gather_term(spec, M, view, eng, dense, expert)
     shard = _sharding(view, eng, dense, expert, emb)
-    weight_b = G.weight_bytes(view, eng)
-    off = 0 if view.offload_optimizer else 1
+    terms += [acts, transient_term(spec, M, view, stage, acts.expr, gather.expr if gather else 0, shard(1))]
+    terms += [gather] if gather else []
+    terms += buffer_terms(spec, M, view, eng)
+    return hooks.apply(Breakdown(tuple(terms)), spec, view)
 
+
+def graph_constants_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile) -> Term:
+    """Persistent causal mask and rotary tables, one set per pipeline chunk."""
     consts = eng.attention_mask_bytes * S.seq ** 2
     if not spec.learned_positions:
         consts += eng.rope_table_bytes * 2 * S.seq * M.d
-    terms.append(Term(key="mem.graph_constants", expr=view.vpp * consts, unit="bytes",
-                      source=f"{eng.name}: persistent causal mask ({eng.attention_mask_bytes} bytes per s x s "
-                             f"element) and rotary cos/sin tables ({eng.rope_table_bytes} bytes per s x head_dim "
-                             f"element), one set per pipeline chunk ({eng.sources.get('graph_constants', 'none')})",
-                      note="full sequence, not split by cp"))
+    return Term(key="mem.graph_constants", expr=view.vpp * consts, unit="bytes",
+                source=f"{eng.name}: persistent causal mask ({eng.attention_mask_bytes} bytes per s x s "
+                       f"element) and rotary cos/sin tables ({eng.rope_table_bytes} bytes per s x head_dim "
+                       f"element), one set per pipeline chunk ({eng.sources.get('graph_constants', 'none')})",
+                note="full sequence, not split by cp")
 
-    ctx = act_context(spec, view)
-    pp = pp_expr(spec, view)
+
+def chunk_activations(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> list[sp.Expr]:
+    """Bytes each chunk of ``stage`` keeps per micro-batch in flight (embedding on
+    chunk 0 of stage 0, head and MTP on the head's chunk)."""
+    eng, ctx, pp = view.engine, act_context(spec, view), pp_expr(spec, view)
     cast = weight_cast(view, eng)
-    # per_mb[c]: activations chunk c of this stage keeps per micro-batch in flight
     per_mb = []
     for c in range(view.vpp):
         nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
@@ -194,6 +206,12 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
         mode = "none" if view.partial_recompute else view.recompute
         per_mb[hc] += last * spec.mtp_layers * (A.layer_activation(spec, M, ctx, mtp_kind, mode)
                                                 + A.head_activation(spec, M, ctx))
+    return per_mb
+
+
+def activation_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> Term:
+    """Activations of every chunk times the micro-batches the schedule keeps in flight."""
+    per_mb, pp = chunk_activations(spec, M, view, stage), pp_expr(spec, view)
     if peaks_over_held_vectors(view):
         vectors = held_profiles(view.schedule, int(stage), int(pp), view.vpp, view.m)
         acts = sp.Max(*[sum(h * a for h, a in zip(vec, per_mb)) for vec in vectors])
@@ -201,38 +219,48 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     else:
         acts = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) * a for c, a in enumerate(per_mb))
         how = "in-flight micro-batches of the schedule (schedules.inflight)"
-    terms.append(Term(
-        key="mem.activations", expr=acts, unit="bytes",
-        source="Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py) x layers per "
-               f"chunk x {how}",
-        note=f"{view.recompute} recompute, schedule {view.schedule}, vpp={view.vpp}"))
+    return Term(key="mem.activations", expr=acts, unit="bytes",
+                source="Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py) x layers "
+                       f"per chunk x {how}",
+                note=f"{view.recompute} recompute, schedule {view.schedule}, vpp={view.vpp}")
 
-    gather = sp.Integer(0)
-    if z >= eng.weights_sharded_from:
-        if eng.gather_whole_stage:
-            gather = A.ACT_BYTES * (dense + expert)
-            what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
-        else:
-            big = max(("dense", "moe") if spec.is_moe else ("dense",),
-                      key=lambda k: P.total(P.layer_pieces(spec, spec.symbols(), k)))
-            gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, big)
-            what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
-                    "(current + prefetched; FSDP2 default forward prefetch of one layer)")
-        if eng.sharded_weights_cast_once and weight_b > A.ACT_BYTES:
-            note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
-        else:
-            gather = gather * sp.Min(G.dense_shard_ranks() - 1, 1)
-            note = "zero when dp*cp = 1"
-        gather_term = Term(key="mem.zero3_gather", expr=gather, unit="bytes",
-                           source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
 
+def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, dense, expert) -> Term | None:
+    """ZeRO-3/FSDP all-gather buffers of 16-bit weights (None below the engine's
+    weight-sharding level)."""
+    if view.zero < eng.weights_sharded_from:
+        return None
+    if eng.gather_whole_stage:
+        gather = A.ACT_BYTES * (dense + expert)
+        what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
+    else:
+        concrete = model_symbols(spec)  # compare sizes in numbers (M may be symbolic: explain --symbolic)
+        big = max(("dense", "moe") if spec.is_moe else ("dense",),
+                  key=lambda k: P.total(P.layer_pieces(spec, concrete, k)))
+        gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, big)
+        what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
+                "(current + prefetched; FSDP2 default forward prefetch of one layer)")
+    if eng.sharded_weights_cast_once and G.weight_bytes(view, eng) > A.ACT_BYTES:
+        note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
+    else:
+        gather = gather * sp.Min(G.dense_shard_ranks() - 1, 1)
+        note = "zero when dp*cp = 1"
+    return Term(key="mem.zero3_gather", expr=gather, unit="bytes",
+                source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
+
+
+def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, acts, gather, opt_shard) -> Term:
+    """The largest of the exclusive transients: loss logits, one layer rebuilt by full
+    recompute (or the engine's backward workspace), optimizer-step temporaries (which
+    replace ``acts`` and ``gather``; ``opt_shard`` parameters hold optimizer state)."""
+    eng, ctx = view.engine, act_context(spec, view)
+    last = head_device_flag(view.schedule, stage, pp_expr(spec, view))
     logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
     # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
     # (engine option backward_layer_workspace) the gradients of any layer's activations
     one_layer = view.recompute == "full" or eng.backward_layer_workspace
     kind = "moe" if spec.is_moe else "dense"
-    rebuilt = A.layer_activation(spec, M, ctx, kind, "none") if one_layer else sp.Integer(0)
-    transient = sp.Max(logits, rebuilt) if one_layer else logits
+    transient = sp.Max(logits, A.layer_activation(spec, M, ctx, kind, "none")) if one_layer else logits
     src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
            f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
            "its backward (its no-recompute activations)")
@@ -242,23 +270,24 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
         # the optimizer step runs after the last backward, when neither activations nor the
         # gathered 16-bit weights are alive: activations + gather + transient =
         # max(forward/backward phase, optimizer-step temporaries)
-        step_tmp = off * eng.optimizer_step_temp_bytes * shard(1)
+        step_tmp = (0 if view.offload_optimizer else 1) * eng.optimizer_step_temp_bytes * opt_shard
         transient = sp.Max(transient, step_tmp - acts - gather)
         src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
                 f"activations and gathered weights ({eng.sources['optimizer_step']})")
-    terms.append(Term(key="mem.transient", expr=transient, unit="bytes", source=src,
-                      note="the loss runs in forward, the rebuild in backward, the optimizer step after both"))
-    if z >= eng.weights_sharded_from:
-        terms.append(gather_term)
+    return Term(key="mem.transient", expr=transient, unit="bytes", source=src,
+                note="the loss runs in forward, the rebuild in backward, the optimizer step after both")
+
+
+def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile) -> list[Term]:
+    """The SP all-gather buffer and the engine's named reserve."""
+    ctx = act_context(spec, view)
     comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (view.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
-    terms.append(Term(
-        key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
-        source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
-               "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
-        note="transient"))
-    terms.append(Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
-                      source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device"))
-    return hooks.apply(Breakdown(tuple(terms)), spec, view)
+    return [Term(key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
+                 source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
+                        "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
+                 note="transient"),
+            Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
+                 source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device")]
 
 
 def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:

@@ -6,13 +6,13 @@ per-layer communication C_i (TP/SP collectives, CP ring exchange beyond the atte
 core it hides behind, EP all-to-all): t_i = F_i + B_i + W_i + R_i + C_i.
 
 Compute time of a GEMM is a roofline (Williams et al. 2009): max(FLOPs / (peak *
-eff_gemm), bytes / (hbm * eff_hbm)). The efficiency therefore falls for small per-device
-matrices: once 2*M*K*N / (2*(MK + KN + MN)) drops below peak*eff_gemm / (hbm*eff_hbm)
+eff_gemm), bytes / (hbm_bytes_per_s * eff_hbm)). The efficiency therefore falls for small per-device
+matrices: once 2*M*K*N / (2*(MK + KN + MN)) drops below peak*eff_gemm / (hbm_bytes_per_s*eff_hbm)
 FLOP/byte (about 220 on H100 at the defaults) the GEMM is bandwidth-bound, e.g. the
 expert GEMMs of a fine-grained MoE with few tokens per expert, or a TP-split head with
 tiny micro-batches. Attention-core FLOPs run at ``eff_attn``; norms, activation
 functions, residual adds, RoPE, softmax without flash attention and MoE permutes move
-bytes at ``hbm * eff_hbm`` (the tensors are listed in ``elementwise_bytes``; backward
+bytes at ``hbm_bytes_per_s * eff_hbm`` (the tensors are listed in ``elementwise_bytes``; backward
 moves ``ELEMENTWISE_BACKWARD_FACTOR`` times the forward bytes).
 
 Pipeline (schedules.py has the memory side). With m micro-batches the step is
@@ -73,7 +73,7 @@ LOSS_PASSES = 3
 
 
 def gemm_time(g: FL.Gemm) -> sp.Expr:
-    return C.vmax(g.flops / (S.peak * S.eff_gemm), g.bytes / (S.hbm * S.eff_hbm))
+    return C.vmax(g.flops / (S.peak * S.eff_gemm), g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
 
 
 def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> sp.Expr:
@@ -104,7 +104,7 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
     """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
     gemm = sum((gemm_time(g) for g in FL.layer_gemms(spec, M, c, kind)), sp.Integer(0))
     core = FL.core_flops(spec, M, c, S.seq) / (S.peak * (S.eff_attn if c.flash else S.eff_gemm))
-    elem = elementwise_bytes(spec, M, c, kind) / (S.hbm * S.eff_hbm)
+    elem = elementwise_bytes(spec, M, c, kind) / (S.hbm_bytes_per_s * S.eff_hbm)
     F = gemm + core + elem
     B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem
     W = gemm
@@ -133,7 +133,7 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
 
 def head_parts(spec, M, c) -> dict:
     gemm = sum((gemm_time(g) for g in FL.head_gemms(spec, M, c)), sp.Integer(0))
-    loss = LOSS_PASSES * 4 * c.s * c.b * M.V / c.t / (S.hbm * S.eff_hbm)
+    loss = LOSS_PASSES * 4 * c.s * c.b * M.V / c.t / (S.hbm_bytes_per_s * S.eff_hbm)
     return {"F": gemm + loss, "B": gemm + loss, "W": gemm, "R": sp.Integer(0), "tp": sp.Integer(0),
             "cp": sp.Integer(0), "ep": sp.Integer(0)}
 
@@ -170,7 +170,7 @@ def stage_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, eng: E
     return out
 
 
-def _bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
+def bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
     if schedule in ("gpipe", "1f1b"):
         return sp.Integer(1)
     if schedule == "interleaved":
@@ -188,7 +188,7 @@ def _pipeline_bubble(view: Structure, ref: dict, t_ref, t_max, t_sum, w_sum) -> 
     one micro-batch's critical path (F and B through every chunk, then the first chunk's
     W) plus (m-1) x the reference stage's F+B+R+C; tests/test_ppb_simulate.py holds it to
     the replay of the hand orders. Never negative (t_sum - t_max rounds to -1e-16 at pp 1)."""
-    bubble = _bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
+    bubble = bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
     if view.schedule in ("zb-h1", "zbv"):
         path = t_sum - w_sum + ref["W"] / view.vpp
         bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
@@ -268,7 +268,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * view.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
 
     shard = G.optimizer_shard(view, eng, dense, expert, emb)
-    opt = 0 if view.offload_optimizer else optimizer_bytes_per_param(eng, view) * shard / (S.hbm * S.eff_hbm)
+    opt = 0 if view.offload_optimizer else optimizer_bytes_per_param(eng, view) * shard / (S.hbm_bytes_per_s * S.eff_hbm)
 
     m = S.m
     scope = "one device of the stage holding the head (the slowest stage of an even split)"

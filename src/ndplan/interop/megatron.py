@@ -45,6 +45,7 @@ from ndplan.export import megatron as X
 from ndplan.interop import arith
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
+from ndplan.points import default_schedule
 
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS = {"hidden": "--hidden-size", "heads": "--num-attention-heads", "ffn": "--ffn-hidden-size",
@@ -302,7 +303,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=_int(args, "ep", FLAG["ep"], 1), etp=_int(args, "etp", FLAG["etp"], 1),
               vpp=vpp, mbs=mbs, gbs=gbs or _int(args, "gbs", FLAG["gbs"], mbs * dp), seq=seq_,
               zero=3 if args.fsdp2 else 1 if args.distributed_optimizer else 0, sp=bool(args.sp) or tp == 1,
-              schedule="interleaved" if vpp > 1 else "1f1b", engine="megatron",
+              schedule=default_schedule(vpp), engine="megatron",
               offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp))
     kw |= _recompute(args, notes)
     from ndplan.strategy import Strategy

@@ -45,6 +45,7 @@ from ndplan.errors import NdplanError
 from ndplan.export import mindformers as X
 from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
 from ndplan.interop.textedit import yaml_edit, yaml_locate
+from ndplan.points import default_schedule
 
 KEY = X.KEY
 MC = "model.model_config"
@@ -202,7 +203,7 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
               seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
               engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
               weight_dtype="fp32" if str(mc.get("param_init_type")) == "float32" else "bf16",
-              schedule="interleaved" if vpp > 1 else "1f1b")
+              schedule=default_schedule(vpp))
     L = spec.num_hidden_layers
     lps = _layers_per_stage(doc, L, pp, vpp)
     if lps is not None:

@@ -30,6 +30,7 @@ from ndplan.formulas.memory import act_context, chunk_activation, device_params,
 from ndplan.formulas.step import head_parts, layer_parts
 from ndplan.ppb.instance import MODES, Layer
 from ndplan.strategy import Strategy
+from ndplan.symbols import model_symbols
 
 OVERHEAD_KEYS = ("mem.reserve", "mem.graph_constants", "mem.transient", "mem.comm_buffers", "mem.zero3_gather")
 """Per-stage memory Terms that belong to no layer."""
@@ -65,7 +66,7 @@ def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
 def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[tuple[Layer, ...], dict]:
     """(ordered layers, meta) of ``spec`` under ``strat`` on ``hw``."""
     eng = ENGINE_PROFILES[strat.engine]
-    M = spec.symbols()
+    M = model_symbols(spec)
     point = dict(strategy_point(strat)) | {S.stage: 0}
     point |= {S.BY_NAME[k]: v for k, v in hw.kernel_values(fp8=strat.weight_dtype == "fp8").items()}
     cast = weight_cast(strat, eng)

@@ -21,7 +21,7 @@ formulas/step.py to them.
 Idle split per stage s (an attribution, not part of the replay; ``_idle_split``):
 recompute_s = m x its recompute seconds; bubble_s = the schedule's bubble for a
 perfectly balanced pipeline of the same total work, (pp-1) tbar x the schedule's bubble
-factor of formulas/step.py (``_bubble_factor`` at t = tbar, W = Wbar, F = Fbar, the stage
+factor of formulas/step.py (``bubble_factor`` at t = tbar, W = Wbar, F = Fbar, the stage
 means: 1f1b/gpipe 1, interleaved 1/vpp, zb-h1 max(t - 2W, 0)/t, zbv max(F, t - 3W)/(2t));
 bubble_s is at most the stage's idle time (a stage busier than the mean idles less than a
 balanced pipeline would), imbalance_s = idle_s - bubble_s >= 0.
@@ -33,7 +33,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from ndplan.formulas.schedules import op_order, virtual_stage
-from ndplan.formulas.step import _bubble_factor
+from ndplan.formulas.step import bubble_factor
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, chunk_time_s, slot
 from ndplan.vocab import SPLIT_W_SCHEDULES
@@ -160,6 +160,6 @@ def _idle_split(p, times: list[dict], busy: list[float], idle: list[float]) -> t
         w_stage[s] += t["W"]
         f_stage[s] += t["F"]
     tbar = sum(busy) / p.m / p.pp
-    factor = _bubble_factor(p.schedule, p.vpp, tbar, sum(w_stage) / p.pp, sum(f_stage) / p.pp) if tbar else 0
+    factor = bubble_factor(p.schedule, p.vpp, tbar, sum(w_stage) / p.pp, sum(f_stage) / p.pp) if tbar else 0
     bubble = (p.pp - 1) * tbar * float(factor)
     return [min(bubble, i) for i in idle], rec

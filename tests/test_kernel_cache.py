@@ -1,0 +1,209 @@
+"""Cached kernels (in memory, then from disk) equal a fresh, uncached evaluation of the
+SymPy Terms, over random strategies covering every structural variant.
+
+The oracle builds each Breakdown anew from the Strategy (formulas/memory.py
+``stage_memory`` at a concrete stage, formulas/step.py ``step_time``), substitutes the
+point with ``xreplace`` and evaluates with ``evalf``: no kernel, no cache, no
+``estimate.strategy_point`` (the point is written out here). ``estimate`` reads
+compiled kernels under the key derived from the strategy's Structure. Every example
+runs a strategy and its *variants*, each changed in one field (every categorical field
+the builders read, and the numbers a Structure may hold): a key that missed a field
+would hand a variant the strategy's kernel, which the oracle catches (checked by
+removing fields from the key: ``test_the_oracle_catches_a_key_that_misses_m`` keeps
+the case of the bug fixed before, m under an uneven layout with vpp > 1).
+
+One process: the disk round is forced by emptying the in-memory cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import OrderedDict
+
+import pytest
+import sympy as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ndplan
+from ndplan import kernels
+from ndplan import symbols as S
+from ndplan.errors import NdplanError
+from ndplan.formulas.memory import stage_memory
+from ndplan.formulas.step import step_time
+from ndplan.symbols import model_symbols
+
+HW = ndplan.load_hardware("h100-sxm")
+MODELS = {n: ndplan.load_model(n) for n in ("llama3-8b", "mixtral-8x7b", "deepseek-v2-lite")}
+ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore", "megatron[overlap_grad_reduce=0,overlap_tp_comm=1]")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """A fresh disk cache and an empty memory cache: every kernel here is built in this test."""
+    monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+
+
+def _point(s: ndplan.Strategy, stage: int) -> dict:
+    """The kernel arguments, written out by hand: the strategy's degrees, m = gbs/(dp*mbs),
+    the stage and that stage's recompute count (0 when recompute_layers is None)."""
+    rl = s.recompute_layers
+    nrec = 0 if rl is None else (rl[stage] if isinstance(rl, tuple) else rl)
+    return {S.dp: s.dp, S.tp: s.tp, S.pp: s.pp, S.vpp: s.vpp, S.cp: s.cp, S.ep: s.ep, S.etp: s.etp,
+            S.mbs: s.mbs, S.m: s.gbs // (s.dp * s.mbs), S.seq: s.seq, S.nrec: nrec, S.stage: stage}
+
+
+def _value(expr, point) -> float:
+    exact = {k: sp.Float(v, 30) if isinstance(v, float) else sp.Integer(v) for k, v in point.items()}
+    return float(sp.sympify(expr).xreplace(exact).evalf(30))
+
+
+def _oracle(model, s: ndplan.Strategy):
+    """(memory Term values per stage, time Term values), uncached."""
+    M = model_symbols(model)
+    mem = []
+    for i in range(s.pp):
+        bd = stage_memory(model, M, s, sp.Integer(i))
+        mem.append({t.key: _value(t.expr, _point(s, i)) for t in bd})
+    head = 0 if s.schedule == "zbv" else s.pp - 1  # the time Terms describe the head's stage
+    hw = {S.BY_NAME[k]: v for k, v in HW.kernel_values(fp8=s.weight_dtype == "fp8").items()}
+    time = {t.key: _value(t.expr, _point(s, head) | hw) for t in step_time(model, M, s)}
+    return mem, time
+
+
+def _assert_matches(model, s: ndplan.Strategy, oracle) -> None:
+    est = ndplan.estimate(model, HW, s)
+    mem, time = oracle
+    for i, row in enumerate(est.per_stage):
+        for k, v in mem[i].items():
+            assert abs(row["terms"][k] - v) <= 1 + 1e-9 * abs(v), (s, i, k, row["terms"][k], v)
+    for k, v in time.items():
+        assert est.time_terms[k] == pytest.approx(v, rel=1e-9, abs=1e-15), (s, k)
+
+
+def _composition(draw, total: int, parts: int) -> tuple[int, ...]:
+    cuts = sorted(draw(st.lists(st.integers(1, total - 1), min_size=parts - 1, max_size=parts - 1, unique=True)))
+    bounds = [0, *cuts, total]
+    return tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def _alternating(model):
+    """A model whose MoE layers alternate with dense ones (Qwen-MoE ``decoder_sparse_step
+    = 2``): its layout is not symbolic in pp, so pp enters the Structure."""
+    kinds = tuple("moe" if i % 2 else "dense" for i in range(model.num_hidden_layers))
+    return dataclasses.replace(model, name=model.name + "-alternating", layer_kinds=kinds)
+
+
+MODELS["mixtral-alternating"] = _alternating(MODELS["mixtral-8x7b"])
+
+
+def _next(values: tuple, v):
+    return values[(values.index(v) + 1) % len(values)]
+
+
+def _variants(s: ndplan.Strategy, model) -> list[ndplan.Strategy]:
+    """``s`` changed in one field at a time: every categorical field the builders read,
+    and the numbers a Structure may hold (pp, cp, m through gbs)."""
+    R = dataclasses.replace
+    out = [R(s, sp=not s.sp), R(s, offload_optimizer=not s.offload_optimizer),
+           R(s, flash_attention=not s.flash_attention), R(s, zero=_next((0, 1, 2, 3), s.zero)),
+           R(s, grad_dtype=_next(("fp32", "bf16"), s.grad_dtype)),
+           R(s, weight_dtype=_next(("auto", "fp32", "bf16", "fp8"), s.weight_dtype)),
+           R(s, engine=_next(ENGINES, s.engine)), R(s, order="dp-tp-cp-ep-pp"),
+           R(s, gbs=2 * s.gbs), R(s, cp=3 - s.cp, tp=3 - s.tp)]
+    if s.recompute != "none":
+        out.append(R(s, recompute_layers=None if s.recompute_layers is not None else 1))
+        out.append(R(s, recompute=_next(("selective", "full"), s.recompute)))
+    if s.layers_per_stage is None and s.vpp == 1:
+        other = 4 if s.pp == 2 else 2
+        out.append(R(s, pp=other, gbs=s.dp * s.mbs * other, recompute_layers=None if isinstance(
+            s.recompute_layers, tuple) else s.recompute_layers))
+    return out
+
+
+@st.composite
+def strategy_families(draw):
+    name = draw(st.sampled_from(sorted(MODELS)))
+    model = MODELS[name]
+    L = model.num_hidden_layers
+    schedule = draw(st.sampled_from(("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")))
+    pp = draw(st.sampled_from((2, 4) if schedule in ("interleaved", "zbv") else (1, 2, 4)))
+    vpp = 2 if schedule in ("interleaved", "zbv") else 1
+    uneven = L % (pp * vpp) != 0 or draw(st.booleans())
+    layers = _composition(draw, L, pp * vpp) if uneven else None
+    recompute = draw(st.sampled_from(("none", "selective", "full")))
+    counts = None
+    if recompute != "none" and draw(st.booleans()):
+        counts = draw(st.one_of(st.integers(0, L // pp), st.tuples(*[st.integers(0, L // pp)] * pp)))
+    dp, tp, cp, mbs = (draw(st.sampled_from((1, 2))) for _ in range(4))
+    ep = draw(st.sampled_from((1, 2))) if model.is_moe else 1
+    m = pp * draw(st.sampled_from((1, 2, 3)))
+    s = ndplan.Strategy(
+        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=draw(st.sampled_from((1024, 2048))),
+        zero=draw(st.sampled_from((0, 1, 2, 3))), sp=draw(st.booleans()), recompute=recompute,
+        recompute_layers=counts, schedule=schedule, engine=draw(st.sampled_from(ENGINES)),
+        flash_attention=draw(st.booleans()), layers_per_stage=layers,
+        grad_dtype=draw(st.sampled_from(("fp32", "bf16"))),
+        weight_dtype=draw(st.sampled_from(("auto", "fp32", "bf16", "fp8"))),
+        offload_optimizer=draw(st.booleans()))
+    return model, s
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(strategy_families())
+def test_cached_kernels_equal_fresh_substitution(case):
+    """The strategy first (its kernels built), then each one-field variant (which must
+    get its own kernel where its Structure differs), then all again from disk."""
+    model, s = case
+    family = []
+    for v in [s, *_variants(s, model)]:
+        try:
+            v.check(model)
+        except NdplanError:
+            continue
+        family.append((v, _oracle(model, v)))
+    for v, o in family:
+        _assert_matches(model, v, o)
+    kernels._MEMORY.clear()
+    for v, o in reversed(family):
+        _assert_matches(model, v, o)
+
+
+def test_the_oracle_catches_a_key_that_misses_m(monkeypatch):
+    """The check above has teeth: with a key that forgets m (the bug of a hand-written
+    key), two strategies that differ only in m share a kernel and one of them disagrees
+    with the fresh substitution."""
+    import importlib
+    E = importlib.import_module("ndplan.estimate")  # the module (ndplan.estimate is the function)
+    real = E.kernel_key
+
+    def forgets_m(model, view, what, stage=None):
+        return real(model, dataclasses.replace(view, m=None), what, stage)
+    monkeypatch.setattr(E, "kernel_key", forgets_m)
+    model = MODELS["llama3-8b"]
+    a = ndplan.Strategy(dp=1, pp=2, vpp=2, gbs=2, schedule="interleaved", layers_per_stage=(2, 14, 2, 14))
+    b = dataclasses.replace(a, gbs=8)
+    _assert_matches(model, a, _oracle(model, a))
+    with pytest.raises(AssertionError):
+        _assert_matches(model, b, _oracle(model, b))
+
+
+def test_structure_holds_only_what_the_builders_read():
+    """Numbers enter a Structure only where a builder branches on them (structure.py):
+    pp for a layout not symbolic in pp, cp > 1 for an engine whose SP follows CP with sp
+    off, m for an uneven layout under vpp > 1."""
+    from ndplan.structure import structure
+    llama = MODELS["llama3-8b"]
+    even = ndplan.Strategy(dp=2, pp=4, gbs=64)
+    assert (structure(llama, even).pp, structure(llama, even).m, structure(llama, even).cp_gt1) == (None, None, None)
+    uneven = ndplan.Strategy(pp=2, vpp=2, gbs=4, schedule="interleaved", layers_per_stage=(7, 9, 9, 7))
+    assert structure(llama, uneven).pp == 2 and structure(llama, uneven).m == 4
+    uneven_1f1b = ndplan.Strategy(pp=2, gbs=4, layers_per_stage=(15, 17))
+    assert structure(llama, uneven_1f1b).pp == 2 and structure(llama, uneven_1f1b).m is None
+    ms = ndplan.Strategy(cp=2, sp=False, engine="mindspore", seq=4096, gbs=1)
+    assert structure(llama, ms).cp_gt1 is True
+    assert structure(llama, dataclasses.replace(ms, engine="megatron")).cp_gt1 is None
+    assert math.isfinite(ndplan.estimate(llama, HW, ms).step_s)
