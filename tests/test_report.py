@@ -136,7 +136,7 @@ def test_timeline_legends_clear_of_title(pp):
     from ndplan.ppb.plan import uniform_plan
     from ndplan.ppb.simulate import simulate
     from ndplan.report.figures import timeline_plot
-    from tests.test_ppb_solver import MB, layer
+    from tests.helpers import MB, layer
     x = layer(2, 3, 1, 100, {"none": 50}, {})
     pipe = Pipeline(pp=pp, m=2 * pp, schedule="1f1b", budget_bytes=10**6 * MB)
     inst = Instance(layers=(x,) * (2 * pp), pipeline=pipe)
