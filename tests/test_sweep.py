@@ -100,7 +100,8 @@ def test_pareto_equals_brute_force(llama8b_64):
 
 def test_find_min_gpus_equals_linear_scan():
     model = load_model("llama3-70b")
-    space = {"recompute": ["none", "full"], "zero": [1, 3], "mbs": [1]}
+    # one schedule and no vpp/cp: fewer kernels to compile; the scan below is the oracle either way
+    space = {"recompute": ["none", "full"], "zero": [1, 3], "mbs": [1], "cp": [1], "vpp": [1], "schedule": ["1f1b"]}
     r = find_min_gpus(model, H100, 4096, 64, space, top=1)
     first = None
     for nodes in range(1, 17):
@@ -170,7 +171,8 @@ def test_cli_sweep_errors_exit_2(tmp_path):
 
 def test_nothing_fits_names_the_smallest_need():
     res = CliRunner().invoke(main, ["sweep", "-m", "llama3-70b", "-H", "a100-80gb", "--gpus", "8", "--gbs", "8",
-                                    "--zero", "0", "--recompute", "none"])
+                                    "--zero", "0", "--recompute", "none", "--cp", "1", "--vpp", "1",
+                                    "--schedule", "1f1b"])
     assert res.exit_code == 1
     assert "nothing fits" in res.output and "smallest peak" in res.output and "mem." in res.output
 
