@@ -3,7 +3,8 @@ the nearest fitting strategies as diffs of the user's file.
 
 Expected values come from outside the code under test: the MindFormers degrees from the
 normalised table someone else built (shared/validation/mindformers/memory_cases.yaml,
-an excerpt in tests/data/mindformers/cases.yaml) and the measured MindSpore peaks in it;
+an excerpt in tests/data/mindformers/cases.yaml) and the measured MindSpore peaks in it,
+judged apart on the cases the mindspore engine profile was tuned on and on held-out ones;
 the 7B OOM from Korthikanti et al.'s activation formula worked by hand below; the
 torchtitan / DeepSpeed degrees from the hand-written files; round trips from the
 exporters (export/), which are tested against the frameworks' own parsers in
