@@ -3,7 +3,8 @@ the nearest fitting strategies as diffs of the user's file.
 
 Expected values come from outside the code under test: the MindFormers degrees from the
 normalised table someone else built (shared/validation/mindformers/memory_cases.yaml,
-an excerpt in tests/data/mindformers/cases.yaml) and the measured MindSpore peaks in it;
+an excerpt in tests/data/mindformers/cases.yaml) and the measured MindSpore peaks in it,
+judged apart on the cases the mindspore engine profile was tuned on and on held-out ones;
 the 7B OOM from Korthikanti et al.'s activation formula worked by hand below; the
 torchtitan / DeepSpeed degrees from the hand-written files; round trips from the
 exporters (export/), which are tested against the frameworks' own parsers in
@@ -28,9 +29,9 @@ from ndplan.cli import main
 from ndplan.errors import NdplanError
 from ndplan.export import emit
 from ndplan.interop import read_config
+from tests.helpers import validation_dir
 
 DATA = Path(__file__).parent / "data" / "mindformers"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation" / "mindformers"
 GIB, MIB = 2 ** 30, 2 ** 20
 LLAMA3_8B = ndplan.load_model("llama3-8b")  # 32 layers, 32 heads, 8 kv heads
 
@@ -117,11 +118,70 @@ def _ape(ci, measured_mb: float) -> float:
     return abs(res.estimate.peak_bytes / MIB - measured_mb) / measured_mb * 100
 
 
-# Per-case bound for the committed fixtures: the memory benchmark (benchmarks/memory_validation.py)
-# gives these six cases APEs of 0.2-5.2 %; 10 % leaves room without hiding a regression.
+# Which measured cases the mindspore engine profile (src/ndplan/engines.py, MINDSPORE) was
+# tuned on. engines.py names its evidence in MINDSPORE.sources and in the docstrings of the
+# settings only it uses; the commits that set them (git log -p src/ndplan/engines.py:
+# d97415d, 60362ba, 9d95918, ee81515, ed9ae38, 8923811, 3af5478, 0c6c049, 5338096, 421db69)
+# name the same cases. A case is "tuning" when a constant was read off its measurement or
+# checked against it while being set; the rest are "held out". Two caveats make the held-out
+# set weaker than a blind one: every one of those commits reported the 37-case MAPE, so a
+# change that hurt a held-out case would have been seen; and two blanket static readings
+# cover every case (graph_constants: the 36-39 / 137-140 MiB of Static beyond the states of
+# every llama2 / llama3 stage; grads_without_accumulation: the 0 MiB accu_grad of every
+# pp=1 case). The dynamic (activation, workspace, loss) constants were fitted on tuning
+# cases only.
+TUNING = {
+    "llama2/70b": "sources states/static/logits/backward_workspace/cast_once: stage-0 params, optimizer, "
+                  "accu_grad, embedding 125 MiB, AllGather 4080 MiB, last-stage loss 449 MiB",
+    "llama2/balanced": "ed9ae38: the norm/rope activation constants checked on the tour/balanced slopes",
+    "llama2/tour1": "ed9ae38: the tour/balanced slopes (llama2-7B no SP tp2 b8)",
+    "llama2/tour2": "ed9ae38: the tour/balanced slopes (llama2-7B no SP tp2 b8)",
+    "llama3/cp2_colai": "sources static: input-embedding accu_grad split over cp (stage 0: 4331 MiB)",
+    "llama3/cp2_colai_fullrec": "sources activations/cast_once: full-recompute input 70.8 MiB, optimizer floor",
+    "llama3/cp2_colai_norec": "cp_implies_sp docstring: 305.6 MiB per layer per micro-batch",
+    "llama3/cp8_colai_no_tp_norec": "sources static: embedding accu_grad 33141 MiB",
+    "llama3/default": "sources comm_recompute/cast_once: default vs norec stage 0, the flat 3.4-3.7 GB",
+    "llama3/norec": "sources comm_recompute/cast_once",
+    "llama3/n_kv_heads_64": "sources cast_once",
+    "llama3/no_op": "sources cast_once: no_op adds 204 MiB per layer per micro-batch",
+    "llama3/fullrec": "sources optimizer_step/activations: stages 1-6 flat at 8465 MiB",
+    "llama3/dp": "sources activations/backward_workspace/selective_needs_tp: tp=1 layer 2738 MiB (2759)",
+    "llama3/pp8_rank8": "sources activations/backward_workspace/selective_needs_tp: tp=1 layer",
+    "llama3/no_sp": "sources selective_needs_tp: identical to no_sp_norec",
+    "llama3/no_sp_norec": "sources activations/backward_workspace: norm 263 MiB, rope 184 vs 164 MiB, layer 790",
+    "llama3/no_sp_fullrec": "sources activations: full-recompute input 135 MiB per layer per micro-batch",
+    "llama3/no_fa": "selective_score_global docstring: the selective list ending in zeros",
+    "llama3/no_sp_no_fa": "score_bytes=6 / selective_score_bytes=2 (no flash attention): with no_fa and "
+                          "no_sp_norec_no_fa the only cases the s^2 constants can come from (not named)",
+    "llama3/no_sp_norec_no_fa": "score_bytes=6 (no flash attention): see no_sp_no_fa",
+    "llama3/vp10": "sources recompute_counts and graph_constants: 1372 MiB at pp_interleave_num 10",
+    "llama3/vp5": "sources graph_constants: 686 MiB at pp_interleave_num 5",
+    "llama3/vp2": "sources graph_constants: 274 MiB at pp_interleave_num 2",
+    "llama3/vp2_norec": "sources graph_constants: pp_interleave_num 2 (vp2 or vp2_norec; counted for both)",
+}
+HELD_OUT = {  # named nowhere in engines.py or the tuning commits
+    "llama3/cp2_ulysses", "llama3/norec_cp64_colai", "llama3/norec_cp64_ulysses", "llama3/norec_dp64",
+    "llama3/norec_pp2", "llama3/norec_pp4", "llama3/norec_tp64", "llama3/num_layers_8", "llama3/num_layers_8_pp1",
+    "llama3/per_batch_48", "llama3/tp8_rank8",
+    "llama3/vp10_less",  # vp10.yaml run in a "VPP less-memory" mode ndplan does not model: vp10's estimate
+}
+
+# Bounds: the measured MAPE of each set (max-over-stages peak, the upstream metric) plus
+# about 1.5 points, so a regression of one bad case shows. Measured on this commit's
+# engine profile: tuning 25 cases 5.6 %, held-out 12 cases 9.1 % (37 cases 6.7 %).
+MAPE_TUNING_PCT = 7.0
+MAPE_HELD_OUT_PCT = 10.5
+# Per-case bound for the committed fixtures (an excerpt of 6 cases, 5 tuning + norec_tp64):
+# the benchmark gives them APEs of 0.2-5.2 %; 10 % leaves room without hiding a regression.
 FIXTURE_APE_PCT = 10.0
-# Overall bound: the benchmark's MAPE over the 37 cases is 6.7 % (max over stages, upstream metric).
-MAPE_PCT = 8.0
+
+
+def _mapes(apes: dict[str, float]) -> tuple[float, float]:
+    """MAPE over the tuning cases and over the held-out cases among ``apes`` (held-out: nan if none)."""
+    tun = [a for k, a in apes.items() if k in TUNING]
+    held = [a for k, a in apes.items() if k in HELD_OUT]
+    assert len(tun) + len(held) == len(apes), set(apes) - set(TUNING) - HELD_OUT
+    return sum(tun) / len(tun), (sum(held) / len(held) if held else float("nan"))
 
 
 @pytest.mark.parametrize("c,root", _cases(DATA / "cases.yaml", DATA))
@@ -130,31 +190,47 @@ def test_mindformers_fixture_degrees_and_peak(c, root):
     assert _ape(ci, c["peak_mb"]) <= FIXTURE_APE_PCT
 
 
-def test_mindformers_fixture_mape():
+def test_mindformers_fixture_mape(record_property):
+    """The committed excerpt (runs without ../shared): tuning MAPE under the tuning bound;
+    its one held-out case, norec_tp64, under the held-out bound."""
     cases = yaml.safe_load((DATA / "cases.yaml").read_text())["cases"]
-    apes = [_ape(read_config(DATA / c["config"]), c["peak_mb"]) for c in cases]
-    assert sum(apes) / len(apes) <= MAPE_PCT
+    apes = {c["id"]: _ape(read_config(DATA / c["config"]), c["peak_mb"]) for c in cases}
+    tun, held = _mapes(apes)
+    record_property("mape_tuning_pct", tun)
+    record_property("mape_held_out_pct", held)
+    print(f"MindFormers fixture MAPE: tuning {tun:.2f} % ({len(apes) - 1} cases), held-out {held:.2f} % (1 case)")
+    assert tun <= MAPE_TUNING_PCT and held <= MAPE_HELD_OUT_PCT, (tun, held)
 
 
-@pytest.mark.skipif(not (SHARED / "memory_cases.yaml").exists(), reason="../shared/validation not next to the clone")
-def test_mindformers_every_measured_yaml():
-    """All 37 measured cases (vp10_less reads vp10.yaml): degrees equal the normalised table,
-    MAPE of the max-over-stages peak <= 8 % (upstream metric; the benchmark gets 6.7 %)."""
-    cases = yaml.safe_load((SHARED / "memory_cases.yaml").read_text())["cases"]
-    apes = []
-    for c in cases:
-        ci = _check_degrees(c, SHARED)
-        apes.append(_ape(ci, c["measured"]["peak_mb"]))
-    assert len(apes) == 37
-    assert sum(apes) / len(apes) <= MAPE_PCT
+def test_mindformers_every_measured_yaml(record_property):
+    """All 37 measured cases (vp10_less reads vp10.yaml): degrees equal the normalised table;
+    the MAPE of the max-over-stages peak (upstream metric) over the tuning cases and over the
+    held-out cases each within its bound."""
+    shared = validation_dir() / "mindformers"
+    cases = yaml.safe_load((shared / "memory_cases.yaml").read_text())["cases"]
+    assert {c["id"] for c in cases} == set(TUNING) | HELD_OUT and not set(TUNING) & HELD_OUT
+    apes = {c["id"]: _ape(_check_degrees(c, shared), c["measured"]["peak_mb"]) for c in cases}
+    tun, held = _mapes(apes)
+    record_property("mape_tuning_pct", tun)
+    record_property("mape_held_out_pct", held)
+    print(f"MindFormers MAPE: tuning {tun:.2f} % ({len(TUNING)} cases), held-out {held:.2f} % ({len(HELD_OUT)} cases)")
+    assert tun <= MAPE_TUNING_PCT, f"tuning MAPE {tun:.2f} % > {MAPE_TUNING_PCT} %"
+    assert held <= MAPE_HELD_OUT_PCT, f"held-out MAPE {held:.2f} % > {MAPE_HELD_OUT_PCT} %"
 
 
-def test_mindformers_limit_is_max_device_memory_and_proposals_apply(tmp_path):
+@pytest.fixture(scope="module")
+def vp2_check(tmp_path_factory):
+    """``check`` of a copy of llama3/vp2.yaml with 6 proposals (one sweep, shared by the
+    tests below)."""
+    f = tmp_path_factory.mktemp("vp2") / "vp2.yaml"
+    f.write_text((DATA / "llama3" / "vp2.yaml").read_text())
+    return check(read_config(f), top=6)
+
+
+def test_mindformers_limit_is_max_device_memory_and_proposals_apply(vp2_check, tmp_path):
     """llama3/vp2 measures 58,397 MiB > its max_device_memory 52.5GB: check must use the
     yaml's cap, say so, and propose edits of the yaml that fit it."""
-    f = tmp_path / "vp2.yaml"
-    f.write_text((DATA / "llama3" / "vp2.yaml").read_text())
-    res = check(read_config(f), top=2)
+    res = vp2_check
     assert res.limit_bytes == int(52.5 * GIB) and "max_device_memory" in res.limit_source
     assert not res.fits
     assert_proposals_apply(res, "mindformers", tmp_path)
@@ -506,12 +582,10 @@ def test_megatron_reader_reads_what_bash_passes(name):
     assert vars(ours) == vars(theirs)
 
 
-def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(tmp_path):
+def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(vp2_check):
     """vp2.yaml has select_comm_recompute: [10,8,6,4,2,0,0,0], one entry per stage of
     pipeline_stage 8. A proposal with another pp must not leave that 8-entry list."""
-    f = tmp_path / "vp2.yaml"
-    f.write_text((DATA / "llama3" / "vp2.yaml").read_text())
-    res = check(read_config(f), top=5)
+    res = vp2_check
     moved = [p for p in res.proposals if p.strategy.pp != 8]
     assert moved, "expected a proposal that changes pp"
     for p in moved:
@@ -521,11 +595,9 @@ def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(tmp_path):
             assert yaml.safe_load(p.text)["recompute_config"]["select_comm_recompute"] == [10, 8, 6, 4, 2, 0, 0, 0]
 
 
-def test_proposals_do_not_add_changes_to_an_earlier_one_without_being_faster(tmp_path):
+def test_proposals_do_not_add_changes_to_an_earlier_one_without_being_faster(vp2_check):
     """A proposal that makes every change of an earlier one and more must be faster."""
-    f = tmp_path / "vp2.yaml"
-    f.write_text((DATA / "llama3" / "vp2.yaml").read_text())
-    ps = check(read_config(f), top=6).proposals
+    ps = vp2_check.proposals
     for i, later in enumerate(ps):
         for earlier in ps[:i]:
             more = len(later.changed) > len(earlier.changed) and all(

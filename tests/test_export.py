@@ -1,11 +1,16 @@
 """Exported framework forms (``--emit``), each parsed back with its own loader
-(argparse for Megatron-LM flags, tomllib, json, yaml, the DeviceMesh code executed
-under torch's fake process group) and compared with the strategy."""
+(Megatron-LM's argument definitions and validation rules transcribed below with their
+source lines, tomllib, json, yaml, the DeviceMesh code executed under torch's fake
+process group) and compared with the strategy.
+
+Layer splits, MindFormers offsets and recompute lists are expected values written in the
+test with their derivation, not ndplan's own ``layers_per_chunk`` / ``recompute_counts``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import tomllib
 
@@ -17,10 +22,10 @@ from ndplan.catalog import load_model
 from ndplan.cli import main
 from ndplan.errors import NdplanError
 from ndplan.export import EMITTERS, Balance, emit
-from ndplan.export.common import layers_per_chunk, recompute_counts
 from ndplan.ppb.instance import Instance, Layer, Pipeline
 from ndplan.ppb.plan import Plan
 from ndplan.strategy import Strategy
+from tests.helpers import validation_dir
 
 DENSE, MOE = load_model("llama3-70b"), load_model("mixtral-8x7b")  # 80 and 32 layers
 
@@ -37,54 +42,163 @@ CASES = {  # name: (model, strategy)
     "moe-zbv": (MOE, Strategy(dp=4, tp=2, pp=2, vpp=2, ep=4, etp=2, gbs=32, schedule="zbv", zero=1)),
 }
 
-
+LAYERS = {  # decoder layers per virtual stage, in virtual-stage order (chunk c of stage s at c*pp + s), by hand
+    "dense-dp-zero0": [80],  # pp=1: all 80 layers on the one stage
+    "dense-tp-pp-zero1-full": [20] * 4,  # 80 / pp=4
+    "dense-vpp-selective": [10] * 8,  # 80 / (pp=4 * vpp=2)
+    "dense-uneven-block": [19, 21, 21, 19],  # the layers_per_stage asked for (sum 80)
+    "dense-uneven-middle": [20, 22, 18, 20],  # the layers_per_stage asked for (sum 80)
+    "dense-zero3-cp": [80],  # pp=1
+    "moe-ep-etp-zero1": [16, 16],  # mixtral 32 layers / pp=2
+    "moe-zbv": [8] * 4,  # 32 / (pp=2 * 2 chunks)
+}
 def _cases(*names):
     return [pytest.param(*CASES[n], id=n) for n in names]
 
 
 # ------------------------------------------------------------------ Megatron-LM
 
+# Megatron-LM's definitions of every flag the exporter writes, transcribed from
+# NVIDIA/Megatron-LM megatron/training/arguments.py at 000c4ac24f61159c138b0975def722c65245983c
+# (2025-11-13), with the line of each add_argument. parse_args (not parse_known_args) below:
+# a flag Megatron does not define fails the test, as Megatron's own parse_args does.
+MEGATRON_INT_FLAGS = {  # flag: line (type=int)
+    "--num-layers": 1574, "--tensor-model-parallel-size": 2613, "--pipeline-model-parallel-size": 2615,
+    "--decoder-first-pipeline-num-layers": 2617, "--decoder-last-pipeline-num-layers": 2621,
+    "--num-layers-per-virtual-pipeline-stage": 2636, "--num-virtual-stages-per-pipeline-rank": 2638,
+    "--context-parallel-size": 2760, "--expert-model-parallel-size": 3103, "--expert-tensor-parallel-size": 3105,
+    "--micro-batch-size": 2020, "--global-batch-size": 2027, "--seq-length": 2906, "--recompute-num-layers": 2086,
+}
+MEGATRON_CHOICE_FLAGS = {  # flag: (choices, line) (type=str)
+    "--recompute-granularity": (["full", "selective"], 2056), "--recompute-method": (["uniform", "block"], 2077),
+}
+MEGATRON_SWITCHES = {  # flag: line (action="store_true")
+    "--sequence-parallel": 2276, "--use-distributed-optimizer": 2714, "--use-torch-fsdp2": 2754,
+    "--optimizer-cpu-offload": 2248,
+}
+
+
 def megatron_parser() -> argparse.ArgumentParser:
+    """The flags above as Megatron defines them (line 93: ``allow_abbrev=False``; defaults
+    as there: parallel sizes 1, the rest None)."""
     p = argparse.ArgumentParser(allow_abbrev=False)
-    for f in ("num-layers", "tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
-              "expert-model-parallel-size", "expert-tensor-parallel-size", "num-layers-per-virtual-pipeline-stage",
-              "num-virtual-stages-per-pipeline-rank", "decoder-first-pipeline-num-layers",
-              "decoder-last-pipeline-num-layers", "micro-batch-size", "global-batch-size", "seq-length",
-              "recompute-num-layers"):
-        p.add_argument(f"--{f}", type=int)
-    p.add_argument("--pipeline-model-parallel-layout")
-    p.add_argument("--recompute-granularity", choices=["full", "selective"])
-    p.add_argument("--recompute-method", choices=["uniform", "block"])
-    for f in ("sequence-parallel", "use-distributed-optimizer", "use-torch-fsdp2", "optimizer-cpu-offload"):
-        p.add_argument(f"--{f}", action="store_true")
+    ones = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+            "--expert-model-parallel-size"}
+    for f in MEGATRON_INT_FLAGS:
+        p.add_argument(f, type=int, default=1 if f in ones else None)
+    p.add_argument("--pipeline-model-parallel-layout", type=str, default=None)  # line 2625
+    for f, (choices, _) in MEGATRON_CHOICE_FLAGS.items():
+        p.add_argument(f, type=str, default=None, choices=choices)
+    for f in MEGATRON_SWITCHES:
+        p.add_argument(f, action="store_true")
     return p
 
 
-def megatron_layers(a, L: int, pp: int, vpp: int) -> list[int]:
-    """Decoder layers per virtual stage as Megatron-LM would place them."""
-    if a.pipeline_model_parallel_layout:
-        return [g.count("t") for g in a.pipeline_model_parallel_layout.split("|")]
-    if a.decoder_first_pipeline_num_layers is not None:
-        first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
-        mid = (L - first - last) // (pp - 2) if pp > 2 else 0
-        return [first] + [mid] * (pp - 2) + [last]
-    per = a.num_layers_per_virtual_pipeline_stage or L // pp
-    return [per] * (L // per)
+def megatron_parse(text: str):
+    return megatron_parser().parse_args(shlex.split(text, comments=True))
 
 
-@pytest.mark.parametrize("model,s", _cases(*(n for n in CASES if n != "moe-zbv")))
-def test_megatron_parses_back(model, s):
-    a = megatron_parser().parse_args(shlex.split(emit("megatron", model, s), comments=True))
+def megatron_layers(a) -> list[int]:
+    """Decoder layers per virtual stage as Megatron-LM builds them, checking the rules it
+    applies on the way (the assertion messages are Megatron's). Sources at 000c4ac2:
+    arguments.py validate_args lines 532-590, megatron/core/transformer/transformer_block.py
+    get_num_layers_to_build (line 75), pipeline_parallel_layer_layout.py (parse_str_to_list
+    line 270, validate_layer_layout line 85, virtual stage vpp_rank*pp + pp_rank line 50)."""
+    L, pp = a.num_layers, a.pipeline_model_parallel_size
+    vflags = [a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank,
+              a.pipeline_model_parallel_layout]
+    assert sum(x is not None for x in vflags) <= 1, "No more than one of the following arguments can be set"
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    if a.pipeline_model_parallel_layout is not None:
+        text = a.pipeline_model_parallel_layout.replace(",", "")
+        text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        stages = text.split("|")
+        assert set(text) <= set("ELtm|"), "Invalid layer character"
+        assert len(stages) % pp == 0, "The length of pipeline_model_parallel_layout must be divisible by pp"
+        flat = "".join(stages)
+        assert flat[0] == "E" and flat.count("E") == 1, "The first layer must be embedding"
+        assert flat[-1] == "L" and flat.count("L") == 1, "The last layer must be loss"
+        assert flat.count("t") == L, "Number of decoder layers must match num_layers"
+        return [s.count("t") for s in stages]
+    vp = None
+    if a.num_layers_per_virtual_pipeline_stage is not None:
+        assert first is None and last is None, \
+            "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline parallel degree"
+        assert L % pp == 0, "number of layers of the model must be divisible pipeline model parallel size"
+        assert (L // pp) % a.num_layers_per_virtual_pipeline_stage == 0, \
+            "number of layers per pipeline stage must be divisible number of layers per virtual pipeline stage"
+        vp = (L // pp) // a.num_layers_per_virtual_pipeline_stage
+    elif a.num_virtual_stages_per_pipeline_rank is not None:
+        vp = a.num_virtual_stages_per_pipeline_rank
+    if vp == 1:
+        vp = None
+    if vp is not None:  # default overlap_p2p_comm (--no-overlap-p2p-communication not given): pp > 1
+        assert pp > 1, "When interleaved schedule is used, pipeline-model-parallel size should be greater than 1"
+    if first is not None or last is not None:
+        rest, left = L - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if left > 0:
+            assert rest % left == 0, "With uneven pipelineing the left over layers must be divisible by left over stages"
+        per_rank = [rest // left if left else 0] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+    else:
+        assert L % pp == 0, "Number of layers should be divisible by the pipeline-model-parallel size"
+        per_rank = [L // pp] * pp
+    v = vp or 1
+    assert all(n % v == 0 for n in per_rank), "num_layers_per_pipeline_rank should be divisible by vp_size"
+    return [per_rank[s] // v for _ in range(v) for s in range(pp)]
+
+
+def megatron_validate(a):
+    """The other validate_args rules the exported flags meet (arguments.py at 000c4ac2)."""
+    if a.recompute_granularity == "selective":  # line 914
+        assert a.recompute_method is None, "recompute method is not yet supported for selective recomputing granularity"
+    if a.use_torch_fsdp2:  # lines 633-641
+        assert a.pipeline_model_parallel_size == 1, "--use-torch-fsdp2 is not supported with pipeline parallelism"
+        assert a.expert_model_parallel_size == 1, "--use-torch-fsdp2 is not supported with expert parallelism"
+        assert not a.use_distributed_optimizer, "--use-torch-fsdp2 is not supported with MCore's distributed optimizer"
+
+
+def test_megatron_layer_rules_reject_what_megatron_rejects():
+    """The transcribed rules are live: forms Megatron refuses fail here too."""
+    bad = ["--num-layers 80 --pipeline-model-parallel-size 3",  # 80 % 3
+           "--num-layers 80 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 3",  # 20 % 3
+           "--num-layers 80 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 19 "
+           "--decoder-last-pipeline-num-layers 20",  # 41 over 2 stages
+           "--num-layers 8 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Etttt|tttt'",  # no L
+           "--num-layers 8 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+           "--pipeline-model-parallel-layout 'Etttt|ttttL'"]  # two virtual-stage flags
+    for text in bad:
+        with pytest.raises(AssertionError):
+            megatron_layers(megatron_parse(text))
+    # and reads a layout in the help text's notation: "E|(t|)*3,L" unrolls to E|t|t|t|L, 5 stages
+    a = megatron_parse("--num-layers 3 --pipeline-model-parallel-size 5 --pipeline-model-parallel-layout 'E|(t|)*3,L'")
+    assert megatron_layers(a) == [0, 1, 1, 1, 0]
+    with pytest.raises(SystemExit):  # a flag Megatron-LM does not define (argparse exits)
+        megatron_parse("--num-layers 8 --virtual-pipeline-model-parallel-size 2")
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "moe-zbv"])
+def test_megatron_parses_back(name):
+    model, s = CASES[name]
+    a = megatron_parse(emit("megatron", model, s))  # independent of ndplan: Megatron's flag definitions
+    megatron_validate(a)  # independent of ndplan: Megatron's validate_args rules
+    # the degrees, sizes and batch asked for (the test's input and the catalog), not the exporter's reading
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size) == (s.tp, s.pp, s.cp)
     assert a.num_layers == model.num_hidden_layers
     assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (s.mbs, s.gbs, s.seq)
     if model.is_moe:
         assert (a.expert_model_parallel_size, a.expert_tensor_parallel_size) == (s.ep, s.etp)
-    assert a.sequence_parallel == (s.sp and s.tp > 1)
+    assert a.sequence_parallel == (s.sp and s.tp > 1)  # Megatron turns SP off at tp=1 (arguments.py line 922)
+    # ZeRO-1/2 = Megatron's distributed optimizer, ZeRO-3 = --use-torch-fsdp2 (by definition, not ndplan)
     assert a.use_distributed_optimizer == (s.zero in (1, 2)) and a.use_torch_fsdp2 == (s.zero == 3)
-    assert megatron_layers(a, model.num_hidden_layers, s.pp, s.vpp) == list(layers_per_chunk(model, s))
+    # independent of ndplan's layers_per_chunk: Megatron's placement rule against the hand-derived split
+    assert megatron_layers(a) == LAYERS[name]
     assert (a.recompute_granularity or "none") == s.recompute
-    if s.recompute == "full":
+    if s.recompute == "full":  # Megatron's help (lines 2077, 2086): uniform 1 = every layer; block n = n a stage
         assert (a.recompute_method, a.recompute_num_layers) == (("uniform", 1) if s.recompute_layers is None
                                                                 else ("block", s.recompute_layers))
 
@@ -98,9 +212,10 @@ def test_megatron_rejects_zbv_and_pp_fsdp():
 
 # ------------------------------------------------------------------ torchtitan
 
-@pytest.mark.parametrize("model,s", _cases(*(n for n in CASES if n != "dense-dp-zero0")))
-def test_torchtitan_parses_back(model, s):
-    doc = tomllib.loads(emit("torchtitan", model, s))
+@pytest.mark.parametrize("name", [n for n in CASES if n != "dense-dp-zero0"])
+def test_torchtitan_parses_back(name):
+    model, s = CASES[name]
+    doc = tomllib.loads(emit("torchtitan", model, s))  # independent of ndplan: tomllib reads it
     p, t = doc["parallelism"], doc["training"]
     assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == s.dp
     assert p["data_parallel_shard_degree"] == (s.dp if s.zero else 1)
@@ -112,11 +227,15 @@ def test_torchtitan_parses_back(model, s):
         assert t["local_batch_size"] // p["pipeline_parallel_microbatch_size"] == s.m
         assert p["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                                                    "zbv": "ZBVZeroBubble"}[s.schedule]
+        # torchtitan (pipeline_llama_manual_split): a stage keeps layers.[start, stop) between
+        # consecutive split points; without them layers_per_stage layers each
         if "pipeline_parallel_split_points" in p:
             cuts = [0] + [int(x.split(".")[1]) for x in p["pipeline_parallel_split_points"]] + [model.num_hidden_layers]
-            assert [b - a for a, b in zip(cuts, cuts[1:])] == list(layers_per_chunk(model, s))
+            got = [b - a for a, b in zip(cuts, cuts[1:])]
         else:
-            assert p["pipeline_parallel_layers_per_stage"] * s.pp * s.vpp == model.num_hidden_layers
+            per = p["pipeline_parallel_layers_per_stage"]
+            got = [per] * (model.num_hidden_layers // per)
+        assert got == LAYERS[name]  # independent of ndplan's layers_per_chunk: the hand-derived split
     else:  # gradient accumulation: global / (local * dp) micro-batches
         assert t["global_batch_size"] // (t["local_batch_size"] * dp) == s.m
     if model.is_moe:
@@ -139,10 +258,11 @@ def test_torchtitan_ddp_only_alone_and_zero0_replicates():
                          + [pytest.param(DENSE, Strategy(dp=8, gbs=64, mbs=2, zero=3, offload_optimizer=True),
                                          id="dense-zero3-offload")])
 def test_deepspeed_parses_back(model, s):
-    doc = json.loads(emit("deepspeed", model, s))
+    doc = json.loads(emit("deepspeed", model, s))  # independent of ndplan: json reads it; values: the input
     assert doc["zero_optimization"]["stage"] == s.zero
     assert ("offload_optimizer" in doc["zero_optimization"]) == s.offload_optimizer
     assert (doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]) == (s.mbs, s.m)
+    # DeepSpeed's batch rule: train_batch_size = micro batch per GPU x accumulation steps x data-parallel size
     assert doc["train_batch_size"] == doc["train_micro_batch_size_per_gpu"] * doc["gradient_accumulation_steps"] * s.dp
     assert doc["bf16"]["enabled"] is True
     assert doc.get("tensor_parallel", {}).get("autotp_size", 1) == s.tp
@@ -159,46 +279,53 @@ def test_deepspeed_rejects_what_the_json_cannot_say(name, field):
 
 # ------------------------------------------------------------------ MindFormers
 
-def _flat(strat, v):
-    """per-stage form back to per-virtual-stage values (interleaved: v = chunk*pp + stage)."""
-    rows = v if strat.vpp > 1 else [v]
-    return [x for row in rows for x in row]
+# MindFormers LayerSetting (mindspore-lab/mindformers mindformers/models/utils.py at fd4deebc,
+# lines 197-200; docs/feature_cards/Offset_Recompute.md): offset is broadcast to
+# [pp_interleave_num][pipeline_stage] and chunk (v, s) holds num_layers // (pp * vpp) +
+# offset[v][s] layers; _check_inputs (line 590) wants sum(offset) == num_layers % (pp * vpp).
+# recompute: True = every layer, False = none, a per-stage list = that many layers a stage.
+MINDFORMERS = {  # name: (offset, recompute, select_recompute), derived by hand
+    "dense-tp-pp-zero1-full": (0, True, False),  # 80 // 4 = 20 = every stage; full recompute of every layer
+    "dense-vpp-selective": (0, False, True),  # 80 // 8 = 10 = every chunk; selective on every layer
+    "dense-uneven-block": ([-1, 1, 1, -1], [3, 3, 3, 3], False),  # 19,21,21,19 - 20; 3 full layers a stage
+    "dense-uneven-middle": ([0, 2, -2, 0], False, False),  # 20,22,18,20 - 20; no recompute
+    "moe-ep-etp-zero1": (0, True, False),  # 32 // 2 = 16 = every stage
+    "dense-zero3-cp": (0, False, False),  # one stage of 80
+}
 
 
-@pytest.mark.parametrize("model,s", _cases("dense-tp-pp-zero1-full", "dense-vpp-selective", "dense-uneven-block",
-                                           "dense-uneven-middle", "moe-ep-etp-zero1", "dense-zero3-cp"))
-def test_mindformers_parses_back(model, s):
-    doc = yaml.safe_load(emit("mindformers", model, s))
+def _mf_layers(offset, pp: int, vpp: int, L: int) -> list[int]:
+    """LayerSetting's layer_list, flattened in virtual-stage order (v*pp + s)."""
+    rows = [[offset] * pp] * vpp if isinstance(offset, int) else (offset if vpp > 1 and isinstance(offset[0], list)
+                                                                  else [offset] * vpp)
+    assert sum(map(sum, rows)) == L % (pp * vpp), "sum of offset != num_layers % (pp * pp_interleave_num)"
+    return [L // (pp * vpp) + o for row in rows for o in row]
+
+
+@pytest.mark.parametrize("name", list(MINDFORMERS))
+def test_mindformers_parses_back(name):
+    model, s = CASES[name]
+    doc = yaml.safe_load(emit("mindformers", model, s))  # independent of ndplan: yaml reads it
     pc, rc, mc = doc["parallel_config"], doc["recompute_config"], doc["model"]["model_config"]
     assert (pc["data_parallel"], pc["model_parallel"], pc["pipeline_stage"], pc["context_parallel"]) == (s.dp, s.tp, s.pp, s.cp)
     assert pc["micro_batch_num"] == s.m and doc["runner_config"]["batch_size"] == s.mbs
     assert pc["use_seq_parallel"] == (s.sp and s.tp > 1)
     assert pc.get("expert_parallel", 1) == s.ep
     assert mc.get("pp_interleave_num", 1) == s.vpp and mc["seq_length"] == s.seq
-    base = model.num_hidden_layers // (s.pp * s.vpp)
-    offset = [0] * (s.pp * s.vpp) if mc["offset"] == 0 else _flat(s, mc["offset"])
-    assert [base + o for o in offset] == list(layers_per_chunk(model, s))
-    full, sel = recompute_counts(model, s)
-    layers = layers_per_chunk(model, s)
-    want_full = True if full == layers else (False if not max(full) else None)
-    if want_full is None:
-        assert _flat(s, rc["recompute"]) == list(full)
-    else:
-        assert rc["recompute"] is want_full
-    assert rc["select_recompute"] is (s.recompute == "selective")
+    offset, recompute, select = MINDFORMERS[name]
+    assert mc["offset"] == offset  # independent of ndplan: the hand-derived offsets
+    # independent of ndplan's layers_per_chunk: MindFormers' own layer rule applied to the emitted offset
+    assert _mf_layers(mc["offset"], s.pp, s.vpp, model.num_hidden_layers) == LAYERS[name]
+    assert (rc["recompute"], rc["select_recompute"]) == (recompute, select)  # independent: hand-derived lists
 
 
 def test_mindformers_keys_exist_in_the_validation_configs():
     """Every parallel_config key emitted is one the SAPP MindFormers yamls use (expert_parallel aside: llama only)."""
-    import glob
-    import os
-    files = glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "validation", "mindformers",
-                                   "llama3", "*.yaml"))
-    if not files:
-        pytest.skip("shared/validation not present")
+    files = sorted((validation_dir() / "mindformers" / "llama3").glob("*.yaml"))
+    assert files, "no llama3 yamls in the validation data"
     known = set()
-    for f in files:
-        known |= set((yaml.safe_load(open(f)) or {}).get("parallel_config", {}))
+    for f in files:  # independent of ndplan: the upstream project's own configs
+        known |= set((yaml.safe_load(f.read_text()) or {}).get("parallel_config", {}))
     emitted = set(yaml.safe_load(emit("mindformers", *CASES["dense-vpp-selective"]))["parallel_config"])
     assert emitted <= known, emitted - known
 
@@ -222,19 +349,23 @@ def _balance(pp=4, counts=(1, 3, 3, 1), modes=None):
 
 def test_balance_gives_offsets_and_per_stage_recompute():
     bal = _balance()
+    # by hand from _balance's bounds and modes: decoder layers a stage 1 | 3 | 3 | 1 with modes
+    # (full) | (selective, full, none) | (none, full, none) | (none)
     assert bal.decoder_layers() == (1, 3, 3, 1)
-    assert bal.recompute_counts() == ((1, 1, 1, 0), (0, 1, 0, 0))
+    assert bal.recompute_counts() == ((1, 1, 1, 0), (0, 1, 0, 0))  # full layers a stage, selective layers a stage
     model = load_model("llama3-8b").__class__(**{**vars(load_model("llama3-8b")), "num_hidden_layers": 8,
                                                  "layer_kinds": ("dense",) * 8})
     s = Strategy(dp=1, tp=1, pp=4, gbs=8, layers_per_stage=bal.decoder_layers(), recompute="full")
     mf = yaml.safe_load(emit("mindformers", model, s, balance=bal))
-    assert mf["model"]["model_config"]["offset"] == [-1, 1, 1, -1]
-    assert mf["recompute_config"]["recompute"] == [1, 1, 1, 0]
-    assert mf["recompute_config"]["select_recompute"] == [1, 2, 1, 0]
-    a = megatron_parser().parse_args(shlex.split(emit("megatron", model, s, balance=bal), comments=True))
+    assert mf["model"]["model_config"]["offset"] == [-1, 1, 1, -1]  # 1,3,3,1 minus 8 // 4 = 2 (LayerSetting)
+    assert mf["recompute_config"]["recompute"] == [1, 1, 1, 0]  # the full counts above
+    assert mf["recompute_config"]["select_recompute"] == [1, 2, 1, 0]  # full + selective counts above
+    a = megatron_parse(emit("megatron", model, s, balance=bal))  # Megatron's flag definitions
     assert (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers) == (1, 1)
+    assert megatron_layers(a) == [1, 3, 3, 1]  # Megatron's uneven rule: (8 - 1 - 1) / 2 in the middle
     assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "block", 1)
     tt = tomllib.loads(emit("torchtitan", model, s, balance=bal))
+    # torchtitan: a stage starts at each split point; cumulative 1, 1+3, 1+3+3
     assert tt["parallelism"]["pipeline_parallel_split_points"] == ["layers.1", "layers.4", "layers.7"]
 
 
