@@ -85,8 +85,10 @@ appended after it overrides it (click keeps the last value)."""
 S = ["sweep", "-m", "llama3-8b", "--gpus", "8", "--gbs", "8", *SMALL]
 C = ["compare", "-m", "llama3-8b", "--gpus", "8", "--gbs", "8"]
 K = ["check", "{tmp}/train.sh", "-m", "llama2-7b"]
-B = ["balance", "--layers", "{tmp}/l.yaml", "--pp", "2", "--m", "4", "--budget-gib", "70", "--time-limit", "2"]
-BH = ["balance", "--layers", "{tmp}/l.yaml", "--pp", "2", "--m", "4", "-H", "h100-sxm", "--time-limit", "2"]
+B = ["balance", "--layers", "{tmp}/l.yaml", "--pp", "2", "--m", "4", "--budget-gib", "70", "--deterministic-time", "2",
+     "--workers", "1"]
+BH = ["balance", "--layers", "{tmp}/l.yaml", "--pp", "2", "--m", "4", "-H", "h100-sxm", "--deterministic-time", "2",
+      "--workers", "1"]
 """balance with the budget from the hardware (HBM minus --reserve-gib)."""
 
 # ------------------------------------------------------------------ files

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 import ndplan
 from ndplan.check import check, distance, file_diff
 from ndplan.cli import main
-from ndplan.errors import NdplanError
 from ndplan.export import emit
 from ndplan.interop import read_config
 from tests.helpers import validation_dir

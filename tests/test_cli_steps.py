@@ -19,7 +19,6 @@ from ndplan.cli import main
 from ndplan.errors import NdplanError
 from ndplan.labels import label
 from ndplan.points import strategy_from_point
-from ndplan.units import GIB
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

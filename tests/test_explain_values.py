@@ -62,15 +62,12 @@ def _memory_matches(v: float, est: int) -> bool:
     return v - tol <= est < v + 1 + tol
 
 
-EXPLAIN_NREC_BUG = pytest.mark.xfail(strict=True, reason=(
-    "explain(hardware=...) sets the point's nrec to the head stage's count (for the time Terms) "
-    "and evaluates the memory Terms of every stage with it: `ndplan explain -H ascend-910b --tp 8 "
-    "--pp 8 --recompute selective --recompute-layers 10,8,6,4,2,0,0,0 --engine mindspore --stage 0 "
-    "--term mem.activations` prints 45.2e9 B where estimate has 31.1e9 B (stage 7's count, 0)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=EXPLAIN_NREC_BUG) if n == "dense-mindspore-per-stage-nrec-no-fa"
-                                  else n for n in CASES])
+# "dense-mindspore-per-stage-nrec-no-fa" found a bug (fixed): explain(hardware=...) set the
+# point's nrec to the head stage's count for the time Terms and evaluated every stage's memory
+# with it (`ndplan explain -H ascend-910b --tp 8 --pp 8 --recompute selective --recompute-layers
+# 10,8,6,4,2,0,0,0 --engine mindspore --stage 0 --term mem.activations` printed 45.2e9 B where
+# estimate has 31.1e9 B)
+@pytest.mark.parametrize("name", list(CASES))
 def test_explain_values_equal_the_estimate(name):
     model, hw, s = CASES[name]
     est = ndplan.estimate(model, hw, s)

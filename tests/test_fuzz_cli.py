@@ -152,7 +152,7 @@ def layer_file(tmp_path_factory):
        reserve=st.one_of(st.none(), _real(0.0, 20.0)), limit=_real(0.05, 0.5), workers=_count(1, 2),
        res_us=_real(1.0, 100.0))
 def test_balance_numbers(layer_file, pp, vpp, m, budget, reserve, limit, workers, res_us):
-    argv = ["balance", "--layers", str(layer_file), "--pp", pp, "--vpp", vpp, "--m", m, "--time-limit", limit,
+    argv = ["balance", "--layers", str(layer_file), "--pp", pp, "--vpp", vpp, "--m", m, "--deterministic-time", limit,
             "--workers", workers, "--time-resolution-us", res_us]
     argv += ["--budget-gib", budget] if budget is not None else ["-H", "h100-sxm"]
     if reserve is not None and budget is None:
@@ -165,7 +165,7 @@ def test_balance_numbers(layer_file, pp, vpp, m, budget, reserve, limit, workers
 def test_random_layer_file(tmp_path, data, suffix):
     f = tmp_path / f"layers{suffix}"
     f.write_bytes(data)
-    _invoke(["balance", "--layers", str(f), "--pp", "2", "--m", "4", "--budget-gib", "70", "--time-limit", "0.2"])
+    _invoke(["balance", "--layers", str(f), "--pp", "2", "--m", "4", "--budget-gib", "70", "--deterministic-time", "0.2"])
 
 
 @FUZZ

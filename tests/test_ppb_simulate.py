@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ndplan.ppb.instance import Instance, Pipeline
-from ndplan.ppb.plan import Plan, chunk_time_s, stage_memory_bytes, uniform_plan
+from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
 from ndplan.ppb.simulate import simulate
 from ndplan.ppb.solve import Config, evaluate, solve
-from tests.test_ppb_solver import MB, MS, _llm, layer, oracle_memory, oracle_time
+from tests.helpers import MB, MS, llm_instance as _llm, layer, oracle_memory, oracle_time
 
 CFG = Config(deterministic_time=20, workers=1)  # reproducible (test_ppb_solver.CFG)
 

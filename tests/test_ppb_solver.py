@@ -10,84 +10,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ndplan.formulas.schedules import op_order, virtual_stage
-from ndplan.ppb.instance import MODES, Instance, Layer, Pipeline
+from ndplan.ppb.instance import MODES, Instance, Pipeline
 from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
-from ndplan.ppb.simulate import simulate
 from ndplan.ppb.solve import Config, diagnose, evaluate, solve
-from ndplan.units import GIB
+from tests.helpers import MB, MS, llm_instance as _llm, layer, oracle_memory, oracle_time
 
-MS = 1e-3  # test times are whole milliseconds: no rounding at the 1 us resolution
-MB = 2**20  # test memory is whole MiB: no rounding at the 1 MiB unit
 CFG = Config(deterministic_time=20, workers=1)
 """Deterministic budget, one worker, seed 0: the same plans on every machine and load
 (ppb/config.py), so a test cannot pass or fail by how busy the machine is."""
 
 
-def layer(f, b, w, static, acts, recs, name="x"):
-    return Layer(name=name, kind="dense", forward_s=f * MS, backward_input_s=b * MS, backward_weight_s=w * MS,
-                 static_bytes=static * MB, activation_bytes={k: a * MB for k, a in acts.items()},
-                 recompute_s={k: r * MS for k, r in recs.items()})
 
 
 # ---------------------------------------------------------------- the oracle
 
-def oracle_time(inst: Instance, plan: Plan) -> float:
-    """Step time by the schedule's definition, written here apart from the model: the
-    longest path through the op DAG, each stage running ``op_order`` (zb-h1, zbv: W is
-    its own op after B; elsewhere B includes W)."""
-    p = inst.pipeline
-    V = p.chunks
-    split_w = p.schedule in ("zb-h1", "zbv")
-    F, B, W = [0.0] * V, [0.0] * V, [0.0] * V
-    for v in range(V):
-        for i in plan.layers(v):
-            x = inst.layers[i]
-            F[v] += x.forward_s
-            B[v] += x.backward_input_s + x.recompute_s.get(plan.recompute[i], 0.0)
-            W[v] += x.backward_weight_s
-    dur = {"F": F, "B": [b + (0.0 if split_w else w) for b, w in zip(B, W)], "W": W}
-    # relax ops in each stage's order until every op has run (tiny sizes)
-    end: dict = {}
-    orders = [[(k, virtual_stage(p.schedule, s, c, p.pp), j) for k, c, j in op_order(p.schedule, s, p.pp, p.vpp, p.m)]
-              for s in range(p.pp)]
-    pos = [0] * p.pp
-    while any(pos[s] < len(orders[s]) for s in range(p.pp)):
-        moved = False
-        for s in range(p.pp):
-            while pos[s] < len(orders[s]):
-                k, v, j = orders[s][pos[s]]
-                dep = {"F": ("F", v - 1, j) if v > 0 else None,
-                       "B": ("B", v + 1, j) if v < V - 1 else ("F", v, j),
-                       "W": ("B", v, j)}[k]
-                if dep is not None and dep not in end:
-                    break
-                prev = end[orders[s][pos[s] - 1]] if pos[s] else 0.0
-                end[(k, v, j)] = max(prev, end[dep] if dep else 0.0) + dur[k][v]
-                pos[s] += 1
-                moved = True
-        assert moved, "op order deadlocks"
-    return max(end.values())
 
 
-def oracle_memory(inst: Instance, plan: Plan) -> list[float]:
-    """Static + the largest activation sum over the instants right after each forward
-    starts, walking each stage's op order (a chunk's micro-batch is held from its F to
-    its B)."""
-    p = inst.pipeline
-    mem = []
-    for s in range(p.pp):
-        static, act = 0.0, [0.0] * p.vpp
-        for c in range(p.vpp):
-            for i in plan.layers(virtual_stage(p.schedule, s, c, p.pp)):
-                static += inst.layers[i].static_bytes
-                act[c] += inst.layers[i].activation_bytes[plan.recompute[i]]
-        held, peak = [0] * p.vpp, 0.0
-        for kind, c, _ in op_order(p.schedule, s, p.pp, p.vpp, p.m):
-            held[c] += {"F": 1, "B": -1, "W": 0}[kind]
-            peak = max(peak, sum(h * a for h, a in zip(held, act)))
-        mem.append(static + peak)
-    return mem
 
 
 def brute_force(inst: Instance):
@@ -154,12 +92,6 @@ def test_optimum_equals_brute_force(schedule, data):
                     or oracle_time(inst, cand) > sol.objective_s + 1e-9), (i, mode, lighter)
 
 
-def _llm(n_layers, pp, vpp, m, schedule, budget_gib):
-    emb = layer(1, 1, 1, 2000, {"none": 100}, {}, "embedding")
-    dec = layer(4, 4, 4, 1000, {"none": 800, "selective": 500, "full": 100}, {"selective": 1, "full": 4}, "decoder")
-    head = layer(6, 6, 6, 3000, {"none": 600}, {}, "head")
-    return Instance(layers=(emb,) + (dec,) * n_layers + (head,),
-                    pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * GIB)))
 
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])

@@ -97,7 +97,7 @@ def test_balance_csv_and_report(tmp_path):
     layers = tmp_path / "l.yaml"
     _run(["estimate", "-m", "llama3-8b", "-H", "a100-80gb", "--tp", "2", "--pp", "2", "--dp", "4", "--gbs", "64",
           "--export-layers", str(layers)])
-    r = _run(["balance", "--layers", str(layers), "--pp", "2", "--m", "16", "-H", "a100-80gb", "--time-limit", "3",
+    r = _run(["balance", "--layers", str(layers), "--pp", "2", "--m", "16", "-H", "a100-80gb", "--deterministic-time", "3", "--workers", "1",
               "--csv", "--report", str(tmp_path / "b.md")])
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [row["stage"] for row in rows] == ["0", "1"]
@@ -198,7 +198,7 @@ def test_pareto_labels_the_chosen_strategy(sweep_res):
         assert f"chosen #{chosen + 1}" in text
         for k in ("dp", "tp", "pp", "mbs", "zero"):
             assert re.search(rf"\b{k}={getattr(s, k)}\b", text), (k, text)
-        assert f"rc={s.recompute}" in text and s.schedule in text
+        assert f"recompute={s.recompute}" in text and s.schedule in text
 
 
 def test_pareto_ylim_without_far_candidates():

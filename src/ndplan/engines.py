@@ -179,6 +179,15 @@ MINDSPORE = EngineProfile(
     optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
     sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4, backward_layer_workspace=True,
     sources={
+        "tuning_cases": "Fitted on ../shared/validation/mindformers (25 cases): llama2/70b, balanced, tour1, "
+                        "tour2; llama3/cp2_colai, cp2_colai_fullrec, cp2_colai_norec, cp8_colai_no_tp_norec, default, "
+                        "norec, n_kv_heads_64, no_op, fullrec, dp, pp8_rank8, no_sp, no_sp_norec, no_sp_fullrec, "
+                        "no_fa, no_sp_no_fa, no_sp_norec_no_fa, vp2, vp2_norec, vp5, vp10. Held out (no constant "
+                        "read off them, 12): llama3/cp2_ulysses, norec_cp64_colai, norec_cp64_ulysses, norec_dp64, "
+                        "norec_pp2, norec_pp4, norec_tp64, num_layers_8, num_layers_8_pp1, per_batch_48, tp8_rank8, "
+                        "vp10_less. Not blind: the 37-case MAPE was watched at each tuning step, and graph_constants "
+                        "(every stage) and grads_without_accumulation (the pp=1 cases) were read off all cases. "
+                        "tests/test_check.py TUNING / HELD_OUT hold the same split",
         "states": "MindFormers FP32StateAdamWeightDecay: fp16/bf16 parameters updated in place (no separate "
                   "master), fp32 moments (8); accumulated gradients `accu_grad` in the parameter dtype (2), "
                   "not sharded unless gradient_accumulation_shard (False in the validation cases). With "

@@ -50,6 +50,11 @@ def params_breakdown(spec: ModelSpec, M: ModelSymbols) -> Breakdown:
     return Breakdown(tuple(terms))
 
 
+def _exact(point: dict) -> dict:
+    """The point as exact SymPy numbers (30-digit floats), for a value free of rounding."""
+    return {k: (sp.Float(v, 30) if isinstance(v, float) else sp.Integer(v)) for k, v in point.items()}
+
+
 @dataclass
 class Explained:
     key: str
@@ -74,24 +79,25 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
     bd = bd.plus([Term(key="mem.peak", expr=mem.total("mem."), unit="bytes",
                        source="sum of the mem.* terms above", note=f"stage {stage}")])
     point = strategy_point(strat, stage) | {S.stage: stage}
+    time_point = point
     if hardware is not None:
         ref = G.head_stage(strat, strat.pp)  # the stage the time Terms describe
         tbd = step_time(spec, M, strat)
         bd = bd.plus(tbd.terms).plus([Term(key="time.step", expr=tbd.total("time."), unit="s",
                                            source="sum of the time.* terms above", note="one training step")])
         point |= {S.BY_NAME[k]: v for k, v in hardware.kernel_values(fp8=strat.weight_dtype == "fp8").items()}
-        point[S.nrec] = strategy_point(strat, ref)[S.nrec]
+        time_point = point | {S.nrec: strategy_point(strat, ref)[S.nrec]}  # memory keeps this stage's nrec
     keys = bd.keys()
     if term is not None:
         if term not in keys:
             from ndplan.errors import NdplanError
             raise NdplanError("--term", term, "unknown term", f"choose one of {', '.join(keys)}")
         bd = Breakdown((bd[term],))
+    at = {"mem": _exact(point), "time": _exact(time_point)}
     out = []
     for t in bd:
         expr = sp.sympify(t.expr)
-        exact = {k: (sp.Float(v, 30) if isinstance(v, float) else sp.Integer(v)) for k, v in point.items()}
-        value = expr.xreplace(model_subs).xreplace(exact).evalf(30)
+        value = expr.xreplace(model_subs).xreplace(at["time" if t.key.startswith("time.") else "mem"]).evalf(30)
         out.append(Explained(key=t.key, formula=sp.sstr(expr), latex=sp.latex(expr), value=float(value),
                              unit=t.unit, source=t.source, note=t.note))
     return out

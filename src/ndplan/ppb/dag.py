@@ -30,7 +30,7 @@ import numpy as np
 from ndplan.formulas.schedules import op_order, virtual_stage
 
 from ndplan.vocab import SCHEDULES as FIXED_ORDER_SCHEDULES  # every schedule has one op order per stage
-from ndplan.vocab import SPLIT_W_SCHEDULES
+
 
 Op = tuple[str, int, int]
 

@@ -109,3 +109,14 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
             "note": "per micro-batch on one device; overhead_bytes = per-stage memory no layer carries "
                     "(reserve, graph constants, transients, buffers), the largest over stages"}
     return tuple(layers), meta
+
+
+def estimate_instance(e, limit_bytes: int):
+    """The PPB Instance of an estimate's pipeline: its layers (layers_from_model) under a
+    per-device budget of ``limit_bytes`` minus the memory no layer carries (at least 1 byte)."""
+    from ndplan.ppb.instance import Instance, Pipeline
+    s = e.strategy
+    layers, meta = layers_from_model(e.model, e.hardware, s)
+    pipe = Pipeline(pp=s.pp, vpp=s.vpp, m=s.m, schedule=s.schedule,
+                    budget_bytes=max(int(limit_bytes - meta["overhead_bytes"]), 1))
+    return Instance(layers=layers, pipeline=pipe)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb import dag
+from ndplan.vocab import SPLIT_W_SCHEDULES
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, slot
 from ndplan.ppb.scale import Scaled
@@ -54,7 +55,7 @@ def evaluate_bounds(inst: Instance, sc: Scaled, recompute: tuple[str, ...],
     table = np.vstack([np.zeros((1, len(COLUMNS)), dtype=np.int64), np.cumsum(_layer_table(sc, recompute), axis=0)])
     sums = table[bounds[:, 1:]] - table[bounds[:, :-1]]  # (K, V, column)
     F, B, W, static, act = (sums[:, :, COLUMNS.index(c)] for c in COLUMNS)
-    split_w = p.schedule in dag.SPLIT_W_SCHEDULES
+    split_w = p.schedule in SPLIT_W_SCHEDULES
     dur = np.stack([F, B + (0 if split_w else W), W], axis=1)
     fits = np.ones(len(bounds), dtype=bool)
     for s in range(p.pp):

@@ -53,6 +53,7 @@ from ortools.sat.python import cp_model
 
 from ndplan.formulas.schedules import held_profiles
 from ndplan.ppb import dag
+from ndplan.vocab import SPLIT_W_SCHEDULES
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, slot
 from ndplan.ppb.scale import Scaled
@@ -196,7 +197,7 @@ class PPBModel:
     # ---- objectives
     def _add_path_objective(self):
         p = self.p
-        split_w = p.schedule in dag.SPLIT_W_SCHEDULES
+        split_w = p.schedule in SPLIT_W_SCHEDULES
         # dur[kind, v]: one micro-batch's op on slice v (B includes recompute, and W unless split)
         self.dur = {}
         for v in range(self.V):

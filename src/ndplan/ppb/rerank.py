@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ndplan.estimate import Estimate
-from ndplan.ppb.export import layers_from_model
-from ndplan.ppb.instance import SCHEDULES, Instance, Pipeline
+from ndplan.ppb.export import estimate_instance
+from ndplan.ppb.instance import SCHEDULES
 from ndplan.ppb.solve import Config, Solution, solve
 
 PER_STEP_TERMS = ("time.pp_comm", "time.dp_comm", "time.optimizer")
@@ -36,10 +36,7 @@ def rerank(ests: list[Estimate], mem_limit_bytes: int, cfg: Config = Config()) -
         if s.pp == 1 or s.schedule not in SCHEDULES:
             out.append(Balanced(e, None, e.step_s))
             continue
-        layers, meta = layers_from_model(e.model, e.hardware, s)
-        pipe = Pipeline(pp=s.pp, vpp=s.vpp, m=s.m, schedule=s.schedule,
-                        budget_bytes=max(int(mem_limit_bytes - meta["overhead_bytes"]), 1))
-        sol = solve(Instance(layers=layers, pipeline=pipe), cfg)
+        sol = solve(estimate_instance(e, mem_limit_bytes), cfg)
         extra = sum(e.time_terms.get(k, 0.0) for k in PER_STEP_TERMS)
         out.append(Balanced(e, sol, sol.objective_s + extra if sol.plan is not None else e.step_s))
     return sorted(out, key=lambda b: b.step_s)

@@ -12,7 +12,7 @@ from ndplan.labels import label
 from ndplan.report import figures as F
 from ndplan.report import tables as T
 from ndplan.report.model import Figure, Report
-from ndplan.report.pipeline import REPORT_TIME_LIMIT_S, balanceable, pipeline_run
+from ndplan.report.pipeline import REPORT_DETERMINISTIC_TIME, balanceable, pipeline_run
 from ndplan.sweep import SweepResult
 from ndplan.units import fmt_bytes, fmt_seconds
 
@@ -44,13 +44,13 @@ def _best_pipelined(res: SweepResult) -> tuple[int, Estimate] | None:
 
 
 def _pipeline(report: Report, cand: tuple[int, Estimate] | None, limit: int, plots: bool,
-              time_limit_s: float) -> None:
+              deterministic_time: float) -> None:
     if cand is None:
         report.notes.append("No pipeline timeline: no feasible candidate has pp > 1 with a schedule PPB replays "
                             f"({', '.join(SCHEDULES)}).")
         return
     i, e = cand
-    run = pipeline_run(e, limit, time_limit_s)
+    run = pipeline_run(e, limit, deterministic_time)
     which = "the chosen plan" if i == 0 else f"candidate #{i + 1}, the best feasible one with pp > 1"
     report.notes.append(f"Pipeline timeline: {which} ({label(e.strategy)}), {run.how}; "
                         f"replayed step {fmt_seconds(run.sim.step_s)} for the per-layer work "
@@ -67,7 +67,7 @@ def _plan_sections(report: Report, e: Estimate) -> None:
 
 
 def sweep_report(res: SweepResult, space: dict | None = None, *, plots: bool | None = None,
-                 ppb_time_limit_s: float = REPORT_TIME_LIMIT_S) -> Report:
+                 ppb_deterministic_time: float = REPORT_DETERMINISTIC_TIME) -> Report:
     c = res.candidates
     inputs = {"model": res.model.name, "hardware": res.hardware.name, "gpus": res.gpus, "seq": res.seq,
               "gbs": res.gbs, "memory limit": fmt_bytes(res.mem_limit_bytes), "sort": res.sort,
@@ -89,12 +89,12 @@ def sweep_report(res: SweepResult, space: dict | None = None, *, plots: bool | N
         rep.figures.append(Figure("memory", "Per-stage memory (static hatched, dynamic solid)",
                                   F.to_png(F.memory_bars(res.top, labels, res.mem_limit_bytes))))
         rep.figures.append(Figure("pareto", "Peak memory vs step time", F.to_png(F.pareto_plot(res, 0))))
-    _pipeline(rep, _best_pipelined(res), res.mem_limit_bytes, draw, ppb_time_limit_s)
+    _pipeline(rep, _best_pipelined(res), res.mem_limit_bytes, draw, ppb_deterministic_time)
     return rep
 
 
 def estimate_report(e: Estimate, *, plots: bool | None = None,
-                    ppb_time_limit_s: float = REPORT_TIME_LIMIT_S) -> Report:
+                    ppb_deterministic_time: float = REPORT_DETERMINISTIC_TIME) -> Report:
     s = e.strategy
     inputs = {"model": e.model.name, "hardware": e.hardware.name, **s.as_dict(),
               "peak": f"{fmt_bytes(e.peak_bytes)} on stage {e.peak_stage} ({'fits' if e.fits else 'DOES NOT FIT'})",
@@ -105,7 +105,7 @@ def estimate_report(e: Estimate, *, plots: bool | None = None,
     if draw:
         rep.figures.append(Figure("memory", "Per-stage memory (static hatched, dynamic solid)",
                                   F.to_png(F.memory_bars([e], None, e.hardware.hbm_bytes))))
-    _pipeline(rep, (0, e) if balanceable(e) else None, e.hardware.hbm_bytes, draw, ppb_time_limit_s)
+    _pipeline(rep, (0, e) if balanceable(e) else None, e.hardware.hbm_bytes, draw, ppb_deterministic_time)
     return rep
 
 
