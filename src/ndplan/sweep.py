@@ -31,6 +31,7 @@ from ndplan.points import strategy_from_row
 from ndplan.strategy import Strategy
 from ndplan.structure import NUMERIC_FIELDS, kernel_key, structure
 from ndplan.units import GIB
+from ndplan.vocab import RECOMPUTE_MODES, SCHEDULES
 from ndplan.symbols import model_symbols
 
 SORT_KEYS = ("time", "memory", "mfu")
@@ -212,8 +213,11 @@ def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: i
                  {k: np.concatenate([p.time_terms[k] for p in parts]) for k in parts[0].time_terms})
 
 
-_SCHED_ORDER = {"1f1b": 0, "interleaved": 1, "zb-h1": 2, "zbv": 3, "gpipe": 4}
-_REC_ORDER = {"none": 0, "selective": 1, "full": 2}
+SCHEDULE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zbv", "gpipe")
+"""Tie-break among equal rows: the most common schedule first (a ranking choice, not a vocabulary)."""
+_SCHED_ORDER = {s: i for i, s in enumerate(SCHEDULE_PREFERENCE)}
+_REC_ORDER = {m: i for i, m in enumerate(RECOMPUTE_MODES)}  # least recompute first
+assert set(SCHEDULE_PREFERENCE) == set(SCHEDULES)
 
 
 def rank(table: Table, fits: np.ndarray, sort: str) -> np.ndarray:

@@ -29,12 +29,16 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
 7. CP divides s (each rank keeps its sequence shard; ring/all-to-all peers' K, V are
    transient). SP divides the residual-stream tensors (norm inputs, linear inputs,
    dropout masks) by tp.
-9. Engine option ``rope_inputs_kept``: the rotary embedding keeps q and k as they were
-   before rotation, beside the rotated copies the attention core saves.
 8. Full recompute stores the layer input ``2*s*b*h / t`` under SP, else unsliced
    (Megatron stores the SP-sharded input; an SP-like layout that an engine derives from
    CP does not reach the layer boundary); the layer's activations are rebuilt one layer at a time in
-   backward (a transient term in memory.py).
+   backward (a transient term in memory.py, ``transient_term``).
+9. Engine settings (engines.EngineProfile, each documented and cited there) change what
+   is saved: ``rope_inputs_kept`` (q and k before rotation beside the rotated copies),
+   ``norm_input_bytes``, ``swiglu_bytes_per_f``, ``gathered_inputs_kept``,
+   ``selective_drops`` and ``comm_recompute_keeps_shard`` (what selective recompute
+   frees), ``score_bytes`` / ``selective_score_bytes`` / ``selective_score_global``
+   (scores without flash attention), ``cp_implies_sp``.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ import sympy as sp
 
 from ndplan import symbols as S
 from ndplan.errors import NdplanError
+from ndplan.formulas import groups as G
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -63,7 +64,7 @@ def check_order(order: str) -> tuple[str, ...]:
 
 def _degrees(mesh: str) -> dict[str, sp.Expr]:
     if mesh == "expert":
-        return {"tp": S.etp, "cp": sp.Integer(1), "ep": S.ep, "dp": S.dp * S.cp * S.tp / (S.ep * S.etp),
+        return {"tp": S.etp, "cp": sp.Integer(1), "ep": S.ep, "dp": G.expert_shard_ranks(),
                 "pp": S.pp}
     return {"tp": S.tp, "cp": S.cp, "ep": sp.Integer(1), "dp": S.dp, "pp": S.pp}
 

@@ -30,9 +30,11 @@ Derivations (stage i = 0..pp-1, chunk c = 0..vpp-1, m micro-batches):
 
 ``held_profiles`` gives, per stage, every per-chunk split of the held micro-batches the
 stage passes through (interleaved: chunk 0 refills while the last chunk drains), for
-models whose chunks hold different activations (ppb/). The memory model uses
-``inflight``, exact when a stage's chunks are equal; its embedding/head chunks differ by
-one layer's worth at most, which the split can under-count by one micro-batch of it.
+chunks that hold different activations. The memory model (formulas/memory.py
+``activation_term``) takes the max over these splits for a given uneven layout under
+vpp > 1 (structure.peaks_over_held_vectors), and ``inflight`` otherwise: exact when a
+stage's chunks are equal; the embedding/head chunks of an even split differ by one
+layer's worth at most, which ``inflight``'s split can under-count by one micro-batch of it.
 
 Activations freed by a zero-bubble B pass but kept until W are not modelled: ZB
 schedules keep the inputs of weight-gradient GEMMs slightly longer (Qi et al. report

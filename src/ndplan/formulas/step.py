@@ -204,65 +204,78 @@ def optimizer_bytes_per_param(eng: EngineProfile, view: Structure) -> int:
     return G.grad_bytes(view, eng) + 2 * (master or weights) + 2 * eng.optimizer_bytes + (weights if master else 0)
 
 
+def _stages(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, c: ActContext):
+    """(per-layer parts, head parts, the stages evaluated, their parts, index of the head's
+    stage): the first and last stage of a symbolic layout, else every stage."""
+    layer = {k: (layer_parts(spec, M, view, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
+    head = head_parts(spec, M, c)
+    if symbolic_layout(spec, view):
+        stages = [sp.Integer(0), pp_expr(spec, view) - 1]
+    else:
+        stages = [sp.Integer(i) for i in range(view.pp)]
+    per_stage = [stage_parts(spec, M, view, s, eng, layer, head) for s in stages]
+    return layer, head, stages, per_stage, G.head_stage(view, len(stages))
+
+
+def _all_layers(spec: ModelSpec, view: Structure, layer: dict, head: dict, ref: dict) -> dict:
+    """One micro-batch's work summed over stages: every layer once, the head (and MTP) once."""
+    out = _zero()
+    for kind in ("dense", "moe"):
+        n = spec.layer_kinds.count(kind)
+        if n:
+            out = _add(out, layer[kind], n)
+    out = _add(out, head)
+    if spec.mtp_layers:
+        out = _add(out, _add(layer["moe" if spec.is_moe else "dense"], head), spec.mtp_layers)
+    if view.partial_recompute:
+        # recompute of the first nrec layers per chunk: every stage as the reference stage
+        out["R"] = S.pp * ref["R"]
+    return out
+
+
+def dp_comm_time(view: Structure, eng: EngineProfile, ref: dict, dense, expert) -> tuple[sp.Expr, str]:
+    """Exposed data-parallel seconds per step and their description (module docstring):
+    16-bit weights gathered, gradients (groups.grad_bytes per element) reduced, over the
+    dp*cp ranks for non-expert and edp ranks for expert parameters."""
+    wb, gb = ACT_BYTES, G.grad_bytes(view, eng)
+    order = view.order
+    dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
+    n_dense, n_exp = G.dense_shard_ranks(), G.expert_shard_ranks()
+
+    def both(op, nbytes):
+        return op(n_dense, nbytes * dense, dense_span) + op(n_exp, nbytes * expert, exp_span)
+    if view.zero >= 3:
+        gather, reduce = both(C.all_gather, wb), both(C.all_gather, gb)
+        return (S.m * (C.vmax(0, gather - ref["F"]) + C.vmax(0, gather + reduce - ref["B"] - ref["W"])),
+                "ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads "
+                "reduce-scattered, prefetched under compute")
+    if view.zero == 0:
+        reduce, gather = both(C.all_reduce, gb), sp.Integer(0)
+    else:
+        reduce, gather = both(C.all_gather, gb), both(C.all_gather, wb)
+    hide_r = (ref["B"] + ref["W"]) if eng.overlap_grad_reduce else 0
+    hide_g = ref["F"] if eng.overlap_param_gather else 0
+    return (C.vmax(0, reduce - hide_r) + C.vmax(0, gather - hide_g),
+            "gradient all-reduce (ZeRO 0) or reduce-scatter + weight all-gather (ZeRO 1-2), "
+            f"overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}")
+
+
 def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineProfile | None = None) -> Breakdown:
     """Time Terms of one step (seconds); they sum to the step time (``view``: a Structure,
     or a Strategy turned into one; ``engine`` replaces its profile)."""
     view = structure(spec, view, engine)
     eng = view.engine
     c = act_context(spec, view)
-    layer = {k: (layer_parts(spec, M, view, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
-    head = head_parts(spec, M, c)
-    pp = pp_expr(spec, view)
-    if symbolic_layout(spec, view):
-        stages = [sp.Integer(0), pp - 1]
-    else:
-        stages = [sp.Integer(i) for i in range(view.pp)]
-    per_stage = [stage_parts(spec, M, view, s, eng, layer, head) for s in stages]
-    tot = {i: sum(p[k] for k in PARTS) for i, p in enumerate(per_stage)}
-    ref_i = G.head_stage(view, len(stages))  # index in ``stages`` of the head's stage
-    ref = per_stage[ref_i]
-    t_ref = tot[ref_i]
-    t_max = C.vmax(*tot.values()) if len(tot) > 1 else t_ref
-
-    # sum over stages of one micro-batch's work = every layer once, the head once
-    all_layers = _zero()
-    for kind in ("dense", "moe"):
-        n = spec.layer_kinds.count(kind)
-        if n:
-            all_layers = _add(all_layers, layer[kind], n)
-    all_layers = _add(all_layers, head)
-    if spec.mtp_layers:
-        all_layers = _add(all_layers, _add(layer["moe" if spec.is_moe else "dense"], head), spec.mtp_layers)
-    if view.partial_recompute:
-        # recompute of the first nrec layers per chunk: every stage as the reference stage
-        all_layers["R"] = S.pp * ref["R"]
+    layer, head, stages, per_stage, ref_i = _stages(spec, M, view, eng, c)
+    tot = [sum(p[k] for k in PARTS) for p in per_stage]
+    ref, t_ref = per_stage[ref_i], tot[ref_i]
+    t_max = C.vmax(*tot) if len(tot) > 1 else t_ref
+    all_layers = _all_layers(spec, view, layer, head, ref)
     t_sum = sum(all_layers[k] for k in PARTS)
     bubble = _pipeline_bubble(view, ref, t_ref, t_max, t_sum, all_layers["W"])
-
-    # data parallelism
     dense, expert, emb = stage_params(spec, M, view, stages[ref_i])
-    wb = ACT_BYTES
-    gb = G.grad_bytes(view, eng)
+    dp_time, dp_src = dp_comm_time(view, eng, ref, dense, expert)
     order = view.order
-    dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
-    n_dense, n_exp = G.dense_shard_ranks(), G.expert_shard_ranks()
-    if view.zero >= 3:
-        gather = (C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span))
-        reduce = (C.all_gather(n_dense, gb * dense, dense_span) + C.all_gather(n_exp, gb * expert, exp_span))
-        dp_time = S.m * (C.vmax(0, gather - ref["F"]) + C.vmax(0, gather + reduce - ref["B"] - ref["W"]))
-        dp_src = "ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, prefetched under compute"
-    else:
-        if view.zero == 0:
-            reduce = C.all_reduce(n_dense, gb * dense, dense_span) + C.all_reduce(n_exp, gb * expert, exp_span)
-            gather = sp.Integer(0)
-        else:
-            reduce = C.all_gather(n_dense, gb * dense, dense_span) + C.all_gather(n_exp, gb * expert, exp_span)
-            gather = C.all_gather(n_dense, wb * dense, dense_span) + C.all_gather(n_exp, wb * expert, exp_span)
-        hide_r = (ref["B"] + ref["W"]) if eng.overlap_grad_reduce else 0
-        hide_g = ref["F"] if eng.overlap_param_gather else 0
-        dp_time = C.vmax(0, reduce - hide_r) + C.vmax(0, gather - hide_g)
-        dp_src = ("gradient all-reduce (ZeRO 0) or reduce-scatter + weight all-gather (ZeRO 1-2), "
-                  f"overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}")
 
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
     pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * view.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))

@@ -46,6 +46,7 @@ from ndplan.export import mindformers as X
 from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
 from ndplan.interop.textedit import yaml_edit, yaml_locate
 from ndplan.points import default_schedule
+from ndplan.units import GIB
 
 KEY = X.KEY
 MC = "model.model_config"
@@ -170,7 +171,7 @@ def memory_limit(doc: dict) -> int | None:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*GB\s*", str(v), re.IGNORECASE)
     if not m:
         raise NdplanError(KEY["max_device_memory"], v, "not a size", 'write it as MindSpore does, e.g. "58GB"')
-    return int(limits.gib(KEY["max_device_memory"], float(m.group(1))) * 2 ** 30)
+    return int(limits.gib(KEY["max_device_memory"], float(m.group(1))) * GIB)
 
 
 def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int | None = None,

@@ -25,6 +25,7 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.engines import ENGINE_PROFILES
 from ndplan.estimate import estimate, strategy_point
 from ndplan.formulas import activations as A
+from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.memory import act_context, chunk_activation, device_params, static_terms, weight_cast
 from ndplan.formulas.step import head_parts, layer_parts
@@ -56,7 +57,7 @@ def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
     f, b, w = _times(head_parts(spec, M, c), point)
     # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
     # (memory.stage_params); under zbv the head sits on stage 0
-    tied_copy = strat.pp > 1 and strat.schedule != "zbv"
+    tied_copy = G.head_stage(strat, strat.pp) != 0  # groups.tied_head_copy: the head not on stage 0
     head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point)
     return Layer(name="head", kind="head", forward_s=f, backward_input_s=b, backward_weight_s=w,
                  static_bytes=head_static,
