@@ -112,7 +112,7 @@ def _variants(s: ndplan.Strategy, model) -> list[ndplan.Strategy]:
            R(s, grad_dtype=_next(("fp32", "bf16"), s.grad_dtype)),
            R(s, weight_dtype=_next(("auto", "fp32", "bf16", "fp8"), s.weight_dtype)),
            R(s, engine=_next(ENGINES, s.engine)), R(s, order="dp-tp-cp-ep-pp"),
-           R(s, gbs=2 * s.gbs), R(s, cp=3 - s.cp, tp=3 - s.tp)]
+           R(s, gbs=2 * s.gbs), R(s, cp=2 if s.cp == 1 else 1, tp=2 if s.tp == 1 else 1)]
     if s.recompute != "none":
         out.append(R(s, recompute_layers=None if s.recompute_layers is not None else 1))
         out.append(R(s, recompute=_next(("selective", "full"), s.recompute)))
@@ -151,13 +151,38 @@ def strategy_families(draw):
     return model, s
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+@settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(strategy_families())
 def test_cached_kernels_equal_fresh_substitution(case):
     """The strategy first (its kernels built), then each one-field variant (which must
     get its own kernel where its Structure differs), then all again from disk."""
-    model, s = case
+    _check_family(*case)
+
+
+#: Strategies whose variants reach what random draws reach only by chance: cp > 1 under an
+#: engine whose SP follows CP with sp off, m under an uneven layout with vpp > 1, pp under a
+#: layout not symbolic in pp, a placement order that moves a group across nodes. (Checked by
+#: removing each Structure field from the key in turn: every removal fails this file.)
+BASES = {
+    "mindspore-cp-sp-off": ("llama3-8b", ndplan.Strategy(dp=2, pp=2, gbs=8, sp=False, engine="mindspore",
+                                                         recompute="selective", recompute_layers=(3, 1))),
+    "interleaved-uneven": ("llama3-8b", ndplan.Strategy(tp=2, pp=2, vpp=2, gbs=2, schedule="interleaved",
+                                                        layers_per_stage=(7, 9, 9, 7), recompute="full")),
+    "alternating-moe-1f1b": ("mixtral-alternating", ndplan.Strategy(dp=2, ep=2, pp=2, gbs=8, zero=3,
+                                                                    engine="fsdp")),
+    # 32 devices, 8 per node: the order decides whether the TP group stays in a node
+    "order-across-nodes": ("llama3-8b", ndplan.Strategy(dp=4, tp=8, gbs=32, zero=0)),
+}
+
+
+@pytest.mark.parametrize("name", list(BASES))
+def test_cached_kernels_equal_fresh_substitution_at_chosen_points(name):
+    model, s = BASES[name]
+    _check_family(MODELS[model], s)
+
+
+def _check_family(model, s: ndplan.Strategy) -> None:
     family = []
     for v in [s, *_variants(s, model)]:
         try:
