@@ -278,3 +278,11 @@ def test_interleaved_needs_m_a_multiple_of_pp(gbs, ok):
     else:
         with pytest.raises(NdplanError, match="multiple of pp=4"):
             make()
+
+
+def test_sp_reads_on_and_off_as_labels_print_it():
+    """labels.py prints sp=off; a pasted label must read back (space values true/false, on/off)."""
+    assert normalize_space({"sp": "off"})["sp"] == (False,)
+    assert normalize_space({"sp": ["on", "false"]})["sp"] == (True, False)
+    with pytest.raises(NdplanError, match="on or off"):
+        normalize_space({"sp": "maybe"})

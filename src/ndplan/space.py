@@ -180,9 +180,10 @@ def _value(dim: str, item):
     if dim == "sp":
         if isinstance(item, bool):
             return item
-        if isinstance(item, str) and item.strip().lower() in ("true", "false"):
-            return item.strip().lower() == "true"
-        raise NdplanError(dim, item, "not a boolean", "give true or false (or a list of them, or auto)")
+        words = {"true": True, "on": True, "false": False, "off": False}  # on/off: as labels.py prints it
+        if isinstance(item, str) and item.strip().lower() in words:
+            return words[item.strip().lower()]
+        raise NdplanError(dim, item, "not a boolean", "give true or false, on or off (or a list of them, or auto)")
     if dim in ("recompute", "schedule"):
         names = RECOMPUTE_MODES if dim == "recompute" else SCHEDULES + tuple(SCHEDULE_ALIASES)
         s = item.strip().lower() if isinstance(item, str) else item
