@@ -448,3 +448,21 @@ def test_mindformers_deals_a_stage_count_over_chunks():
     assert ms["recompute_config"]["select_recompute"] == [[2, 2, 2, 2], [1, 1, 1, 1]]
     mg = _yaml.safe_load(emit("mindformers", DENSE, Strategy(**kw, engine="megatron")))
     assert mg["recompute_config"]["select_recompute"] == [[3, 3, 3, 3], [3, 3, 3, 3]]
+
+
+def test_a_derived_engine_exports_as_its_base():
+    """An engine made with --set (``megatron[overlap_tp_comm=1]``: a time-model setting)
+    reaches the exporters and PPB's layer export by name (engines.profile), and changes
+    neither the recompute counts nor the layers' memory."""
+    import dataclasses
+
+    from ndplan.catalog import load_hardware
+    from ndplan.export.common import recompute_counts
+    from ndplan.ppb.export import layers_from_model
+    base = Strategy(pp=2, gbs=2, recompute="full", recompute_layers=2)
+    derived = dataclasses.replace(base, engine="megatron[overlap_tp_comm=1]")
+    # full recompute of the first 2 of each stage's 40 layers, no selective layer
+    assert recompute_counts(DENSE, derived) == recompute_counts(DENSE, base) == ((2, 2), (0, 0))
+    hw = load_hardware("h100-sxm")
+    a, b = layers_from_model(DENSE, hw, base)[0], layers_from_model(DENSE, hw, derived)[0]
+    assert [x.static_bytes for x in a] == [x.static_bytes for x in b]

@@ -56,16 +56,3 @@ def test_host_memory_shards_as_the_optimizer_states_it_holds():
     assert e.host_bytes == 8 * ((P - E) // 4 + E)
     kept = ndplan.estimate(LLAMA, H100, dataclasses.replace(s, offload_optimizer=False)).per_stage[0]["terms"]
     assert e.host_bytes == kept["mem.master"] + kept["mem.optimizer"]
-
-
-def test_mfu_and_tokens_per_second_from_one_definition():
-    """MFU = model FLOPs / (step x devices x bf16 peak); tokens/s per device = gbs x seq /
-    step / devices: the estimate's and the sweep's numbers are the same function."""
-    from ndplan.throughput import tokens_per_s_per_device, utilization
-    s = ndplan.Strategy(dp=2, tp=4, gbs=16)
-    e = ndplan.estimate(LLAMA, H100, s)
-    assert e.mfu == utilization(e.flops_per_step, e.step_s, 8, H100.bf16_tflops * 1e12)
-    assert e.tokens_per_s == 16 * 4096 / e.step_s / 8 == tokens_per_s_per_device(16, 4096, e.step_s, 8)
-    r = ndplan.sweep(LLAMA, H100, 8, 4096, 16, {"dp": 2, "tp": 4, "pp": 1, "cp": 1, "mbs": 1, "zero": 1,
-                                                "recompute": "none", "sp": True}, top=1)
-    assert float(r.mfu(r.table.step_s[0])) == pytest.approx(e.mfu, rel=1e-12)

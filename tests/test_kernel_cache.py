@@ -116,6 +116,12 @@ def _variants(s: ndplan.Strategy, model) -> list[ndplan.Strategy]:
     if s.recompute != "none":
         out.append(R(s, recompute_layers=None if s.recompute_layers is not None else 1))
         out.append(R(s, recompute=_next(("selective", "full"), s.recompute)))
+    other_schedule = {"gpipe": "1f1b", "1f1b": "zb-h1", "zb-h1": "gpipe", "interleaved": "zbv", "zbv": "interleaved"}
+    out.append(R(s, schedule=other_schedule[s.schedule]))  # same vpp (1, or 2 for both V and interleaved)
+    if s.layers_per_stage is not None and len(set(s.layers_per_stage)) > 1:
+        out.append(R(s, layers_per_stage=tuple(reversed(s.layers_per_stage))))
+    if s.schedule == "interleaved" and model.num_hidden_layers % (s.pp * 4) == 0 and s.layers_per_stage is None:
+        out.append(R(s, vpp=4))
     if s.layers_per_stage is None and s.vpp == 1:
         other = 4 if s.pp == 2 else 2
         out.append(R(s, pp=other, gbs=s.dp * s.mbs * other, recompute_layers=None if isinstance(
@@ -214,6 +220,20 @@ def test_the_oracle_catches_a_key_that_misses_m(monkeypatch):
     _assert_matches(model, a, _oracle(model, a))
     with pytest.raises(AssertionError):
         _assert_matches(model, b, _oracle(model, b))
+
+
+def test_two_hooks_never_share_a_kernel():
+    """Hooks registered one after the other (the first one freed, so the second may sit at
+    its memory address) get kernels of their own: the registration number is in the key."""
+    from ndplan import hooks
+    model, s = MODELS["llama3-8b"], ndplan.Strategy(dp=2, tp=4, gbs=8)
+    base = ndplan.estimate(model, HW, s).time_terms["time.tp_comm"]
+    try:
+        for k in (2, 3, 5):
+            hooks.replace_term("time.tp_comm", lambda term, spec, view, k=k: term.expr * k)
+            assert ndplan.estimate(model, HW, s).time_terms["time.tp_comm"] == pytest.approx(k * base, rel=1e-12)
+    finally:
+        hooks.clear()
 
 
 def test_structure_holds_only_what_the_builders_read():

@@ -286,3 +286,22 @@ def test_sp_reads_on_and_off_as_labels_print_it():
     assert normalize_space({"sp": ["on", "false"]})["sp"] == (True, False)
     with pytest.raises(NdplanError, match="on or off"):
         normalize_space({"sp": "maybe"})
+
+
+def test_duplicate_names_the_field_that_duplicates():
+    """tp=1 with sp off duplicates sp on: the reason names sp, not the schedule."""
+    got = why(spec("llama3-8b"), 8, 4096, 64, {"sp": [True, False]}, {"tp": 1, "sp": False})
+    assert got.startswith("duplicate: sp=False: tp=1 makes sequence parallelism a no-op"), got
+
+
+def test_pipeline_and_strategy_share_the_schedule_rules():
+    """PPB's Pipeline refuses what Strategy refuses (rules.py): virtual chunks without a
+    pipeline, zbv without its two chunks, interleaved with m not a multiple of pp."""
+    from ndplan.ppb.instance import Pipeline
+    for kw, field in ((dict(pp=1, vpp=2, m=4, schedule="interleaved"), "vpp"),
+                      (dict(pp=2, vpp=1, m=4, schedule="zbv"), "vpp"),
+                      (dict(pp=2, vpp=2, m=3, schedule="interleaved"), "m")):
+        with pytest.raises(NdplanError, match=f"^{field}="):
+            Pipeline(budget_bytes=1e9, **kw)
+        with pytest.raises(NdplanError):
+            Strategy(pp=kw["pp"], vpp=kw["vpp"], gbs=kw["m"], schedule=kw["schedule"])

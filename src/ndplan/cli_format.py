@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ndplan.labels import label
 from ndplan.units import GIB, fmt_bytes, fmt_count, fmt_seconds
+from ndplan.throughput import tokens_per_s_per_device
 
 MFU_NOTE = "MFU: 3 x forward GEMM + causal attention FLOPs, no recompute, over bf16 dense peak"
 
@@ -174,7 +175,7 @@ def sweep_csv(r) -> str:
     for i in range(len(t)):
         p = t.point(i)
         w.writerow([i + 1, *[p[c] for c in CSV_COLUMNS], i < r.feasible, int(t.peak_bytes[i]), f"{t.step_s[i]:.6g}",
-                    f"{mfu[i]:.4f}", f"{r.gbs * r.seq / t.step_s[i] / r.gpus:.6g}",
+                    f"{mfu[i]:.4f}", f"{tokens_per_s_per_device(r.gbs, r.seq, t.step_s[i], r.gpus):.6g}",
                     *[f"{t.time_terms[k][i]:.6g}" for k in terms]])
     return out.getvalue()
 

@@ -11,6 +11,7 @@ import functools
 from types import MappingProxyType
 from dataclasses import dataclass
 
+from ndplan.errors import NdplanError
 from ndplan.units import GIB
 
 
@@ -277,7 +278,6 @@ def derive(base: str, overrides: dict) -> str:
     if not overrides:
         return base
     from ndplan import limits
-    from ndplan.errors import NdplanError
     _base_profile(base)
     kinds = _setting_kinds()
     vals = {}
@@ -299,7 +299,6 @@ def _setting_kinds() -> dict[str, str]:
 
 def _base_profile(name: str) -> EngineProfile:
     if name not in ENGINE_PROFILES:
-        from ndplan.errors import NdplanError
         raise NdplanError("engine", name, "unknown engine", f"choose one of {', '.join(ENGINE_PROFILES)}")
     return ENGINE_PROFILES[name]
 
@@ -313,17 +312,18 @@ def profile(name: str) -> EngineProfile:
         return _base_profile(name)
     base, _, rest = name.partition("[")
     if not rest.endswith("]"):
-        from ndplan.errors import NdplanError
         raise NdplanError("engine", name, "not an engine name", "give megatron, fsdp, deepspeed or mindspore")
     pairs = dict(kv.split("=", 1) for kv in rest[:-1].split(",") if "=" in kv)
     try:
         vals = {k: int(v) for k, v in pairs.items()}
     except ValueError:
-        from ndplan.errors import NdplanError
         raise NdplanError("engine", name, "engine settings must be integers", "give key=0/1 or key=N") from None
-    if derive(base, vals) != name:
-        from ndplan.errors import NdplanError
-        raise NdplanError("engine", name, "not a derived engine name", f"write it as {derive(base, vals)}")
+    try:
+        canonical = derive(base, vals)
+    except NdplanError as e:  # a setting that is not one: name the engine it came in
+        raise NdplanError("engine", name, f"setting {e.value}: {e.problem}", e.fix) from None
+    if canonical != name:
+        raise NdplanError("engine", name, "not a derived engine name", f"write it as {canonical}")
     kinds = _setting_kinds()
     return replace(ENGINE_PROFILES[base], name=name,
                    **{k: bool(v) if kinds[k] == "bool" else v for k, v in vals.items()})

@@ -33,15 +33,21 @@ from ndplan.terms import Breakdown, Term
 
 HookFn = Callable[[Term, object, object], "Term | sp.Expr"]
 _HOOKS: dict[str, HookFn] = {}
+_SERIAL: dict[str, int] = {}
+"""Registration number of each hook: two functions at one memory address (a replaced
+lambda freed, a new one allocated there) never share a kernel cache key."""
+_COUNT = [0]
 
 
 def replace_term(key: str, fn: HookFn) -> None:
     """Build Term ``key`` as ``fn(default_term, model_spec, structure)`` from now on."""
-    _HOOKS[key] = fn
+    _COUNT[0] += 1
+    _HOOKS[key], _SERIAL[key] = fn, _COUNT[0]
 
 
 def clear() -> None:
     _HOOKS.clear()
+    _SERIAL.clear()
 
 
 def active() -> bool:
@@ -49,13 +55,14 @@ def active() -> bool:
 
 
 def registered() -> tuple:
-    """The registered hooks as ((key, fn), ...) sorted by key: what a Structure carries."""
-    return tuple(sorted(_HOOKS.items(), key=lambda kv: kv[0]))
+    """The registered hooks as ((key, registration number, fn), ...) sorted by key: what a
+    Structure carries (the number makes its kernel key unique per registration)."""
+    return tuple((k, _SERIAL[k], _HOOKS[k]) for k in sorted(_HOOKS))
 
 
 def apply(bd: Breakdown, spec, view) -> Breakdown:
     """``bd`` with every Term hooked in ``view.hooks`` replaced (source notes the replacement)."""
-    table = dict(view.hooks)
+    table = {key: fn for key, _, fn in view.hooks}
     if not table:
         return bd
     out = []

@@ -48,8 +48,9 @@ def default_schedule(vpp: int) -> str:
 
 def complete_point(point: Mapping, gpus: int | None = None, field: str = "--gpus", context: str = "") -> dict:
     """Every Strategy field of ``point`` (missing or None ones defaulted or derived, see
-    the module docstring). A key that is no Strategy field (but ``m``, derived by Strategy
-    itself) raises NdplanError."""
+    the module docstring). ``m`` (micro-batches) gives gbs = dp*mbs*m when gbs is missing
+    and must agree with it otherwise. Any other key that is no Strategy field raises
+    NdplanError."""
     unknown = [k for k in point if k not in STRATEGY_DEFAULTS and k != "m"]
     if unknown:
         raise NdplanError(unknown[0], point[unknown[0]], "not a strategy field",
@@ -58,8 +59,12 @@ def complete_point(point: Mapping, gpus: int | None = None, field: str = "--gpus
     p.update({k: v for k, v in point.items() if v is not None and k != "m"})
     if point.get("dp") is None:
         p["dp"] = 1 if gpus is None else data_parallel(gpus, p["tp"], p["pp"], p["cp"], field, context)
+    m = point.get("m")
     if point.get("gbs") is None:
-        p["gbs"] = default_gbs(p["dp"], p["mbs"], p["pp"])
+        p["gbs"] = default_gbs(p["dp"], p["mbs"], p["pp"]) if m is None else p["dp"] * p["mbs"] * m
+    elif m is not None and p["gbs"] != p["dp"] * p["mbs"] * m:
+        raise NdplanError("m", m, f"gbs={p['gbs']} with dp*mbs = {p['dp'] * p['mbs']} gives m = "
+                          f"{p['gbs'] // (p['dp'] * p['mbs'])}", "give m or gbs, or values that agree")
     if point.get("schedule") is None:
         p["schedule"] = default_schedule(p["vpp"])
     return p

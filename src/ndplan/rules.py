@@ -138,12 +138,15 @@ RULES: tuple[Rule, ...] = (
          lambda c: f"ep*etp={c.ep * c.etp} does not divide dp*cp*tp={c.dp * c.cp * c.tp} "
                    "(expert parallelism is carved from those ranks)",
          lambda c: "change ep, etp or dp", static=True),
-    Rule("duplicate", "canonical form: pp == 1 keeps only schedule 1f1b with vpp 1; tp == 1 keeps only sp=True",
-         "canonical", "schedule",
-         lambda c: ((c.pp == 1) & ((c.schedule != "1f1b") | (c.vpp != 1))) | ((c.tp == 1) & (not c.sp)),
+    Rule("duplicate", "canonical form: pp == 1 keeps only schedule 1f1b with vpp 1", "canonical", "schedule",
+         lambda c: (c.pp == 1) & ((c.schedule != "1f1b") | (c.vpp != 1)),
          lambda c: c.schedule,
-         lambda c: (f"pp=1 runs no pipeline schedule; schedule={c.schedule} vpp={c.vpp} duplicates schedule=1f1b "
-                    "vpp=1") if c.pp == 1 else "tp=1 makes sequence parallelism a no-op; sp=False duplicates sp=True",
+         lambda c: f"pp=1 runs no pipeline schedule; schedule={c.schedule} vpp={c.vpp} duplicates schedule=1f1b vpp=1",
+         lambda c: "the equivalent point is in the sweep"),
+    Rule("duplicate", "canonical form: tp == 1 keeps only sp=True", "canonical", "sp",
+         lambda c: (c.tp == 1) & (not c.sp),
+         lambda c: c.sp,
+         lambda c: "tp=1 makes sequence parallelism a no-op; sp=False duplicates sp=True",
          lambda c: "the equivalent point is in the sweep"),
 )
 

@@ -100,7 +100,10 @@ class Strategy:
         if self.world > limits.MAX_DEVICES:
             raise NdplanError("dp", self.dp, f"dp*tp*pp*cp = {self.world:,} devices exceeds {limits.MAX_DEVICES:,}",
                               "lower a degree")
-        if self.zero not in ZERO_LEVELS:
+        for f_ in ("sp", "flash_attention", "offload_optimizer"):
+            if not isinstance(getattr(self, f_), bool):
+                raise NdplanError(f_, getattr(self, f_), "not a boolean", "give True or False")
+        if isinstance(self.zero, bool) or self.zero not in ZERO_LEVELS:
             raise NdplanError("zero", self.zero, "unknown ZeRO level", "give 0, 1, 2 or 3")
         if self.recompute not in RECOMPUTE_MODES:
             raise NdplanError("recompute", self.recompute, "unknown mode", f"choose one of {', '.join(RECOMPUTE_MODES)}")
@@ -114,7 +117,7 @@ class Strategy:
             raise NdplanError("grad_dtype", self.grad_dtype, "unknown dtype", "give fp32 or bf16")
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise NdplanError("weight_dtype", self.weight_dtype, "unknown dtype", "give auto, fp32, bf16 or fp8")
-        if sorted(self.order.split("-")) != sorted(("tp", "cp", "ep", "dp", "pp")):
+        if not isinstance(self.order, str) or sorted(self.order.split("-")) != sorted(("tp", "cp", "ep", "dp", "pp")):
             raise NdplanError("order", self.order, "not a placement order",
                               "give a permutation of tp-cp-ep-dp-pp, innermost first")
         if self.recompute_layers is not None:

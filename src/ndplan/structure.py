@@ -56,7 +56,7 @@ class Structure:
     m: int | None = None
     """Micro-batches, only when the peak is a max over held vectors (else None)."""
     hooks: tuple = ()
-    """Registered Term hooks, ((key, fn), ...) sorted by key (hooks.py)."""
+    """Registered Term hooks, ((key, registration number, fn), ...) sorted by key (hooks.py)."""
 
     @property
     def seq_parallel(self) -> bool:
@@ -77,6 +77,8 @@ def structure(spec: ModelSpec, strat, engine: EngineProfile | None = None, hooks
     ``engine`` replaces the strategy's named profile (estimate's time model); ``hooks``
     defaults to the registered ones (hooks.registered)."""
     if isinstance(strat, Structure):
+        if engine is not None or hooks is not None:
+            raise ValueError("a Structure already holds its engine and hooks: build it with them")
         return strat
     from ndplan import hooks as H
     eng = engine or profile(strat.engine)

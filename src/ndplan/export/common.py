@@ -37,10 +37,10 @@ def recompute_counts(model: ModelSpec, strat: Strategy, balance=None) -> tuple[t
     """
     if balance is not None:
         return balance.recompute_counts()
-    from ndplan.engines import ENGINE_PROFILES
+    from ndplan.engines import profile
     from ndplan.formulas.memory import chunk_recompute_count
     from ndplan import symbols as S
-    eng = ENGINE_PROFILES[strat.engine]
+    eng = profile(strat.engine)
     layers = layers_per_chunk(model, strat)
     counts = []
     for v, n in enumerate(layers):

@@ -64,6 +64,7 @@ from ndplan.formulas.placement import chunk_layers, head_device_flag, pp_expr, s
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
+from ndplan.vocab import SPLIT_W_SCHEDULES
 
 ELEMENTWISE_BACKWARD_FACTOR = 2
 """Backward of an elementwise op reads the output gradient and the saved input and writes
@@ -189,7 +190,7 @@ def _pipeline_bubble(view: Structure, ref: dict, t_ref, t_max, t_sum, w_sum) -> 
     W) plus (m-1) x the reference stage's F+B+R+C; tests/test_ppb_simulate.py holds it to
     the replay of the hand orders. Never negative (t_sum - t_max rounds to -1e-16 at pp 1)."""
     bubble = bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
-    if view.schedule in ("zb-h1", "zbv"):
+    if view.schedule in SPLIT_W_SCHEDULES:
         path = t_sum - w_sum + ref["W"] / view.vpp
         bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
     return C.vmax(bubble, 0)

@@ -22,7 +22,7 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import ENGINE_PROFILES
+from ndplan.engines import profile
 from ndplan.estimate import estimate, strategy_point
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
@@ -66,7 +66,7 @@ def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
 
 def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[tuple[Layer, ...], dict]:
     """(ordered layers, meta) of ``spec`` under ``strat`` on ``hw``."""
-    eng = ENGINE_PROFILES[strat.engine]
+    eng = profile(strat.engine)  # a base name or one derived with --set
     M = model_symbols(spec)
     point = dict(strategy_point(strat)) | {S.stage: 0}
     point |= {S.BY_NAME[k]: v for k, v in hw.kernel_values(fp8=strat.weight_dtype == "fp8").items()}
