@@ -43,7 +43,7 @@ def _catalog_model(flat: dict):
     return None
 
 
-def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
+def _parse(path: Path, text: str) -> dict:
     try:
         flat = flatten(tomllib.loads(text))
     except tomllib.TOMLDecodeError as e:
@@ -51,6 +51,72 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if not any(k.startswith("parallelism.") for k in flat):
         raise NdplanError("FILE", path.name, "has no [parallelism] table",
                           "give a torchtitan job config, or --format for another framework")
+    return flat
+
+
+def _data_parallel(get, path: Path, gpus, tp: int, pp: int, cp: int):
+    """(replicate, shard, devices, where the device count came from)."""
+    rep = positive(KEY["dp_replicate"], get("dp_replicate"), path.name)
+    shard = get("dp_shard")
+    if shard == -1:
+        gpus, rest = world_dp(gpus, tp * rep, pp, cp, "data_parallel_shard_degree = -1", path.name)
+        return rep, rest, gpus, "--gpus"
+    shard = positive(KEY["dp_shard"], shard, path.name)
+    world = rep * shard * tp * pp * cp
+    if gpus is not None and gpus != world:
+        raise NdplanError("gpus", gpus, f"{path.name} uses replicate*shard*tp*pp*cp = {world} devices; "
+                                        "drop --gpus or set data_parallel_shard_degree = -1")
+    return rep, shard, world, "product of the [parallelism] degrees"
+
+
+def _zero(get, flat: dict, shard: int, pp: int) -> tuple[int, str]:
+    """FSDP2's reshard_after_forward policy as a ZeRO level (never: 2, always: 3, default:
+    3 without a pipeline, 2 with one), and the policy as written."""
+    reshard = str(get("reshard"))
+    if shard == 1 and KEY["reshard"] not in flat:
+        return 0, reshard
+    if reshard in ("never", "always", "default"):
+        return {"never": 2, "always": 3}.get(reshard, 3 if pp == 1 else 2), reshard
+    raise NdplanError(KEY["reshard"], reshard, "unknown reshard policy", "give default, always or never")
+
+
+def _pipeline(get, flat: dict, path: Path, L: int, pp: int, notes: list[str]):
+    """(schedule, layers per virtual stage or None, vpp) of the [parallelism] table."""
+    sched_name = str(get("schedule"))
+    if pp > 1 and sched_name not in SCHEDULE_OF:
+        raise NdplanError(KEY["schedule"], sched_name, "not a schedule ndplan models",
+                          f"use one of {', '.join(SCHEDULE_OF)}")
+    schedule = SCHEDULE_OF.get(sched_name, "1f1b") if pp > 1 else "1f1b"
+    if pp > 1 and KEY["split_points"] in flat:
+        cuts = [int(str(c).rsplit(".", 1)[-1]) for c in flat[KEY["split_points"]]]
+        bounds = [0] + cuts + [L]
+        lps = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+        return schedule, lps, len(lps) // pp
+    if pp > 1 and KEY["layers_per_stage"] in flat:
+        per = positive(KEY["layers_per_stage"], flat[KEY["layers_per_stage"]], path.name)
+        if L % (per * pp):
+            raise NdplanError(KEY["layers_per_stage"], per, f"pp*{per} does not divide the {L} layers",
+                              "change it or pipeline_parallel_degree")
+        return schedule, None, L // (per * pp)
+    if schedule in ("interleaved", "zbv"):
+        notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank assumed")
+        return schedule, None, 2
+    return schedule, None, 1
+
+
+def _origins(text: str, pp: int, gsrc: str, reshard: str) -> tuple[dict, dict]:
+    """(where each strategy field came from, line of each key)."""
+    loc = toml_locate(text)
+    org = {f: (f"line {loc[KEY[k]] + 1}: {KEY[k]}" if KEY[k] in loc else f"torchtitan default ({KEY[k]})")
+           for f, k in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("seq", "seq"), ("recompute", "ac_mode"),
+                        ("gbs", "gbs"), ("schedule", "schedule"))}
+    org |= {"gpus": gsrc, "dp": "data_parallel_replicate_degree x data_parallel_shard_degree",
+            "zero": f"{KEY['reshard']} = {reshard}", "mbs": KEY["mbs"] if pp > 1 else KEY["local_batch"]}
+    return org, {k: v + 1 for k, v in loc.items()}
+
+
+def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
+    flat = _parse(path, text)
 
     def get(k):
         return flat.get(KEY[k], DEFAULTS.get(k))
@@ -63,50 +129,13 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         origin = f"[model] name/flavor -> catalog {guess}"
     notes: list[str] = []
     tp, cp, pp = (positive(KEY[k], get(k), path.name) for k in ("tp", "cp", "pp"))
-    rep = positive(KEY["dp_replicate"], get("dp_replicate"), path.name)
-    shard = get("dp_shard")
-    if shard == -1:
-        gpus, rest = world_dp(gpus, tp * rep, pp, cp, "data_parallel_shard_degree = -1", path.name)
-        shard, gsrc = rest, "--gpus"
-    else:
-        shard = positive(KEY["dp_shard"], shard, path.name)
-        world = rep * shard * tp * pp * cp
-        if gpus is not None and gpus != world:
-            raise NdplanError("gpus", gpus, f"{path.name} uses replicate*shard*tp*pp*cp = {world} devices; "
-                                            "drop --gpus or set data_parallel_shard_degree = -1")
-        gpus, gsrc = world, "product of the [parallelism] degrees"
+    rep, shard, gpus, gsrc = _data_parallel(get, path, gpus, tp, pp, cp)
     dp = rep * shard
-    reshard = str(get("reshard"))
-    if shard == 1 and KEY["reshard"] not in flat:
-        zero = 0
-    elif reshard in ("never", "always", "default"):
-        zero = {"never": 2, "always": 3}.get(reshard, 3 if pp == 1 else 2)
-    else:
-        raise NdplanError(KEY["reshard"], reshard, "unknown reshard policy", "give default, always or never")
+    zero, reshard = _zero(get, flat, shard, pp)
     if rep > 1 and shard > 1:
         notes.append(f"HSDP {rep} x {shard}: ndplan shards over the whole dp={dp} (memory under-counted)")
-    sched_name = str(get("schedule"))
-    if pp > 1 and sched_name not in SCHEDULE_OF:
-        raise NdplanError(KEY["schedule"], sched_name, "not a schedule ndplan models",
-                          f"use one of {', '.join(SCHEDULE_OF)}")
-    schedule = SCHEDULE_OF.get(sched_name, "1f1b") if pp > 1 else "1f1b"
-    L, lps, vpp = spec.num_hidden_layers, None, 1
-    if pp > 1 and KEY["split_points"] in flat:
-        cuts = [int(str(c).rsplit(".", 1)[-1]) for c in flat[KEY["split_points"]]]
-        bounds = [0] + cuts + [L]
-        lps = tuple(b - a for a, b in zip(bounds, bounds[1:]))
-        vpp = len(lps) // pp
-    elif pp > 1 and KEY["layers_per_stage"] in flat:
-        per = positive(KEY["layers_per_stage"], flat[KEY["layers_per_stage"]], path.name)
-        if L % (per * pp):
-            raise NdplanError(KEY["layers_per_stage"], per, f"pp*{per} does not divide the {L} layers",
-                              "change it or pipeline_parallel_degree")
-        vpp = L // (per * pp)
-    elif schedule in ("interleaved", "zbv"):
-        vpp = 2
-        notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank assumed")
-    local = flat.get(KEY["local_batch"], flat.get("training.batch_size", 8))
-    local = positive(KEY["local_batch"], local, path.name)
+    schedule, lps, vpp = _pipeline(get, flat, path, spec.num_hidden_layers, pp, notes)
+    local = positive(KEY["local_batch"], flat.get(KEY["local_batch"], flat.get("training.batch_size", 8)), path.name)
     mbs = positive(KEY["mbs"], get("mbs"), path.name) if pp > 1 else local
     glob = get("gbs")
     gbs_ = gbs or (local * dp if glob in (-1, None) else positive(KEY["gbs"], glob, path.name))
@@ -115,17 +144,12 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         raise NdplanError(KEY["ac_mode"], mode, "unknown activation checkpointing mode", "give none, selective or full")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
-                     recompute=mode, schedule=schedule if pp > 1 else "1f1b", engine="fsdp",
-                     offload_optimizer=bool(get("offload")), layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
+                     recompute=mode, schedule=schedule, engine="fsdp", offload_optimizer=bool(get("offload")),
+                     layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
     strat.check(spec, gpus)
-    loc = toml_locate(text)
-    org = {f: (f"line {loc[KEY[k]] + 1}: {KEY[k]}" if KEY[k] in loc else f"torchtitan default ({KEY[k]})")
-           for f, k in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("seq", "seq"), ("recompute", "ac_mode"),
-                        ("gbs", "gbs"), ("schedule", "schedule"))}
-    org |= {"gpus": gsrc, "dp": "data_parallel_replicate_degree x data_parallel_shard_degree",
-            "zero": f"{KEY['reshard']} = {reshard}", "mbs": KEY["mbs"] if pp > 1 else KEY["local_batch"]}
+    org, lines = _origins(text, pp, gsrc, reshard)
     return CheckInput(path=path, fmt="torchtitan", text=text, model=spec, model_origin=origin, strategy=strat,
-                      gpus=gpus, origin=org, lines={k: v + 1 for k, v in loc.items()}, notes=tuple(notes))
+                      gpus=gpus, origin=org, lines=lines, notes=tuple(notes))
 
 
 fields = X.fields
