@@ -17,6 +17,9 @@ ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 """Schedules with one model chunk per stage (vpp must be 1)."""
 SPLIT_W_SCHEDULES = ("zb-h1", "zbv")
 """Schedules that split the backward into input-gradient B and weight-gradient W."""
+HEAD_ON_FIRST_STAGE = ("zbv",)
+"""Schedules whose two chunks per stage form a V: the last virtual stage runs on stage 0
+(Qi et al. 2024 Sec. 6), so the output head, loss and MTP sit there, not on stage pp-1."""
 SCHEDULE_ALIASES = {"dualpipe-v": "zbv"}
 """Other names users give a schedule (a space file, a launch script)."""
 ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore")

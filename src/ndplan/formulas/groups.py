@@ -19,6 +19,7 @@ import sympy as sp
 
 from ndplan import symbols as S
 from ndplan.engines import EngineProfile
+from ndplan.vocab import HEAD_ON_FIRST_STAGE
 
 
 def dense_shard_ranks(dp=S.dp, cp=S.cp):
@@ -67,8 +68,8 @@ def optimizer_shard(view, eng: EngineProfile, dense, expert, emb=0, level: int =
 
 def head_stage(view, pp: int) -> int:
     """The pipeline stage holding the output head and loss: the last, or stage 0 under
-    zbv, whose V ends where it starts (formulas/placement.py, head_device_flag)."""
-    return 0 if view.schedule == "zbv" else pp - 1
+    a V schedule (vocab.HEAD_ON_FIRST_STAGE; placement.head_device_flag is its symbolic form)."""
+    return 0 if view.schedule in HEAD_ON_FIRST_STAGE else pp - 1
 
 
 def tied_head_copy(spec, first, last):

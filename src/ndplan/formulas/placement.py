@@ -21,6 +21,7 @@ import sympy as sp
 from ndplan.catalog.model import ModelSpec
 from ndplan.formulas.schedules import virtual_stage
 from ndplan.strategy import Strategy
+from ndplan.vocab import HEAD_ON_FIRST_STAGE
 
 
 def _is_num(x) -> bool:
@@ -57,7 +58,7 @@ def is_last(stage, pp):
 
 def head_device_flag(schedule: str, stage, pp):
     """1 on the device that runs the last virtual stage (head, loss, MTP)."""
-    return is_first(stage) if schedule == "zbv" else is_last(stage, pp)
+    return is_first(stage) if schedule in HEAD_ON_FIRST_STAGE else is_last(stage, pp)
 
 
 def head_chunk(schedule: str, vpp: int) -> int:
