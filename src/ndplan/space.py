@@ -56,6 +56,7 @@ from ndplan.catalog.model import ModelSpec
 from ndplan import limits
 from ndplan import points as P
 from ndplan import rules as R
+from ndplan.formulas.groups import micro_batches
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
 from ndplan.vocab import ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_ALIASES, SCHEDULES, ZERO_LEVELS as ZERO_STAGES
@@ -96,7 +97,7 @@ class _Ctx:
 
     @property
     def m(self) -> np.ndarray:
-        return self.gbs // (self.dp * self.mbs)
+        return micro_batches(self.gbs, self.dp, self.mbs)
 
 
 #: (name, one-line description) in evaluation order; a rejected candidate is counted
@@ -327,7 +328,7 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
         if not alive.any():
             continue
         grid = {d: base[d][alive] for d in base}
-        grid["m"] = gbs // (grid["dp"] * grid["mbs"])
+        grid["m"] = micro_batches(gbs, grid["dp"], grid["mbs"])
         for a in grid.values():
             a.flags.writeable = False
         for zero, recompute in itertools.product(dom["zero"], dom["recompute"]):

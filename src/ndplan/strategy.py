@@ -69,7 +69,8 @@ class Strategy:
     @property
     def m(self) -> int:
         """Micro-batches per step."""
-        return self.gbs // (self.dp * self.mbs)
+        from ndplan.formulas.groups import micro_batches
+        return micro_batches(self.gbs, self.dp, self.mbs)
 
     @property
     def world(self) -> int:

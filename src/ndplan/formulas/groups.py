@@ -32,6 +32,12 @@ def expert_shard_ranks(dp=S.dp, cp=S.cp, tp=S.tp, ep=S.ep, etp=S.etp):
     return dp * cp * tp / (ep * etp)
 
 
+def micro_batches(gbs, dp, mbs):
+    """Micro-batches per step m = gbs / (dp*mbs) (each replica runs gbs/dp sequences in
+    micro-batches of mbs); integer division, on numbers or numpy arrays."""
+    return gbs // (dp * mbs)
+
+
 def weight_bytes(view, eng: EngineProfile) -> int:
     """Bytes per persistent weight element: the engine's choice under ``auto``."""
     return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[view.weight_dtype]
