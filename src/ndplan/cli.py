@@ -18,6 +18,7 @@ from ndplan.cli_emit import check_emit_out, emit_cli, emit_options, one_stdout
 from ndplan.cli_format import estimate_text, explained_text, hardware_lines, models_lines
 from ndplan.cli_options import build, strategy_options
 from ndplan.cli_sweep import register as register_sweep
+from ndplan.cli_trace import register as register_trace
 from ndplan.cli_types import Cli, Count
 from ndplan.errors import NdplanError
 from ndplan.export import emit
@@ -43,6 +44,7 @@ def main():
       ndplan sweep    -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024
       ndplan compare  -m llama2-70b -H a100-80gb --gpus 64 --gbs 128 "dp=4,tp=8,pp=2" "dp=8,tp=8,pp=1"
       ndplan check    examples/torchtitan/llama3_8b.toml --gpus 16
+      ndplan trace    llama3-8b --policy full
     """
 
 
@@ -177,6 +179,7 @@ def hardware(as_json):
 register_sweep(main)
 register_balance(main)
 register_check(main)
+register_trace(main)
 
 if __name__ == "__main__":
     main()

@@ -40,6 +40,13 @@ class EngineProfile:
     # --- activation choices (formulas/activations.py) ---
     norm_input_bytes: int = 2
     """Bytes per element of the norm input saved for backward (4 when norms compute in fp32)."""
+    norm_stat_bytes: int = 0
+    """Bytes per token each RMSNorm saves for its statistic (the fp32 1/rms: 4); 0 = not counted."""
+    mla_value_keeps_kv_up: bool = False
+    """MLA: v is a view of the kv up-projection output, so keeping v keeps the whole output,
+    k_nope included (a*(dn+dv) per token instead of a*dv)."""
+    attention_kv_expanded: bool = False
+    """Without flash attention, k and v are saved after repeat_kv, with a heads each instead of kv."""
     rope_inputs_kept: bool = False
     """The rotary embedding saves its q and k inputs for backward (x*cos + rotate(x)*sin through
     multiplies whose backward keeps both operands), beside the rotated q and k."""
@@ -263,8 +270,34 @@ MINDSPORE = EngineProfile(
                    "(shared/validation/mindformers/README.md)",
     })
 
-ENGINE_PROFILES = MappingProxyType({p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE)})
-"""The four base profiles, read-only: a ``--set`` variant is a derived name (``derive``), resolved by ``profile``."""
+HF = EngineProfile(
+    name="hf",
+    weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
+    weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
+    logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+    norm_input_bytes=6, norm_stat_bytes=4, swiglu_bytes_per_f=8, score_bytes=6, attention_kv_expanded=True,
+    rope_table_bytes=2, mla_value_keeps_kv_up=True,
+    sources={
+        "states": "Hugging Face Trainer / Accelerate with FSDP or FSDP2 mixed precision (param_dtype bf16, fp32 "
+                  "sharded parameters as the optimizer's master: 4; fp32 gradients 4; torch AdamW moments 8), "
+                  "as the fsdp profile. Autocast over fp32 weights (Trainer bf16=True without FSDP) saves other "
+                  "tensors and is not modelled by this profile",
+        "activations": "transformers modules traced on CPU (`ndplan trace`, transformers 5.17, torch 2.13; "
+                       "tests/test_trace.py): LlamaRMSNorm-style norms upcast to fp32 and save the fp32 input "
+                       "(4 B per element), the bf16 normalized tensor before the weight (2) and the fp32 1/rms (4 B "
+                       "per token); the MLP is unfused (gate, SiLU output, up, product: 8 B per f); sdpa "
+                       "(transformers' default) runs the flash path with enable_gqa: q, k, v unexpanded, the "
+                       "output and the fp32 log-sum-exp; eager saves k and v after repeat_kv (a heads), the fp32 "
+                       "softmax (4) and its bf16 cast (2) per s x s element; MLA (DeepseekV3Attention): the "
+                       "latent norms as every norm, and value_states is a view of kv_b_proj's output, so the "
+                       "saved v keeps k_nope alive too",
+        "logits": "bf16 logits (2), the fp32 upcast in the loss (4) and the fp32 log-softmax it saves (4): "
+                  "10 bytes per element alive at the loss (transformers ForCausalLMLoss on logits.float())",
+        "reserve": "1 GiB named default for CUDA context/NCCL/allocator slack",
+    })
+
+ENGINE_PROFILES = MappingProxyType({p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE, HF)})
+"""The base profiles, read-only: a ``--set`` variant is a derived name (``derive``), resolved by ``profile``."""
 
 
 MAX_SETTING = 2**40

@@ -22,7 +22,8 @@ HEAD_ON_FIRST_STAGE = ("zbv",)
 (Qi et al. 2024 Sec. 6), so the output head, loss and MTP sit there, not on stage pp-1."""
 SCHEDULE_ALIASES = {"dualpipe-v": "zbv"}
 """Other names users give a schedule (a space file, a launch script)."""
-ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore")
+ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore", "hf")
+"""hf: Hugging Face transformers modules (HF Trainer / Accelerate with FSDP), activations as traced."""
 ZERO_LEVELS = (0, 1, 2, 3)
 """0: nothing sharded on dp; 1: optimizer states (+fp32 master); 2: + gradients; 3: + weights."""
 GRAD_DTYPES = ("fp32", "bf16")

@@ -33,7 +33,9 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
    (Megatron stores the SP-sharded input; an SP-like layout that an engine derives from
    CP does not reach the layer boundary); the layer's activations are rebuilt one layer at a time in
    backward (a transient term in memory.py, ``transient_term``).
-9. Engine settings (engines.EngineProfile, each documented and cited there) change what
+9. QK-norm (Qwen3) saves what every norm saves, per head of q and k: its input and, where the
+   engine counts it, the per-token statistic (traced: transformers Qwen3 modules).
+10. Engine settings (engines.EngineProfile, each documented and cited there) change what
    is saved: ``rope_inputs_kept`` (q and k before rotation beside the rotated copies),
    ``norm_input_bytes``, ``swiglu_bytes_per_f``, ``gathered_inputs_kept``,
    ``selective_drops`` and ``comm_recompute_keeps_shard`` (what selective recompute
@@ -90,22 +92,36 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
     """Attention block activations by component (bytes per micro-batch)."""
     s, b, t, tsp = c.s, c.b, c.t, c.t_sp
     sbh = s * b * M.h
-    parts = {"norm_input": c.eng.norm_input_bytes * sbh / tsp, "qkv_input": ACT_BYTES * sbh / _gathered(c)}
+    parts = {"norm_input": _norm(M, c), "qkv_input": ACT_BYTES * sbh / _gathered(c)}
     if spec.is_mla:
-        lat = (2 * M.ql if spec.q_lora_rank else 0) + M.kl + M.dr + M.kl
-        parts["mla_latents"] = ACT_BYTES * s * b * lat
-        parts["qkv"] = ACT_BYTES * s * b * M.a * (2 * (M.dn + M.dr) + M.dv) / t
+        # each latent (q: ql, kv: kl) is a norm input (engine bytes, plus its statistic) and its
+        # output feeds the up-projection (2 B); the shared rotary key part k_pe (dr) is kept too
+        latents = (M.ql if spec.q_lora_rank else 0) + M.kl
+        norms = 2 if spec.q_lora_rank else 1
+        parts["mla_latents"] = ((c.eng.norm_input_bytes + ACT_BYTES) * latents + c.eng.norm_stat_bytes * norms
+                                + ACT_BYTES * M.dr) * s * b
+        v_width = M.dv + (M.dn if c.eng.mla_value_keeps_kv_up else 0)
+        parts["qkv"] = ACT_BYTES * s * b * M.a * (2 * (M.dn + M.dr) + v_width) / t
         o_width = M.a * M.dv
     else:
-        parts["qkv"] = ACT_BYTES * s * b * (M.a + 2 * M.kv) * M.d / t
+        kv_heads = M.a if (c.eng.attention_kv_expanded and not c.flash) else M.kv  # eager repeat_kv
+        parts["qkv"] = ACT_BYTES * s * b * (M.a + 2 * kv_heads) * M.d / t
         if c.eng.rope_inputs_kept and not spec.learned_positions:
             parts["rope_input"] = ACT_BYTES * s * b * (M.a + M.kv) * M.d / t  # q and k before rotation
         o_width = M.a * M.d
+        if spec.qk_norm:  # per-head RMSNorm of q and k (Qwen3): its input and per-head statistic, like any norm
+            heads = M.a + M.kv
+            parts["qk_norm"] = (c.eng.norm_input_bytes * M.d + c.eng.norm_stat_bytes) * heads * s * b / t
     parts["core"] = core_attention(spec, M, c)
     parts["o_input"] = ACT_BYTES * s * b * o_width / t
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / tsp
     return parts
+
+
+def _norm(M: ModelSymbols, c: ActContext) -> sp.Expr:
+    """What one norm saves: its input (engine bytes per element) and its per-token statistic."""
+    return (c.eng.norm_input_bytes * M.h + c.eng.norm_stat_bytes) * c.s * c.b / c.t_sp
 
 
 def core_attention(spec: ModelSpec, M: ModelSymbols, c: ActContext, selective: bool = False) -> sp.Expr:
@@ -136,7 +152,7 @@ def _ffn_parts(spec: ModelSpec, c: ActContext, width, tokens, t_width) -> dict[s
 
 def mlp_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.Expr]:
     sbh = c.s * c.b * M.h
-    parts = {"norm_input": c.eng.norm_input_bytes * sbh / c.t_sp, "fc1_input": ACT_BYTES * sbh / _gathered(c)}
+    parts = {"norm_input": _norm(M, c), "fc1_input": ACT_BYTES * sbh / _gathered(c)}
     parts |= _ffn_parts(spec, c, M.f, c.s * c.b, c.t)
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / c.t_sp
@@ -147,7 +163,7 @@ def moe_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.E
     s, b, tsp = c.s, c.b, c.t_sp
     sbh = s * b * M.h
     tokens_e = s * b * M.k * c.capacity * c.etp / tsp  # token-expert pairs on this device
-    parts = {"norm_input": c.eng.norm_input_bytes * sbh / tsp, "fc1_input": ACT_BYTES * sbh / _gathered(c),
+    parts = {"norm_input": _norm(M, c), "fc1_input": ACT_BYTES * sbh / _gathered(c),
              "router_logits": FP32_BYTES * s * b * M.E / tsp,
              "expert_io": 2 * ACT_BYTES * tokens_e * M.h}
     parts |= {f"expert_{k}": v for k, v in _ffn_parts(spec, c, M.fe, tokens_e, c.etp).items()}
@@ -201,4 +217,4 @@ def embedding_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.
 
 def head_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
     """Final-norm input and output-layer input kept for backward, last stage only."""
-    return (c.eng.norm_input_bytes + ACT_BYTES) * c.s * c.b * M.h / c.t_sp
+    return _norm(M, c) + ACT_BYTES * c.s * c.b * M.h / c.t_sp
