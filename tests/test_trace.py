@@ -133,3 +133,18 @@ def test_missing_extra_is_one_line():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "ndplan[trace]" in r.stderr
+
+
+def test_a_step_that_fails_is_one_error(monkeypatch):
+    """A config transformers builds but cannot train on input_ids + labels: NdplanError, not a traceback."""
+    from ndplan.errors import NdplanError
+    _, cfg = read_config("llama3-8b")
+    shape = B.Shape(b=2, s=8, dims=dict(h=16, f=24, a=2, kv=1, d=8, V=50))
+    model = B.build(B.scaled_config(cfg, shape), "sdpa")
+
+    def broken(*a, **k):
+        raise RuntimeError("expected pixel_values")
+
+    monkeypatch.setattr(model, "forward", broken)
+    with pytest.raises(NdplanError, match="architecture=.*one training step on the CPU failed"):
+        B.trace_step(model, shape, "none", "sdpa")

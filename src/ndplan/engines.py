@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from types import MappingProxyType
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ndplan.errors import NdplanError
 from ndplan.units import GIB
@@ -270,18 +270,14 @@ MINDSPORE = EngineProfile(
                    "(shared/validation/mindformers/README.md)",
     })
 
-HF = EngineProfile(
-    name="hf",
-    weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
-    weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
-    logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+HF = replace(
+    FSDP, name="hf",  # the fsdp profile's states, logits and reserve; the activations as transformers saves them
     norm_input_bytes=6, norm_stat_bytes=4, swiglu_bytes_per_f=8, score_bytes=6, attention_kv_expanded=True,
     rope_table_bytes=2, mla_value_keeps_kv_up=True,
     sources={
-        "states": "Hugging Face Trainer / Accelerate with FSDP or FSDP2 mixed precision (param_dtype bf16, fp32 "
-                  "sharded parameters as the optimizer's master: 4; fp32 gradients 4; torch AdamW moments 8), "
-                  "as the fsdp profile. Autocast over fp32 weights (Trainer bf16=True without FSDP) saves other "
-                  "tensors and is not modelled by this profile",
+        "states": "Hugging Face Trainer / Accelerate with FSDP or FSDP2 mixed precision (param_dtype bf16) keeps "
+                  "what the fsdp profile keeps: " + FSDP.sources["states"] + ". Autocast over fp32 weights "
+                  "(Trainer bf16=True without FSDP) saves other tensors and is not modelled by this profile",
         "activations": "transformers modules traced on CPU (`ndplan trace`, transformers 5.17, torch 2.13; "
                        "tests/test_trace.py): LlamaRMSNorm-style norms upcast to fp32 and save the fp32 input "
                        "(4 B per element), the bf16 normalized tensor before the weight (2) and the fp32 1/rms (4 B "
@@ -292,8 +288,9 @@ HF = EngineProfile(
                        "latent norms as every norm, and value_states is a view of kv_b_proj's output, so the "
                        "saved v keeps k_nope alive too",
         "logits": "bf16 logits (2), the fp32 upcast in the loss (4) and the fp32 log-softmax it saves (4): "
-                  "10 bytes per element alive at the loss (transformers ForCausalLMLoss on logits.float())",
-        "reserve": "1 GiB named default for CUDA context/NCCL/allocator slack",
+                  "10 bytes per element alive at the loss (transformers ForCausalLMLoss on logits.float(); traced: "
+                  "the head keeps 4 B per element after the forward)",
+        "reserve": FSDP.sources["reserve"],
     })
 
 ENGINE_PROFILES = MappingProxyType({p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE, HF)})

@@ -48,11 +48,15 @@ def trace_config(name_or_path: str, policies=None, attn: str = "sdpa", mbs: int 
     require()
     from ndplan.trace import build, compare, run
     name, cfg = read_config(name_or_path)
+    from dataclasses import fields
+
     from ndplan.catalog.model import model_from_config
-    model_from_config(cfg, name, name)  # the same field checks as every other command, before any tracing
+    from ndplan.symbols import ModelSymbols
+    spec = model_from_config(cfg, name, name)  # the field checks every command makes, before any tracing
     result = run.trace_model(cfg, policies=tuple(policies or build.POLICIES), attn=attn, progress=progress)
-    values = {sym: int(cfg[key]) for sym, key in build.present_dims(cfg).items() if cfg.get(key)}
-    if "d" in result.names and "d" not in values:
-        values["d"] = int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+    M = ModelSymbols.of(spec)  # the real sizes, read as every other command reads them
+    values = {f.name: int(getattr(M, f.name)) for f in fields(M)}
+    if "ns" in result.names:  # DeepSeek: shared experts counted, each of the routed width
+        values["ns"] = spec.shared_intermediate_size // max(spec.moe_intermediate_size, 1)
     values |= {"b": mbs, "s": seq}
     return TraceReport(name=name, result=result, rows=compare.rows(result, cfg), values=values)

@@ -154,8 +154,9 @@ def _quiet():
 
 
 TORCHTITAN_SAVE_OPS = (
-    # torchtitan distributed/activation_checkpoint.py `_save_list` (op-level SAC), plus the CPU
-    # flash kernel that stands for the CUDA ones on this machine
+    # torchtitan torchtitan/distributed/activation_checkpoint.py `_save_list` (op-level SAC) at
+    # 55e42c0d (2025-08; HEAD b5bcd76c adds linear/addmm/bmm/topk and saves every _scaled_mm),
+    # plus the CPU flash kernel that stands for the CUDA ones on this machine
     "aten.mm.default", "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_flash_attention.default", "aten._scaled_dot_product_cudnn_attention.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten._scaled_mm.default",
@@ -243,16 +244,25 @@ def trace_step(model, shape: Shape, policy: str, attn: str):
     rec = LiveBytes(known)
     handles = [layer.register_forward_pre_hook(lambda mod, args, i=i: rec.enter(f"layer{i}"))
                for i, layer in enumerate(layers)]
-    handles.append(body.norm.register_forward_pre_hook(lambda mod, args: rec.enter("head")))
+    norm = getattr(body, "norm", None)
+    if norm is None:
+        raise NdplanError("architecture", type(model).__name__, "has no final model.norm to mark the head",
+                          "trace a decoder-only causal LM")
+    handles.append(norm.register_forward_pre_hook(lambda mod, args: rec.enter("head")))
     handles += [p.register_post_accumulate_grad_hook(lambda p: rec.mark_grad(p.grad)) for p in model.parameters()]
     core = _recompute_attention_core(model, attn) if policy == "selective" else contextlib.nullcontext()
     try:
         with core, rec:
             rec.enter("embedding")
-            loss = model(input_ids=ids, labels=ids).loss  # the output (logits) is dropped, as HF Trainer does
-            stored = rec.stored()
-            rec.phase = "backward"
-            loss.backward()
+            try:
+                loss = model(input_ids=ids, labels=ids).loss  # the logits are dropped, as HF Trainer does
+                stored = rec.stored()
+                rec.phase = "backward"
+                loss.backward()
+            except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:
+                raise NdplanError("architecture", type(model).__name__,
+                                  f"one training step on the CPU failed ({type(e).__name__}: {_last_line(e)[:160]})",
+                                  "trace a decoder-only causal LM that takes input_ids and labels") from None
     finally:
         for h in handles:
             h.remove()
