@@ -48,7 +48,8 @@ def _caveats(rep) -> list[str]:
         out.append("MLA: q and v head dims differ, so sdpa on the CPU falls back to the math kernel and saves the "
                    "s x s probabilities that GPU kernels (efficient, cuDNN) do not; policy none overstates the layer")
     if "op" in pols:
-        out.append("op (torchtitan op-level SAC) has no closed-form Term yet: traced bytes only")
+        out.append("op (torchtitan op-level SAC) is compared with the closed form the fsdp engine's selective "
+                   "recompute uses (formulas/activations.op_sac_layer), evaluated with the hf profile")
     if any(not row.exact for row in rep.rows):
         out.append("a row marked 'fit not exact' keeps tensors whose sizes depend on the routing or on the shape "
                    "in a way the polynomial basis does not hold; its bytes are a least-squares estimate")

@@ -47,6 +47,9 @@ class EngineProfile:
     k_nope included (a*(dn+dv) per token instead of a*dv)."""
     attention_kv_expanded: bool = False
     """Without flash attention, k and v are saved after repeat_kv, with a heads each instead of kv."""
+    repeat_kv_always: bool = False
+    """k and v are expanded to a heads (``repeat_kv``) before the attention kernel, flash or
+    not, so the kernel saves the expanded copies (torchtitan until ``enable_gqa``)."""
     rope_inputs_kept: bool = False
     """The rotary embedding saves its q and k inputs for backward (x*cos + rotate(x)*sin through
     multiplies whose backward keeps both operands), beside the rotated q and k."""
@@ -55,6 +58,11 @@ class EngineProfile:
     swiglu_bytes_per_f: int = 6
     """Gated MLP bytes saved per intermediate element: fused SwiGLU keeps gate+up (4) and the
     down-projection input (2); an unfused graph also keeps the SiLU output (+2)."""
+    selective_op_sac: bool = False
+    """``selective`` recompute is op-level selective checkpointing (torchtitan's AC mode
+    ``selective`` with ``selective_ac_option = "op"``): each layer stores its input, every
+    other mm output and the attention kernel's outputs (formulas/activations.op_sac_layer);
+    False: the components in ``selective_drops`` are recomputed (Megatron)."""
     selective_drops: tuple[str, ...] = ("core",)
     """Activation components the engine's selective recompute does not store."""
     comm_recompute_keeps_shard: bool = False
@@ -153,12 +161,29 @@ FSDP = EngineProfile(
     name="fsdp",
     weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
-    logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+    logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+    norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
+    rope_table_bytes=2,
     sources={
         "states": "torchtitan FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): sharded "
                   "parameters are fp32 (4) and are the optimizer's master; fp32 grads (4); Adam (8)",
-        "logits": "bf16 logits (2) upcast to fp32 (4) and fp32 log-softmax saved by cross_entropy (4): "
-                  "10 bytes per element (torchtitan loss on .float() logits)",
+        "logits": "torchtitan's loss, cross_entropy(pred.float(), labels), with pred deleted before "
+                  "loss.backward(): the peak is in the loss backward, where the saved fp32 log-softmax (4), "
+                  "the gradient nll_loss hands it (4) and the gradient of the fp32 logits (4) are alive "
+                  "together: 12 bytes per element (the forward peaks at 10: bf16 logits 2, fp32 copy 4, "
+                  "log-softmax 4). Measured on the CPU by tests/test_trace.py (test_loss_transient)",
+        "activations": "torchtitan's Llama modules at 55e42c0d (2025-08; the torchtitan versions of the "
+                       "published runs in shared/validation/pytorch_memory): nn.RMSNorm, which on CUDA runs "
+                       "aten._fused_rms_norm and saves its bf16 input and the fp32 rstd per token "
+                       "(torch/_decomp/decompositions.py _fused_rms_norm_backward(grad_out, input, "
+                       "normalized_shape, rstd, weight)); FeedForward w2(F.silu(w1(x)) * w3(x)) unfused "
+                       "(model.py:237: w1 and w3 outputs, SiLU output, product: 8 B per f); repeat_kv of k "
+                       "and v before sdpa (model.py:185-186), so the flash kernel saves a heads of k and v; "
+                       "rotary embedding as a complex multiply by the freqs_cis buffer (saves no activation; "
+                       "the complex64 buffer, s x d/2 x 8 B, is a graph constant); selective = op-level SAC "
+                       "(activation_checkpoint.py _save_list, every other mm saved). torchtitan HEAD "
+                       "(b5bcd76c) passes enable_gqa instead of repeat_kv (--set repeat_kv_always=0) and its "
+                       "default save ops list aten.linear but not aten.mm, which this profile does not model",
         "reserve": "1 GiB named default for CUDA context/NCCL/allocator slack",
     })
 
@@ -273,7 +298,7 @@ MINDSPORE = EngineProfile(
 HF = replace(
     FSDP, name="hf",  # the fsdp profile's states, logits and reserve; the activations as transformers saves them
     norm_input_bytes=6, norm_stat_bytes=4, swiglu_bytes_per_f=8, score_bytes=6, attention_kv_expanded=True,
-    rope_table_bytes=2, mla_value_keeps_kv_up=True,
+    rope_table_bytes=2, mla_value_keeps_kv_up=True, repeat_kv_always=False, selective_op_sac=False,
     sources={
         "states": "Hugging Face Trainer / Accelerate with FSDP or FSDP2 mixed precision (param_dtype bf16) keeps "
                   "what the fsdp profile keeps: " + FSDP.sources["states"] + ". Autocast over fp32 weights "
@@ -287,9 +312,10 @@ HF = replace(
                        "softmax (4) and its bf16 cast (2) per s x s element; MLA (DeepseekV3Attention): the "
                        "latent norms as every norm, and value_states is a view of kv_b_proj's output, so the "
                        "saved v keeps k_nope alive too",
-        "logits": "bf16 logits (2), the fp32 upcast in the loss (4) and the fp32 log-softmax it saves (4): "
-                  "10 bytes per element alive at the loss (transformers ForCausalLMLoss on logits.float(); traced: "
-                  "the head keeps 4 B per element after the forward)",
+        "logits": "transformers ForCausalLMLoss runs cross_entropy on logits.float(); the Trainer's compute_loss "
+                  "drops the outputs (and the bf16 logits) before loss.backward(), so the peak is the fsdp "
+                  "profile's: " + FSDP.sources["logits"] + " (traced: the head keeps 4 B per element after the "
+                  "forward)",
         "reserve": FSDP.sources["reserve"],
     })
 

@@ -35,7 +35,11 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
    backward (a transient term in memory.py, ``transient_term``).
 9. QK-norm (Qwen3) saves what every norm saves, per head of q and k: its input and, where the
    engine counts it, the per-token statistic (traced: transformers Qwen3 modules).
-10. Engine settings (engines.EngineProfile, each documented and cited there) change what
+10. Op-level selective checkpointing (torchtitan's ``selective`` AC in ``op`` mode, engine
+   setting ``selective_op_sac``): a layer stores its input, the outputs of every other mm
+   in call order and the attention kernel's outputs; everything else is recomputed
+   (``op_sac_layer``; traced: ``ndplan trace --policy op``).
+11. Engine settings (engines.EngineProfile, each documented and cited there) change what
    is saved: ``rope_inputs_kept`` (q and k before rotation beside the rotated copies),
    ``norm_input_bytes``, ``swiglu_bytes_per_f``, ``gathered_inputs_kept``,
    ``selective_drops`` and ``comm_recompute_keeps_shard`` (what selective recompute
@@ -104,7 +108,8 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
         parts["qkv"] = ACT_BYTES * s * b * M.a * (2 * (M.dn + M.dr) + v_width) / t
         o_width = M.a * M.dv
     else:
-        kv_heads = M.a if (c.eng.attention_kv_expanded and not c.flash) else M.kv  # eager repeat_kv
+        expanded = c.eng.repeat_kv_always or (c.eng.attention_kv_expanded and not c.flash)  # repeat_kv
+        kv_heads = M.a if expanded else M.kv
         parts["qkv"] = ACT_BYTES * s * b * (M.a + 2 * kv_heads) * M.d / t
         if c.eng.rope_inputs_kept and not spec.learned_positions:
             parts["rope_input"] = ACT_BYTES * s * b * (M.a + M.kv) * M.d / t  # q and k before rotation
@@ -182,8 +187,58 @@ def _dropped(c: ActContext, name: str) -> bool:
     return base in c.eng.selective_drops
 
 
+def mm_outputs(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> list[sp.Expr]:
+    """Bytes of the output of each ``aten.mm`` a layer of ``kind`` runs in forward, in call
+    order (transformers and torchtitan module order: q, k, v, o; MLA q_a, q_b, kv_a, kv_b, o;
+    then gate, up, down; a MoE layer's router and its shared expert's gate, up, down). A
+    linear with a bias runs ``aten.addmm``, not an mm (Qwen2's q, k, v; GPT's every linear);
+    routed experts run ``aten._grouped_mm``. Column-parallel outputs are split by tp; a
+    row-parallel output (o, down) is the full-width partial sum before its reduction; MLA's
+    down-projections (q_a, kv_a) are replicated."""
+    per_token = ACT_BYTES * c.s * c.b
+    t = c.t
+    widths: list[sp.Expr] = []
+    if spec.is_mla:
+        widths += [M.ql, M.a * (M.dn + M.dr) / t] if spec.q_lora_rank else [M.a * (M.dn + M.dr) / t]
+        widths += [M.kl + M.dr, M.a * (M.dn + M.dv) / t]
+    elif not spec.attention_bias:
+        widths += [M.a * M.d / t, M.kv * M.d / t, M.kv * M.d / t]
+    if not (spec.attention_bias and spec.learned_positions):  # GPT-style: o_proj has a bias too
+        widths.append(M.h)
+    mlp_width = M.f
+    if kind == "moe":
+        widths.append(M.E)  # router logits (torchtitan's and transformers' bf16 nn.Linear gates)
+        mlp_width = M.fs if spec.shared_intermediate_size else None
+    if mlp_width is not None and not spec.mlp_bias:
+        widths += [mlp_width / t, mlp_width / t] if spec.gated_mlp else [mlp_width / t]
+        widths.append(M.h)
+    return [per_token * w for w in widths]
+
+
+def op_sac_layer(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> sp.Expr:
+    """What a layer stores under torchtitan's op-level SAC (torchtitan
+    torchtitan/distributed/activation_checkpoint.py ``_save_list`` and ``_get_custom_policy``
+    at 55e42c0d): its checkpointed input, the outputs of the 1st, 3rd, 5th, ... ``aten.mm``
+    (a counter per layer call saves an mm unless the count is even) and the attention
+    kernel's outputs (its output and fp32 log-sum-exp). Norms, activations, products and
+    the other mm outputs are recomputed. With SP (tp > 1) the reduce-scatter outputs of
+    o and down are saved as well (``_c10d_functional.reduce_scatter_tensor`` is listed)."""
+    mms = mm_outputs(spec, M, c, kind)
+    saved = sp.Add(*mms[0::2])
+    layer_input = ACT_BYTES * c.s * c.b * M.h / c.t_sp
+    o_width = M.a * (M.dv if spec.is_mla else M.d)
+    attention = ACT_BYTES * c.s * c.b * o_width / c.t + core_attention(spec, M, c)
+    row_parallel = 1 + int(kind != "moe" or bool(spec.shared_intermediate_size))  # o, and a dense down
+    scatter = row_parallel * ACT_BYTES * c.s * c.b * M.h / c.t * sp.Min(c.t - 1, 1) if c.sp else 0
+    return layer_input + saved + attention + scatter
+
+
 def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str, mode: str) -> sp.Expr:
-    """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``."""
+    """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``
+    (``op``: torchtitan's op-level SAC, which ``selective`` means for engines with
+    ``selective_op_sac``)."""
+    if mode == "op" or (mode == "selective" and c.eng.selective_op_sac):
+        return op_sac_layer(spec, M, c, kind)
     if mode == "full":
         sliced = c.eng.full_recompute_input_sliced and c.sp_flag  # the user's SP, not CP's SP-like layout
         return ACT_BYTES * c.s * c.b * M.h / (c.t if sliced else 1)

@@ -22,8 +22,9 @@ LABEL_BYTES = 8
 POSITION_BYTES = 8
 """int64 position ids (1 x s), an input of every checkpointed layer call."""
 
-CLOSED_FORM_MODES = {"none": "none", "selective": "selective", "full": "full"}
-"""Trace policies with a closed-form recompute mode (torchtitan's op-level SAC has none yet)."""
+CLOSED_FORM_MODES = {"none": "none", "selective": "selective", "op": "op", "full": "full"}
+"""Trace policies and the closed-form recompute mode each is compared with (``op``:
+formulas.activations.op_sac_layer, what the fsdp profile's ``selective`` means)."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,10 @@ def closed_form(cfg: dict, names, site: str, policy: str, attn: str, engine: str
                      eng=eng, selective_configured=mode == "selective")
     if site == "embedding":
         rope = 0 if spec.learned_positions else eng.rope_table_bytes * 2 * F.s_sym * M.d
-        # the trace books a tensor on the site that made it: under full recompute the first
+        # the trace books a tensor on the site that made it: under full recompute and op SAC the first
         # layer's input (ndplan's first-layer Term) is the embedding's output, and every
         # checkpointed call holds the int64 position ids (not in ndplan's Terms: 8 B per token)
-        first_input = A.ACT_BYTES * F.s_sym * F.b_sym * M.h if mode == "full" else 0
+        first_input = A.ACT_BYTES * F.s_sym * F.b_sym * M.h if mode in ("full", "op") else 0
         positions = POSITION_BYTES * F.s_sym if mode != "none" else 0
         return sp.expand(A.embedding_activation(spec, M, c) + rope + first_input + positions)
     if site == "head":
