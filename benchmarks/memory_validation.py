@@ -18,6 +18,20 @@ Sections
     feasibility check: ``oom: true`` rows must be predicted above the device memory,
     rows that report a throughput ran and must be predicted to fit.
 
+(c) torchtitan runs of ../shared/validation/pytorch_memory/cases.yaml (Llama-3-8B with FSDP2:
+    torchao's e2e tables and torchtitan's NVFP4 doc). The published metric is max *reserved*
+    GiB (torchtitan logs reserved_bytes.all.peak), so each row prints ndplan's allocated
+    line, its reserved line (allocated x the engine's caching-allocator slack) and the error
+    of the reserved line. torchtitan's per-op SAC is the fsdp engine's selective; the loss
+    is compiled (engine setting compiled_loss) when the run compiles and its torchtitan
+    includes the loss compile (bbb1b616, 2025-04-02). No constant was fitted on these rows.
+    Float8/MXFP8/NVFP4 rows and torchtitan 2026 runs (whose op-SAC save list and loss differ
+    from the 2025-08 modules the fsdp profile models) are printed apart, outside the MAPE.
+
+(d) The PyTorch runtime on gloo (ndplan.trace.runtime; needs ndplan[trace]): FSDP2 on a small
+    transformers Llama sharded as torchtitan does, world 2 and 4, one micro-batch per step and
+    the pipelined no-sync form; per rank the measured states and peak beside ndplan's.
+
 Mapping of a MindFormers case to ndplan.Strategy: the case's raw yaml
 (``local_copy.config``) is read by ``ndplan.interop.mindformers.read_doc`` -- the rules
 (recompute lists, offsets, pp=1 gradient accumulation, optimizer parallel, dtypes, and
@@ -53,6 +67,7 @@ SHARED = validation_dir()
 MF_CASES = SHARED / "mindformers" / "memory_cases.yaml"
 PUB_CASES = SHARED / "published" / "cases.yaml"
 PUB_HW = SHARED / "published" / "hardware.yaml"
+PT_CASES = SHARED / "pytorch_memory" / "cases.yaml"
 
 
 class Skip(Exception):
@@ -234,6 +249,123 @@ def run_torchtitan(args) -> tuple[list[dict], list[dict]]:
     return rows, skipped
 
 
+# --------------------------------------------------------------------------- (c) pytorch_memory
+
+PT_HW = {"H100": "h100-sxm", "MI300X": "mi300x", "B200": "b200", "NVIDIA Blackwell SM100": "b200"}
+LOSS_COMPILE_SINCE = "2025-04"
+"""torchtitan compiles the loss with the model since bbb1b616 (2025-04-02)."""
+
+
+def _pt_modelled(c: dict) -> tuple[bool, str]:
+    """(inside the MAPE, why not): bf16 runs of the torchtitan 2025 modules the fsdp profile models."""
+    prec = str(c.get("precision") or "")
+    if not prec.startswith("bf16"):
+        return False, f"precision {prec.split(',')[0]!r}: low-precision linears not modelled"
+    if "2026" in str(c["framework"].get("version")):
+        return False, "torchtitan 2026: its op-SAC save list (no aten.mm) and loss are not the modelled 2025-08 ones"
+    return True, ""
+
+
+def _pt_compiled_loss(c: dict) -> bool:
+    ver = str(c["framework"].get("version") or "")
+    old = "torchtitan 0.0.2" in ver  # before the loss compile
+    return bool(c.get("compile")) and not old
+
+
+def map_pytorch(c: dict):
+    m, par, bat = c["model"], c["parallel"], c["batch"]
+    if c["framework"]["name"] != "torchtitan" or not m.get("hidden"):
+        raise Skip("not a torchtitan run with a stated model")
+    if (par.get("tp") or 1) * (par.get("pp") or 1) * (par.get("cp") or 1) != 1 or par.get("ep"):
+        raise Skip("only FSDP-only layouts are mapped")
+    gpu = next((v for k, v in PT_HW.items() if str(c["hardware"]["gpu"]).startswith(k)), None)
+    if gpu is None:
+        raise Skip(f"no ndplan preset for {c['hardware']['gpu']}")
+    rc = str(c.get("recompute") or "")
+    if "selective" not in rc.lower() and "sac" not in rc.lower():
+        raise Skip(f"recompute {rc!r} not mapped")
+    model = model_from_config({"model_type": "qwen3" if "qwen3" in m["name"].lower() else "llama",
+                               "hidden_size": m["hidden"], "num_hidden_layers": m["layers"],
+                               "num_attention_heads": m["heads"], "num_key_value_heads": m["kv_heads"],
+                               "intermediate_size": m["ffn"], "vocab_size": m["vocab"],
+                               "head_dim": m.get("head_dim") or m["hidden"] // m["heads"],
+                               "tie_word_embeddings": bool(m.get("tie_word_embeddings"))}, c["id"], str(PT_CASES))
+    dp, mbs = par["dp_fsdp"], bat["local_batch"]
+    engine = ndplan.engines.derive("fsdp", {"compiled_loss": 1} if _pt_compiled_loss(c) else {})
+    kw = dict(dp=dp, mbs=mbs, gbs=dp * mbs, seq=bat["seq"], zero=3, engine=engine, recompute="selective")
+    return model, gpu, kw
+
+
+def run_pytorch(args) -> tuple[list[dict], list[dict]]:
+    rows, skipped = [], []
+    for c in yaml.safe_load(PT_CASES.read_text())["cases"]:
+        real = (c.get("measured") or {}).get("peak_reserved_gib")
+        try:
+            if real is None:
+                raise Skip("no max-reserved figure")
+            model, gpu, kw = map_pytorch(c)
+            est = ndplan.estimate(model, ndplan.load_hardware(gpu), make_strategy(kw, []))
+        except Skip as e:
+            skipped.append({"id": c["id"], "reason": str(e)})
+            continue
+        st = est.per_stage[0]
+        inside, why = _pt_modelled(c)
+        res = st["reserved_bytes"] / GIB
+        rows.append({"id": c["id"], "measured_reserved_gib": float(real),
+                     "allocated_gib": round(st["allocated_bytes"] / GIB, 2), "reserved_gib": round(res, 2),
+                     "signed_err_pct": (res - real) / real * 100, "ape_pct": ape(real, res),
+                     "compiled_loss": "compiled_loss" in kw["engine"], "in_mape": inside, "why_not": why,
+                     "terms_gib": {k: round(v / GIB, 2) for k, v in st["terms"].items()}})
+    return rows, skipped
+
+
+def print_pytorch(rows, skipped):
+    print()
+    print("== (c) torchtitan FSDP2 runs of pytorch_memory (published: max reserved GiB; ndplan: allocated and "
+          "reserved = allocated x (1 + allocator slack)) ==")
+    print(f"{'id':58s} {'meas':>6s} {'alloc':>6s} {'resv':>6s} {'sgn%':>6s}  loss")
+    for r in rows:
+        print(f"{r['id']:58s} {r['measured_reserved_gib']:6.2f} {r['allocated_gib']:6.2f} {r['reserved_gib']:6.2f} "
+              f"{r['signed_err_pct']:+6.1f}  {'compiled' if r['compiled_loss'] else 'eager'}"
+              + ("" if r["in_mape"] else f"   [outside MAPE: {r['why_not']}]"))
+    inside = [r for r in rows if r["in_mape"]]
+    print(f"\nreserved-line MAPE, modelled rows: {mean(r['ape_pct'] for r in inside):.1f} % (n={len(inside)}); "
+          f"other rows: {mean(r['ape_pct'] for r in rows if not r['in_mape']):.1f} % (n={len(rows) - len(inside)})")
+    print(f"skipped: {len(skipped)} (" + "; ".join(sorted({s['reason'] for s in skipped})) + ")")
+
+
+# --------------------------------------------------------------------------- (d) runtime
+
+def run_runtime(args) -> list[dict]:
+    try:
+        from ndplan.trace import runtime as R
+        import torch  # noqa: F401
+    except ImportError:
+        return []
+    cases = [R.Case(f"{mode}-w{w}", mode=mode, world=w, microbatches=2 if mode == "fsdp-pp" else 1)
+             for w in (2, 4) for mode in ("fsdp", "fsdp-pp")]
+    want = {c.name: R.predicted(c) for c in cases}
+    rows = []
+    for m in R.run(cases):
+        w = want[m.case]
+        rows.append({"case": m.case, "rank": m.rank, "states": m.states, "pred_states": w["states"],
+                     "peak": m.peak, "pred_peak": w["peak"], "peak_err_pct": (w["peak"] - m.peak) / m.peak * 100})
+    return rows
+
+
+def print_runtime(rows):
+    print()
+    print("== (d) PyTorch runtime on gloo (FSDP2, transformers Llama 2.0 M params, bytes per rank) ==")
+    if not rows:
+        print("skipped: needs ndplan[trace] (torch, transformers)")
+        return
+    print(f"{'case':12s} {'rank':>4s} {'states':>10s} {'ndplan':>10s} {'peak':>10s} {'ndplan':>10s} {'err%':>6s}")
+    for r in rows:
+        print(f"{r['case']:12s} {r['rank']:4d} {r['states']:10d} {r['pred_states']:10d} {r['peak']:10d} "
+              f"{r['pred_peak']:10d} {r['peak_err_pct']:+6.2f}")
+    print(f"max |peak error| per rank: {max(abs(r['peak_err_pct']) for r in rows):.2f} %")
+
+
 # --------------------------------------------------------------------------- output
 
 def fmt_list(xs, nd=1):
@@ -318,14 +450,19 @@ def main(argv=None):
     t0 = time.perf_counter()
     mf_rows, mf_skip = run_mindformers(args)
     tt_rows, tt_skip = run_torchtitan(args)
+    pt_rows, pt_skip = run_pytorch(args)
+    rt_rows = run_runtime(args)
     print_mindformers(mf_rows, mf_skip, args.verbose)
     print_torchtitan(tt_rows, tt_skip)
+    print_pytorch(pt_rows, pt_skip)
+    print_runtime(rt_rows)
     dt = time.perf_counter() - t0
     print(f"\nelapsed: {dt:.2f} s (excluding imports)")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"mindformers": {"rows": mf_rows, "skipped": mf_skip},
              "torchtitan": {"rows": tt_rows, "skipped": tt_skip},
+             "pytorch_memory": {"rows": pt_rows, "skipped": pt_skip}, "runtime": rt_rows,
              "options": {}}, indent=1, default=str))
     return 0
 

@@ -79,7 +79,7 @@ NAN_INF = re.compile(r"\b(nan|inf|-inf)\b", re.IGNORECASE)
 E = ["estimate", "-m", "llama3-8b"]
 X = ["explain", "-m", "llama3-8b", "--term", "mem.weights"]
 SMALL = ["--tp", "1", "--pp", "1", "--cp", "1", "--vpp", "1", "--mbs", "1", "--zero", "1",
-         "--recompute", "none", "--schedule", "1f1b"]
+         "--recompute", "full", "--schedule", "1f1b"]
 """Fixes every sweep dimension but dp: a valid sweep evaluates one candidate. A flag
 appended after it overrides it (click keeps the last value)."""
 S = ["sweep", "-m", "llama3-8b", "--gpus", "8", "--gbs", "8", *SMALL]

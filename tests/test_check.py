@@ -384,7 +384,8 @@ def test_deepspeed_parsed_and_fits(tmp_path):
     s = ci.strategy
     assert (s.dp, s.tp, s.pp, s.mbs, s.m, s.gbs, s.zero, s.recompute, s.engine) == \
         (8, 1, 1, 2, 4, 64, 2, "none", "deepspeed")
-    r = CliRunner().invoke(main, ["check", str(f), "-m", "llama3-8b", "--gpus", "8", "--seq", "4096"])
+    # at seq 4096 the activations (34 GiB) and DeepSpeed's allocator slack (engines.DEEPSPEED) exceed 80 GiB
+    r = CliRunner().invoke(main, ["check", str(f), "-m", "llama3-8b", "--gpus", "8", "--seq", "2048"])
     assert r.exit_code == 0, r.output
 
 

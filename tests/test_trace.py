@@ -93,6 +93,29 @@ def test_loss_transient():
     assert engines.FSDP.logits_bytes_per_element == engines.HF.logits_bytes_per_element == 12
 
 
+def test_compiled_loss_saves_bf16_logits():
+    """The same loss under torch.compile (inductor on the CPU): what its autograd function saves
+    (saved-tensor hooks see it) is the bf16 logits and per-token statistics only; its backward
+    returns a bf16 gradient. Peak: 2 + 2 B per element (engines.COMPILED_LOSS_BYTES)."""
+    from ndplan import engines
+
+    def loss_fn(pred, labels):
+        return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    b, s, V = 1, 64, 500
+    pred = torch.randn(b, s, V, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, V, (b, s))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = torch.compile(loss_fn, backend="inductor")(pred, labels)
+    loss.backward()
+    full = [t for t in saved if t.numel() == b * s * V]
+    assert [t.dtype for t in full] == [torch.bfloat16]
+    assert sum(t.untyped_storage().nbytes() for t in saved if t.numel() < b * s * V) <= 16 * s + 64
+    assert pred.grad.dtype == torch.bfloat16
+    assert engines.COMPILED_LOSS_BYTES == full[0].element_size() + pred.grad.element_size()
+
+
 @functools.lru_cache(maxsize=None)
 def _report(name, policies, attn="sdpa"):
     return trace_config(name, policies=policies, attn=attn)

@@ -61,6 +61,11 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     Exit code 0 with an estimate (the verdict, fits or DOES NOT FIT, is printed; `check`
     and `sweep` exit 1 when nothing fits), 2 for bad input.
 
+    Memory is printed as allocated (live tensors, what torch.cuda.max_memory_allocated
+    reports), reserved (allocated x the engine's caching-allocator slack, what
+    max_memory_reserved and torchtitan's log report) and the peak = reserved + the engine
+    reserve (CUDA context, NCCL), which the verdict compares with HBM.
+
     \b
     Examples:
       ndplan estimate -m llama3-70b -H h100-sxm --gpus 64 --tp 8 --pp 4 --gbs 128 \\

@@ -51,7 +51,18 @@ def estimate_text(est, model, hw, strat) -> str:
         f"x {strat.world}: {label(strat, full=True)}",
         stage_table(est),
         f"peak {fmt_bytes(est.peak_bytes)} on stage {est.peak_stage} of {hw.hbm_gib:g} GiB HBM: {verdict}{host}",
+        memory_lines(est),
         time_summary(est)])
+
+
+def memory_lines(est) -> str:
+    """The peak stage's allocated and reserved memory and what the verdict compares."""
+    st = max(est.per_stage, key=lambda s: s["peak_bytes"])
+    alloc, res = st["allocated_bytes"], st["reserved_bytes"]
+    slack = f"+{(res - alloc) / alloc:.1%} caching-allocator slack" if alloc else "no allocator slack"
+    return (f"  allocated {fmt_bytes(alloc)} (live tensors, torch max_memory_allocated); reserved ~{fmt_bytes(res)} "
+            f"({slack}, max_memory_reserved);\n  the verdict compares HBM with reserved + "
+            f"{fmt_bytes(st['terms'].get('mem.reserve', 0))} engine reserve (CUDA context, NCCL) = the peak")
 
 
 def explained_text(it, latex: bool) -> str:

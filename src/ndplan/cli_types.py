@@ -85,7 +85,11 @@ def mem_limit_options(fn):
     fn = click.option("--mem-fraction", type=FRACTION, default=None,
                       help="Per-device memory limit as a fraction of HBM (0 < F <= 1), e.g. 0.9.")(fn)
     return click.option("--mem-limit-gib", type=GIB, default=None,
-                        help="Per-device memory limit in GiB, e.g. 72 (default: all HBM).")(fn)
+                        help="Per-device memory limit in GiB, e.g. 72 (default: all HBM). The limit is checked "
+                             "against the peak = reserved (allocated tensors x the engine's caching-allocator "
+                             "slack: +5.8% megatron/fsdp/hf, +37.3% deepspeed, the medians of published "
+                             "allocated/reserved pairs) + the engine reserve (1 GiB CUDA context and NCCL); "
+                             "--set allocator_slack_permille=220 takes the upper quartile.")(fn)
 
 
 def _argv_value(args: list[str], param: click.Parameter | None):

@@ -15,6 +15,24 @@ from ndplan.errors import NdplanError
 from ndplan.units import GIB
 
 
+COMPILED_LOSS_BYTES = 4
+"""Bytes per logit at the peak of a compiled cross_entropy(logits.float()): the saved bf16
+logits (2) and the bf16 gradient (2). Measured with inductor on the CPU (torch 2.13): the
+forward allocates per-token fp32 statistics only, the backward one bf16 buffer of the logits'
+shape (tests/test_trace.py test_compiled_loss_saves_bf16_logits)."""
+
+
+TORCH_ALLOCATOR_PAIRS = (
+    "published (max allocated, max reserved) pairs of one training run each, 46 pairs from 24 sources "
+    "(Megatron-LM report_memory logs in GitHub threads and repositories, e.g. NVIDIA/Megatron-LM PR #5662 "
+    "5670/6406 MB and issue #60 12606/17482 MB; DeepSpeed see_memory_usage Max_MA/Max_CA, e.g. "
+    "microsoft/DeepSpeed#522; onnxruntime ORTModule PRs #16213, #19620): reserved/allocated per source, "
+    "median 1.058, quartiles 1.023 and 1.221, 90th percentile 1.385, range 1.006-1.541; Megatron-core "
+    "runs 1.004-1.22 (8 pairs of one r0.10 run 1.007-1.044), Megatron-DeepSpeed ZeRO-1/2 runs 1.23-1.60. "
+    "No pair states expandable_segments (torchtitan's run_train.sh:43 sets it, which lowers fragmentation) "
+    "and none is an FSDP run")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineProfile:
     name: str
@@ -34,8 +52,40 @@ class EngineProfile:
     """Transient bytes per (token, vocab/tp) element at the loss on the last stage."""
     gather_prefetch_layers: int
     """ZeRO-3/FSDP: layers whose unsharded bf16 weights are alive at once (current + prefetch)."""
+    backward_gather_bytes_per_param: int = 0
+    """ZeRO-3/FSDP in backward, bytes per parameter of the largest layer alive at once beside its
+    gradient outputs (0: as in forward). FSDP2, measured at its backward peak, a reduce-scatter
+    (tests/test_runtime.py, world 2 and 4): the next group's backward-prefetched 16-bit weights
+    (2) and two fp32 reduce-scatter inputs, the one being reduced and the previous group's still
+    in flight (2 x 4) = 10, plus the two sharded fp32 gradient outputs (2 x 4 / (dp*cp))."""
+    grads_built_in_backward: bool = False
+    """With the weights sharded (zero >= weights_sharded_from), gradients are freed when each step
+    begins (``optimizer.zero_grad()`` with set_to_none) and each FSDP group's sharded gradient is
+    written at its reduce-scatter, so they build up while
+    backward frees the activations: the peak holds max(gradients, activations + transients +
+    gather buffers) above weights and optimizer states (memory.stage_memory)."""
+    head_group_kept_unsharded: bool = False
+    """The output layer's FSDP group is not resharded after forward, so its 16-bit weights stay
+    gathered through the loss and into backward (torchtitan: [norm, output] with
+    reshard_after_forward only under the "always" policy)."""
+    pp_unsharded_stage_bytes: int = 0
+    """With pipeline parallelism, bytes per stage parameter that FSDP keeps unsharded from the
+    first micro-batch's backward to the step's end (0: the per-layer gather): torch.distributed
+    .pipelining runs every micro-batch's backward without gradient sync or resharding and
+    reduces once at the end, so the 16-bit unsharded parameters (2) and the fp32 unsharded
+    accumulated gradients (4) of the whole stage stay."""
+    compiled_loss: bool = False
+    """The loss runs under torch.compile (torchtitan ``compile.enable`` compiles the loss since
+    bbb1b616, 2025-04-02): inductor fuses the fp32 upcast, log-softmax and its gradient, so the
+    loss keeps only the bf16 logits and writes a bf16 gradient: ``COMPILED_LOSS_BYTES`` per
+    element instead of ``logits_bytes_per_element``."""
     reserve_bytes: int
-    """Named framework reserve added to every device's peak (allocator, library workspaces)."""
+    """Named framework reserve added to every device's peak: memory outside the framework's
+    tensor allocator (CUDA context, NCCL and cuBLAS workspaces)."""
+    allocator_slack_permille: int = 0
+    """What the caching allocator holds beyond the live tensors at the peak (block rounding,
+    cached free blocks, fragmentation), per mille of the allocated bytes: reserved =
+    allocated x (1 + slack/1000). 0 for an engine whose measured peaks are its own pool's."""
     sources: dict
     # --- activation choices (formulas/activations.py) ---
     norm_input_bytes: int = 2
@@ -145,7 +195,7 @@ MEGATRON = EngineProfile(
     name="megatron",
     weight_bytes=2, master_bytes=4, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
-    logits_bytes_per_element=6, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+    logits_bytes_per_element=6, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
     sources={
         "states": "Megatron-LM theoretical_memory_usage.py: 18 bytes/param without the distributed "
                   "optimizer (bf16 param 2 + fp32 main grad 4 + fp32 master 4 + Adam 8); with it, "
@@ -153,15 +203,19 @@ MEGATRON = EngineProfile(
         "logits": "bf16 logits (2) kept until the fused vocab-parallel cross entropy has built its fp32 "
                   "softmax (4), which it saves for backward: 6 bytes per element "
                   "(Megatron core/tensor_parallel/cross_entropy.py)",
-        "reserve": "CUDA context, cuBLAS/NCCL workspaces and caching-allocator slack: 1 GiB, a named "
-                   "default, not fitted to any case",
+        "reserve": "CUDA context (300-400 MB) and cuBLAS/NCCL workspaces, outside torch's allocator: 1 GiB, "
+                   "a named default, not fitted to any case",
+        "allocator": "58 per mille: the median reserved/allocated of " + TORCH_ALLOCATOR_PAIRS + "; a margin "
+                     "for the upper quartile is --set allocator_slack_permille=220",
     })
 
 FSDP = EngineProfile(
     name="fsdp",
     weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
-    logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+    logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
+    backward_gather_bytes_per_param=10, head_group_kept_unsharded=True, pp_unsharded_stage_bytes=6,
+    grads_built_in_backward=True,
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
     rope_table_bytes=2,
     sources={
@@ -184,19 +238,43 @@ FSDP = EngineProfile(
                        "(activation_checkpoint.py _save_list, every other mm saved). torchtitan HEAD "
                        "(b5bcd76c) passes enable_gqa instead of repeat_kv (--set repeat_kv_always=0) and its "
                        "default save ops list aten.linear but not aten.mm, which this profile does not model",
-        "reserve": "1 GiB named default for CUDA context/NCCL/allocator slack",
+        "gather": "FSDP2 (torch 2.13 torch/distributed/fsdp/_fully_shard): forward keeps about two groups' 16-bit "
+                  "all-gather output alive (the flat buffer is freed at the next group's wait_for_unshard, "
+                  "_fsdp_param_group.py:429-432, 477-487); backward prefetches one group "
+                  "(_fsdp_state.py:384, _fsdp_param_group.py:828-830) and keeps one fp32 reduce-scatter input "
+                  "in flight (_fully_shard.py:713, _fsdp_param_group.py:647-658; it is released only after the "
+                  "next group's input is filled, so two are alive) beside the 16-bit unsharded gradients it is "
+                  "copied from (_fsdp_collectives.py:603-606; freed before the peak, as are the layer's own "
+                  "16-bit weights, _fsdp_param_group.py:637-638): measured on gloo at world 2 and 4, the peak "
+                  "is at a reduce-scatter with the prefetched 16-bit group (2), two fp32 inputs (8) and their "
+                  "two sharded outputs (8/(dp*cp)) per layer parameter. torchtitan's [norm, output] group is resharded after forward only under the "
+                  "'always' policy (55e42c0d models/llama3/infra/parallelize.py:408-412). Under pipelining, "
+                  "PipelineStage.backward_maybe_with_nosync sets reshard_after_backward and "
+                  "requires_gradient_sync False for every micro-batch (stage.py:843-848) and "
+                  "perform_reduce_grad reduces once (stage.py:1164-1191); the no-sync gradients accumulate "
+                  "unsharded in reduce_dtype fp32 (_fsdp_param.py:802-821): 2 + 4 B per stage parameter, and the "
+                  "final reduce adds about two layers' sharded fp32 outputs (read off the gloo runtime at "
+                  "dp = 2 and 4, the one coefficient fitted there). torchtitan zeroes the gradients "
+                  "(set_to_none) when each step begins (55e42c0d train.py:472). Measured on gloo by "
+                  "tests/test_runtime.py",
+        "reserve": "1 GiB named default for the CUDA context and NCCL/cuBLAS workspaces",
+        "allocator": "58 per mille, the torch caching allocator's median (no FSDP pair was found, so the "
+                     "megatron profile's figure): " + TORCH_ALLOCATOR_PAIRS,
     })
 
 DEEPSPEED = EngineProfile(
     name="deepspeed",
     weight_bytes=2, master_bytes=4, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
-    logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB,
+    logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=373,
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",
         "logits": "HF-style loss: bf16 logits, fp32 upcast, fp32 log-softmax: 10 bytes per element",
         "reserve": "1 GiB named default",
+        "allocator": "373 per mille: the median of the DeepSpeed sources among " + TORCH_ALLOCATOR_PAIRS
+                     + " (Megatron-DeepSpeed ZeRO-1 1.229/1.517, ZeRO-2 1.477/1.604, see_memory_usage "
+                       "1.010/1.081/1.318: per-source medians 1.373, 1.541, 1.081); few pairs",
     })
 
 MINDSPORE = EngineProfile(
@@ -291,6 +369,7 @@ MINDSPORE = EngineProfile(
                      "the same copy is the all-gather output (llama2/70b AllGather row: 4080 MiB = 10 layers' "
                      "fp16 weights / tp). The copy is freed before the optimizer step: cp2_colai_fullrec's flat "
                      "stages sit at the optimizer floor without it",
+        "allocator": "0: the measured MindSpore peaks are its own memory pool's",
         "reserve": "0: the measured MindSpore peaks (Static+Dynamic) contain no safety margin "
                    "(shared/validation/mindformers/README.md)",
     })
@@ -317,6 +396,7 @@ HF = replace(
                   "profile's: " + FSDP.sources["logits"] + " (traced: the head keeps 4 B per element after the "
                   "forward)",
         "reserve": FSDP.sources["reserve"],
+        "allocator": FSDP.sources["allocator"],
     })
 
 ENGINE_PROFILES = MappingProxyType({p.name: p for p in (MEGATRON, FSDP, DEEPSPEED, MINDSPORE, HF)})

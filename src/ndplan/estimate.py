@@ -18,7 +18,7 @@ from ndplan.formulas import flops as FL
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
-from ndplan.formulas.memory import STATIC_KEYS, host_memory, stage_memory
+from ndplan.formulas.memory import OUTSIDE_TENSOR_KEYS, STATIC_KEYS, host_memory, stage_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import cached_kernel
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
@@ -139,8 +139,10 @@ def _stage_rows(values: list[dict[str, np.ndarray]], stages) -> list[dict]:
         terms = {k: int(np.ceil(float(v))) for k, v in vals.items()}
         static = sum(terms[k] for k in STATIC_KEYS)
         total = sum(terms.values())
+        allocated = total - sum(terms.get(k, 0) for k in OUTSIDE_TENSOR_KEYS)
         rows.append({"stage": int(stages[i]), "peak_bytes": total, "static_bytes": static,
-                     "dynamic_bytes": total - static, "terms": terms})
+                     "dynamic_bytes": total - static, "allocated_bytes": allocated,
+                     "reserved_bytes": allocated + terms.get("mem.allocator", 0), "terms": terms})
     return rows
 
 

@@ -18,7 +18,7 @@ import sympy as sp
 from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import EngineProfile
+from ndplan.engines import COMPILED_LOSS_BYTES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
@@ -31,6 +31,8 @@ from ndplan.vocab import RECOMPUTE_MODES
 from ndplan.symbols import model_symbols
 
 STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
+OUTSIDE_TENSOR_KEYS = ("mem.allocator", "mem.reserve")
+"""Terms that are not live tensors: the caching allocator's slack and the memory outside it."""
 
 _SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimizer states, 2 adds "
                "gradients, 3 adds parameters, over the data-parallel group")
@@ -168,12 +170,35 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     terms = static_terms(spec, view, eng, dense, expert, emb)
     terms.append(graph_constants_term(spec, M, view, eng))
     acts = activation_term(spec, M, view, stage)
-    gather = gather_term(spec, M, view, eng, dense, expert)
+    gather = gather_term(spec, M, view, eng, dense, expert, stage)
     shard = _sharding(view, eng, dense, expert, emb)
-    terms += [acts, transient_term(spec, M, view, stage, acts.expr, gather.expr if gather else 0, shard(1))]
-    terms += [gather] if gather else []
+    dynamic = [acts, transient_term(spec, M, view, stage, acts.expr, gather.expr if gather else 0, shard(1))]
+    dynamic += [gather] if gather else []
+    terms += dynamic
+    if eng.grads_built_in_backward and view.zero >= eng.weights_sharded_from:
+        terms = [_grads_beside(t, dynamic) if t.key == "mem.grads" else t for t in terms]
     terms += buffer_terms(spec, M, view, eng)
+    terms.insert(-1, allocator_term(eng, terms[:-1]))  # before the reserve, over the tensor Terms
     return hooks.apply(Breakdown(tuple(terms)), spec, view)
+
+
+def _grads_beside(grads: Term, dynamic: list[Term]) -> Term:
+    """Gradients that build up during backward (EngineProfile.grads_built_in_backward): the
+    part of them above the activations, transients and gather buffers they replace."""
+    dyn = sp.Add(*(t.expr for t in dynamic))
+    return Term(key=grads.key, expr=sp.Max(grads.expr - dyn, 0), unit=grads.unit,
+                source=grads.source + "; freed when each step begins and written group by group in backward, "
+                       "so the peak holds max(gradients, activations + transient + gather) above the other states",
+                note=grads.note + " (the part above the dynamic memory)")
+
+
+def allocator_term(eng: EngineProfile, tensor_terms: list[Term]) -> Term:
+    """The caching allocator's slack over the live tensors: reserved = allocated x (1 + slack)."""
+    allocated = sp.Add(*(t.expr for t in tensor_terms))
+    return Term(key="mem.allocator", expr=sp.Rational(eng.allocator_slack_permille, 1000) * allocated, unit="bytes",
+                source=f"{eng.name}: {eng.allocator_slack_permille} per mille of the allocated bytes "
+                       f"({eng.sources.get('allocator', 'no allocator slack')})",
+                note="reserved minus allocated; allocated = the tensor Terms, reserved = allocated + this")
 
 
 def graph_constants_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile) -> Term:
@@ -225,11 +250,14 @@ def activation_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) ->
                 note=f"{view.recompute} recompute, schedule {view.schedule}, vpp={view.vpp}")
 
 
-def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, dense, expert) -> Term | None:
-    """ZeRO-3/FSDP all-gather buffers of 16-bit weights (None below the engine's
-    weight-sharding level)."""
+def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, dense, expert,
+                stage=S.stage) -> Term | None:
+    """ZeRO-3/FSDP all-gather and reduce-scatter buffers (None below the engine's
+    weight-sharding level): per layer, or for the whole stage (``gather_whole_stage``, or
+    FSDP under pipelining, ``pp_unsharded_stage_bytes``)."""
     if view.zero < eng.weights_sharded_from:
         return None
+    pp = pp_expr(spec, view)
     if eng.gather_whole_stage:
         gather = A.ACT_BYTES * (dense + expert)
         what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
@@ -237,16 +265,38 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
         concrete = model_symbols(spec)  # compare sizes in numbers (M may be symbolic: explain --symbolic)
         big = max(("dense", "moe") if spec.is_moe else ("dense",),
                   key=lambda k: P.total(P.layer_pieces(spec, concrete, k)))
-        gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, big)
+        layer = layer_params(spec, M, big)
+        gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer
         what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
-                "(current + prefetched; FSDP2 default forward prefetch of one layer)")
+                "(current + prefetched)")
+        if eng.backward_gather_bytes_per_param:
+            # two groups' sharded fp32 gradient outputs are being written at that moment
+            outputs = 2 * A.FP32_BYTES / G.dense_shard_ranks()
+            gather = sp.Max(gather, (eng.backward_gather_bytes_per_param + outputs) * layer)
+            what += (f", or in backward {eng.backward_gather_bytes_per_param} B per layer parameter (the prefetched "
+                     "next layer, two fp32 reduce-scatter inputs) and the two sharded gradient outputs")
+        if eng.head_group_kept_unsharded:
+            gather += head_device_flag(view.schedule, stage, pp) * A.ACT_BYTES * M.V * M.h / S.tp
+            what += "; the output layer's 16-bit weights, kept gathered from its forward into backward"
+        if eng.pp_unsharded_stage_bytes:
+            piped = sp.Min(pp - 1, 1)
+            # the final reduce writes the sharded fp32 gradients while the accumulated ones are freed
+            # group by group: read off the gloo runtime (tests/test_runtime.py), 1.84 / 1.12 MB above the
+            # held bytes at dp = 2 / 4 for 0.59 M-parameter layers, about two sharded outputs of a layer
+            final_reduce = 2 * A.FP32_BYTES / G.dense_shard_ranks() * layer
+            gather = (1 - piped) * gather + piped * (eng.pp_unsharded_stage_bytes * (dense + expert) + final_reduce)
+            what += (f"; with pp > 1, {eng.pp_unsharded_stage_bytes} B per stage parameter (16-bit unsharded "
+                     "weights and fp32 unsharded gradients accumulated over the micro-batches) and, at the final "
+                     "reduce, two layers' sharded fp32 gradient outputs (fitted on the gloo runtime, dp = 2 and 4)")
     if eng.sharded_weights_cast_once and G.weight_bytes(view, eng) > A.ACT_BYTES:
         note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
     else:
         gather = gather * sp.Min(G.dense_shard_ranks() - 1, 1)
         note = "zero when dp*cp = 1"
-    return Term(key="mem.zero3_gather", expr=gather, unit="bytes",
-                source=f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}", note=note)
+    src = f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}"
+    if "gather" in eng.sources:
+        src += f" ({eng.sources['gather']})"
+    return Term(key="mem.zero3_gather", expr=gather, unit="bytes", source=src, note=note)
 
 
 def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, acts, gather, opt_shard) -> Term:
@@ -255,14 +305,17 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     replace ``acts`` and ``gather``; ``opt_shard`` parameters hold optimizer state)."""
     eng, ctx = view.engine, act_context(spec, view)
     last = head_device_flag(view.schedule, stage, pp_expr(spec, view))
-    logits = last * eng.logits_bytes_per_element * ctx.s * ctx.b * M.V / S.tp
+    logit_bytes = COMPILED_LOSS_BYTES if eng.compiled_loss else eng.logits_bytes_per_element
+    logits = last * logit_bytes * ctx.s * ctx.b * M.V / S.tp
     # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
     # (engine option backward_layer_workspace) the gradients of any layer's activations
     one_layer = view.recompute == "full" or eng.backward_layer_workspace
     kind = "moe" if spec.is_moe else "dense"
     transient = sp.Max(logits, A.layer_activation(spec, M, ctx, kind, "none")) if one_layer else logits
-    src = (f"max of exclusive transients: loss logits {eng.logits_bytes_per_element} bytes per token x "
-           f"vocab/tp on the last stage ({eng.sources['logits']}); one layer rebuilt by full recompute during "
+    why = ("compiled loss: saved bf16 logits and their bf16 gradient, engines.COMPILED_LOSS_BYTES"
+           if eng.compiled_loss else eng.sources['logits'])
+    src = (f"max of exclusive transients: loss logits {logit_bytes} bytes per token x "
+           f"vocab/tp on the last stage ({why}); one layer rebuilt by full recompute during "
            "its backward (its no-recompute activations)")
     if eng.backward_layer_workspace:
         src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"

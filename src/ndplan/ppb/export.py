@@ -33,8 +33,10 @@ from ndplan.ppb.instance import MODES, Layer
 from ndplan.strategy import Strategy
 from ndplan.symbols import model_symbols
 
-OVERHEAD_KEYS = ("mem.reserve", "mem.graph_constants", "mem.transient", "mem.comm_buffers", "mem.zero3_gather")
-"""Per-stage memory Terms that belong to no layer."""
+OVERHEAD_KEYS = ("mem.reserve", "mem.allocator", "mem.graph_constants", "mem.transient", "mem.comm_buffers",
+                 "mem.zero3_gather")
+"""Per-stage memory Terms that belong to no layer (the allocator slack taken at the estimate's
+even split, its largest stage: a PPB plan moves layers, which changes it by slack x the moved bytes)."""
 
 
 def _value(expr, point) -> float:
@@ -108,7 +110,7 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
     meta = {"model": spec.name, "hardware": hw.name, "hbm_bytes": hw.hbm_bytes, "overhead_bytes": int(overhead),
             "strategy": strat.as_dict(),
             "note": "per micro-batch on one device; overhead_bytes = per-stage memory no layer carries "
-                    "(reserve, graph constants, transients, buffers), the largest over stages"}
+                    "(reserve, allocator slack, graph constants, transients, buffers), the largest over stages"}
     return tuple(layers), meta
 
 
