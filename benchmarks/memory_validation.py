@@ -252,8 +252,6 @@ def run_torchtitan(args) -> tuple[list[dict], list[dict]]:
 # --------------------------------------------------------------------------- (c) pytorch_memory
 
 PT_HW = {"H100": "h100-sxm", "MI300X": "mi300x", "B200": "b200", "NVIDIA Blackwell SM100": "b200"}
-LOSS_COMPILE_SINCE = "2025-04"
-"""torchtitan compiles the loss with the model since bbb1b616 (2025-04-02)."""
 
 
 def _pt_modelled(c: dict) -> tuple[bool, str]:
@@ -267,8 +265,10 @@ def _pt_modelled(c: dict) -> tuple[bool, str]:
 
 
 def _pt_compiled_loss(c: dict) -> bool:
+    """torchtitan compiles the loss with the model since bbb1b616 (2025-04-02); of the cases'
+    versions only torchtitan 0.0.2 (before v0.1.0, 2025-06) may predate it and is taken as eager."""
     ver = str(c["framework"].get("version") or "")
-    old = "torchtitan 0.0.2" in ver  # before the loss compile
+    old = "torchtitan 0.0.2" in ver
     return bool(c.get("compile")) and not old
 
 

@@ -59,10 +59,13 @@ def memory_lines(est) -> str:
     """The peak stage's allocated and reserved memory and what the verdict compares."""
     st = max(est.per_stage, key=lambda s: s["peak_bytes"])
     alloc, res = st["allocated_bytes"], st["reserved_bytes"]
-    slack = f"+{(res - alloc) / alloc:.1%} caching-allocator slack" if alloc else "no allocator slack"
+    reserve = fmt_bytes(st["terms"].get("mem.reserve", 0))
+    if res <= alloc:
+        return (f"  allocated {fmt_bytes(alloc)} (live tensors; no allocator slack: the engine's measured peaks are "
+                f"its own memory pool's); the verdict compares HBM with it + {reserve} engine reserve = the peak")
     return (f"  allocated {fmt_bytes(alloc)} (live tensors, torch max_memory_allocated); reserved ~{fmt_bytes(res)} "
-            f"({slack}, max_memory_reserved);\n  the verdict compares HBM with reserved + "
-            f"{fmt_bytes(st['terms'].get('mem.reserve', 0))} engine reserve (CUDA context, NCCL) = the peak")
+            f"(+{(res - alloc) / alloc:.1%} caching-allocator slack, max_memory_reserved);\n  the verdict compares "
+            f"HBM with reserved + {reserve} engine reserve (CUDA context, NCCL) = the peak")
 
 
 def explained_text(it, latex: bool) -> str:

@@ -106,22 +106,25 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
                                 + ACT_BYTES * M.dr) * s * b
         v_width = M.dv + (M.dn if c.eng.mla_value_keeps_kv_up else 0)
         parts["qkv"] = ACT_BYTES * s * b * M.a * (2 * (M.dn + M.dr) + v_width) / t
-        o_width = M.a * M.dv
     else:
         expanded = c.eng.repeat_kv_always or (c.eng.attention_kv_expanded and not c.flash)  # repeat_kv
         kv_heads = M.a if expanded else M.kv
         parts["qkv"] = ACT_BYTES * s * b * (M.a + 2 * kv_heads) * M.d / t
         if c.eng.rope_inputs_kept and not spec.learned_positions:
             parts["rope_input"] = ACT_BYTES * s * b * (M.a + M.kv) * M.d / t  # q and k before rotation
-        o_width = M.a * M.d
         if spec.qk_norm:  # per-head RMSNorm of q and k (Qwen3): its input and per-head statistic, like any norm
             heads = M.a + M.kv
             parts["qk_norm"] = (c.eng.norm_input_bytes * M.d + c.eng.norm_stat_bytes) * heads * s * b / t
     parts["core"] = core_attention(spec, M, c)
-    parts["o_input"] = ACT_BYTES * s * b * o_width / t
+    parts["o_input"] = ACT_BYTES * s * b * _o_width(spec, M) / t
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / tsp
     return parts
+
+
+def _o_width(spec: ModelSpec, M: ModelSymbols) -> sp.Expr:
+    """Width of the attention output (the o_proj input): a heads of d, or of dv under MLA."""
+    return M.a * (M.dv if spec.is_mla else M.d)
 
 
 def _norm(M: ModelSymbols, c: ActContext) -> sp.Expr:
@@ -226,8 +229,7 @@ def op_sac_layer(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> 
     mms = mm_outputs(spec, M, c, kind)
     saved = sp.Add(*mms[0::2])
     layer_input = ACT_BYTES * c.s * c.b * M.h / c.t_sp
-    o_width = M.a * (M.dv if spec.is_mla else M.d)
-    attention = ACT_BYTES * c.s * c.b * o_width / c.t + core_attention(spec, M, c)
+    attention = ACT_BYTES * c.s * c.b * _o_width(spec, M) / c.t + core_attention(spec, M, c)
     row_parallel = 1 + int(kind != "moe" or bool(spec.shared_intermediate_size))  # o, and a dense down
     scatter = row_parallel * ACT_BYTES * c.s * c.b * M.h / c.t * sp.Min(c.t - 1, 1) if c.sp else 0
     return layer_input + saved + attention + scatter

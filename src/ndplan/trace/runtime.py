@@ -210,33 +210,37 @@ def run(cases: list[Case]) -> list[Measured]:
 
 
 def predicted(case: Case) -> dict[str, int]:
-    """ndplan's bytes for ``case`` on one rank: ``states`` (weights, gradients, optimizer states
-    of the fsdp profile's Terms) and ``peak`` (the allocated line of the estimate; for
-    ``fsdp-pp`` with the gather Term in its pipelined form over all the model's parameters,
-    since the measured stage holds the whole model)."""
+    """ndplan's bytes for ``case`` on one rank, from the fsdp profile's Terms (engine hf, the
+    same states): ``states`` = weights + gradients + optimizer states as ``static_terms``
+    gives them (after the step all gradients exist), ``peak`` = the estimate's allocated
+    line; for ``fsdp-pp`` the gather Term in its pipelined form over all the model's
+    parameters replaces the per-layer one, since the measured stage holds the whole model."""
     import sympy as sp
     import ndplan
     from ndplan import symbols as S
     from ndplan.catalog.model import model_from_config
     from ndplan.estimate import strategy_point
-    from ndplan.formulas.memory import device_params, gather_term
     from ndplan.formulas import params as P
+    from ndplan.formulas.memory import device_params, gather_term, static_terms
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
     spec = model_from_config(dict(CONFIG), "runtime", "ndplan.trace.runtime")
+    M, eng = model_symbols(spec), ndplan.engines.profile("hf")
     b, s = TOKENS
     strat = ndplan.Strategy(dp=case.world, zero=3, engine="hf", mbs=b, seq=s, gbs=case.world * b * case.microbatches)
     st = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat).per_stage[0]
-    full = sum(st["terms"][k] for k in ("mem.weights", "mem.optimizer"))
-    eng = ndplan.engines.profile("hf")
-    grads = eng.grad_bytes_fp32 * P.params_total(spec, model_symbols(spec)) / case.world
-    out = {"states": int(full + grads), "peak": st["allocated_bytes"]}
+    dense, expert = device_params(P.embedding_pieces(spec, M) + P.head_pieces(spec, M, tied_copy=False)
+                                  + [pc for k in spec.layer_kinds for pc in P.layer_pieces(spec, M, k)])
+    emb = device_params(P.embedding_pieces(spec, M))[0]
+
+    def value(expr, at) -> float:
+        return float(sp.sympify(expr).subs(strategy_point(at)).subs({S.stage: 0}))
+
+    states = static_terms(spec, structure(spec, strat), eng, dense, expert, emb)
+    out = {"states": int(round(sum(value(t.expr, strat) for t in states if t.key != "mem.graph_constants"))),
+           "peak": st["allocated_bytes"]}
     if case.mode == "fsdp-pp":
         piped = ndplan.Strategy(dp=case.world, pp=2, zero=3, engine="hf", mbs=b, seq=s, gbs=2 * case.world * b)
-        M = model_symbols(spec)
-        dense, expert = device_params(P.embedding_pieces(spec, M) + P.head_pieces(spec, M, tied_copy=False)
-                                      + [pc for k in spec.layer_kinds for pc in P.layer_pieces(spec, M, k)])
         term = gather_term(spec, M, structure(spec, piped), eng, dense, expert, sp.Integer(0))
-        value = float(term.expr.subs(strategy_point(piped)).subs({S.stage: 0}))
-        out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] + value)
+        out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] + value(term.expr, piped))
     return out
