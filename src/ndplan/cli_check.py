@@ -7,7 +7,10 @@ import sys
 
 import click
 
+from dataclasses import replace
+
 from ndplan.cli_format import stage_table, time_summary
+from ndplan.cli_options import ACTIVATIONS_OPTION, with_activations
 from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.interop import FORMATS
 from ndplan.labels import label, recompute_text
@@ -82,8 +85,9 @@ def register(main):
     @click.option("--gbs", type=BATCH, default=None, help="Global batch, sequences (overrides the file).")
     @mem_limit_options
     @click.option("--top", type=TOP, default=3, show_default=True, help="Fitting strategies to propose on OOM.")
+    @ACTIVATIONS_OPTION
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-    def check_cmd(file, fmt, model, hardware, gpus, seq, gbs, mem_limit_gib, mem_fraction, top, as_json):
+    def check_cmd(file, fmt, model, hardware, gpus, seq, gbs, mem_limit_gib, mem_fraction, top, activations, as_json):
         """Estimate an existing Megatron-LM script / argument file, torchtitan TOML,
         DeepSpeed JSON or MindFormers YAML; on OOM name the terms that cause it and
         propose the nearest strategies that fit, each as a diff of FILE.
@@ -105,6 +109,9 @@ def register(main):
         from ndplan.check import check
         from ndplan.interop import read_config
         ci = read_config(file, fmt, model=model, gpus=gpus, seq=seq, gbs=gbs)
+        if activations == "traced":  # the model's HF config: -m, else the catalog entry the file names
+            ci = replace(ci, model=with_activations(ci.model, model or ci.model.name, activations,
+                                                    ci.strategy.flash_attention))
         res = check(ci, hardware, mem_limit_gib=mem_limit_gib, mem_fraction=mem_fraction, top=top)
         if as_json:
             click.echo(json.dumps(res.to_json(), indent=2, default=str))

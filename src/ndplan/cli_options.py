@@ -50,6 +50,13 @@ MODEL = [
 ]
 SEQ_OPTION = click.option("--seq", type=SEQ, default=4096, show_default=True, help="Sequence length, tokens.")
 
+ACTIVATION_SOURCES = ("closed-form", "traced")
+ACTIVATIONS_OPTION = click.option(
+    "--activations", type=click.Choice(ACTIVATION_SOURCES), default="closed-form", show_default=True,
+    help="Activation bytes: the closed-form Terms, or traced = what `ndplan trace` measures on the real "
+         "transformers modules (sdpa; eager with --no-flash), per layer kind, with the degrees kept symbolic. "
+         "Needs pip install 'ndplan[trace]'; traces once per model and caches it.")
+
 RUN = [
     click.option("--engine", type=click.Choice(ENGINES), default="megatron", show_default=True),
     click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention (no s^2 scores)."),
@@ -58,6 +65,7 @@ RUN = [
     click.option("--grad-dtype", type=click.Choice(GRAD_DTYPES), default="fp32", show_default=True),
     click.option("--weight-dtype", type=click.Choice(WEIGHT_DTYPES), default="auto", show_default=True,
                  help="Persistent weight dtype (auto: the engine's; fp8 keeps an fp32 master)."),
+    ACTIVATIONS_OPTION,
     click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE",
                  help="Override a hardware parameter or an engine setting, e.g. --set gemm_efficiency=0.7 "
                       "--set inter_node_gb_per_s=25 --set overlap_tp_comm=1."),
@@ -162,4 +170,25 @@ def build(kw: dict):
     hw, kw["engine"] = apply_overrides(kw["hardware"], kw["engine"], kw.get("overrides"))
     strat = strategy_from_point(strategy_point(kw), kw["gpus"])
     strat.check(model, kw["gpus"])
+    model = with_activations(model, kw["model"], kw["activations"], kw["flash"])  # the long part, after the checks
     return model, hw, strat, kw["gpus"]
+
+
+def with_activations(model, name_or_path: str, source: str, flash: bool):
+    """``model`` as ``--activations`` asks: unchanged for closed-form; for traced, with the
+    activation bytes ndplan.trace measures on the modules transformers builds from the
+    config (a progress line on stderr while it traces, and its notes)."""
+    if source != "traced":
+        return model
+    from ndplan.trace.measured import traced_spec
+    out = traced_spec(name_or_path, model, flash=flash, progress=_trace_progress(name_or_path))
+    for note in out.traced.notes:
+        click.echo(f"note: traced activations of {name_or_path}: {note}", err=True)
+    return out
+
+
+def _trace_progress(name: str):
+    def show(j: int, n: int) -> None:
+        click.echo(f"\rtracing {name} on the CPU (--activations traced, cached after this run): shape {j}/{n}",
+                   nl=j == n, err=True)
+    return show

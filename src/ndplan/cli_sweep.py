@@ -17,7 +17,7 @@ import numpy as np
 from ndplan import cli_format
 from ndplan.catalog import load_model
 from ndplan.cli_emit import check_emit_out, emit_cli, emit_options, one_stdout
-from ndplan.cli_options import MODEL, SEQ_OPTION, apply, apply_overrides, run_fields, run_options
+from ndplan.cli_options import MODEL, SEQ_OPTION, apply, apply_overrides, run_fields, run_options, with_activations
 from ndplan.cli_types import BATCH, DEVICES, TOP, mem_limit_options
 from ndplan.errors import NdplanError
 from ndplan.estimate import estimate
@@ -174,6 +174,7 @@ def _prepare(o: dict) -> _Sweep:
     space = _space(o["space_file"], o)
     if o["why_point"]:
         _parse_point(o["why_point"])
+    m = with_activations(m, o["model"], o["activations"], o["flash"])  # the long part, after every check
     return _Sweep(m, hw, space, run_fields(o), limit, o)
 
 
@@ -303,6 +304,7 @@ def compare_cmd(model, hardware, gpus, seq, gbs, strategies, as_json, **kw):
     base = run_fields(kw)
     # every strategy is checked before the first estimate compiles kernels
     strats = [_compare_strategy(text, m, gpus, seq, gbs, base) for text in strategies]
+    m = with_activations(m, model, kw["activations"], kw["flash"])
     ests = [estimate(m, hw, s, gpus) for s in strats]
     rows = cli_format.compare_rows(ests)
     if as_json:

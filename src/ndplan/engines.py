@@ -217,7 +217,7 @@ FSDP = EngineProfile(
     backward_gather_bytes_per_param=10, head_group_kept_unsharded=True, pp_unsharded_stage_bytes=6,
     grads_built_in_backward=True,
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
-    rope_table_bytes=2,
+    rope_table_bytes=2, gathered_inputs_kept=True,
     sources={
         "states": "torchtitan FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): sharded "
                   "parameters are fp32 (4) and are the optimizer's master; fp32 grads (4); Adam (8)",
@@ -237,7 +237,11 @@ FSDP = EngineProfile(
                        "the complex64 buffer, s x d/2 x 8 B, is a graph constant); selective = op-level SAC "
                        "(activation_checkpoint.py _save_list, every other mm saved). torchtitan HEAD "
                        "(b5bcd76c) passes enable_gqa instead of repeat_kv (--set repeat_kv_always=0) and its "
-                       "default save ops list aten.linear but not aten.mm, which this profile does not model",
+                       "default save ops list aten.linear but not aten.mm, which this profile does not model. "
+                       "TP + SP is torch DTensor SP (torchtitan apply_tp: PrepareModuleInput all-gathers the "
+                       "attention, feed-forward and output-layer inputs to Replicate, and the column-parallel "
+                       "linears save the gathered tensor): gathered_inputs_kept, measured by a second trace at "
+                       "tp = 2 under torch's fake process group (ndplan.trace.tp, tests/test_traced.py)",
         "gather": "FSDP2 (torch 2.13 torch/distributed/fsdp/_fully_shard): forward keeps about two groups' 16-bit "
                   "all-gather output alive (the flat buffer is freed at the next group's wait_for_unshard, "
                   "_fsdp_param_group.py:429-432, 477-487); backward prefetches one group "

@@ -75,6 +75,10 @@ class ModelSpec:
     # --- MTP ---
     mtp_layers: int = 0
     """num_nextn_predict_layers: MTP modules after the last decoder layer (last stage)."""
+    # --- measured inputs ---
+    traced: object = None
+    """formulas.traced.TracedActivations: the activation bytes ``ndplan trace`` measured on the
+    real modules, used instead of the closed form (``--activations traced``; ndplan.trace.traced_spec)."""
 
     @property
     def is_moe(self) -> bool:

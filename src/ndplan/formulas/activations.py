@@ -55,6 +55,8 @@ import sympy as sp
 
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import MEGATRON, EngineProfile
+from ndplan.errors import NdplanError
+from ndplan.formulas import traced as T
 from ndplan.symbols import ModelSymbols
 
 ACT_BYTES = 2  # bf16/fp16 activations (Korthikanti Table 2 assumes 16-bit)
@@ -84,6 +86,11 @@ class ActContext:
     """Selective recompute is set for some layers (see EngineProfile.selective_score_global)."""
     ep: object = 1
     """Expert-parallel degree (routed experts per device = E/ep)."""
+    traced: object = None
+    """formulas.traced.TracedActivations replacing the closed form (``--activations traced``)."""
+    traced_mode: str = "none"
+    """The strategy's recompute mode: what the traced embedding and head sites depend on (under
+    full and op recompute the first layer's checkpointed input is the embedding's output)."""
 
 
 def _gathered(c: ActContext) -> sp.Expr:
@@ -239,6 +246,8 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
     """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``
     (``op``: torchtitan's op-level SAC, which ``selective`` means for engines with
     ``selective_op_sac``)."""
+    if c.traced is not None:
+        return _traced(spec, M, c, kind, T.trace_policy(mode, c.eng.selective_op_sac))
     if mode == "op" or (mode == "selective" and c.eng.selective_op_sac):
         return op_sac_layer(spec, M, c, kind)
     if mode == "full":
@@ -269,9 +278,26 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
 
 def embedding_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
     """Embedding output dropout mask (Korthikanti Sec. 4.3), first stage only."""
+    if c.traced is not None:
+        return _traced(spec, M, c, "embedding", T.trace_policy(c.traced_mode, c.eng.selective_op_sac))
     return MASK_BYTES * c.s * c.b * M.h / c.t_sp if spec.hidden_dropout > 0 else sp.Integer(0)
 
 
 def head_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
     """Final-norm input and output-layer input kept for backward, last stage only."""
-    return _norm(M, c) + ACT_BYTES * c.s * c.b * M.h / c.t_sp
+    if c.traced is not None:
+        return _traced(spec, M, c, "head", T.trace_policy(c.traced_mode, c.eng.selective_op_sac))
+    return _norm(M, c) + ACT_BYTES * c.s * c.b * M.h / _gathered(c)
+
+
+def _traced(spec: ModelSpec, M: ModelSymbols, c: ActContext, site: str, policy: str) -> sp.Expr:
+    """The traced bytes of ``site`` (formulas.traced.local_bytes); a layer kind the model does
+    not have is 0."""
+    out = T.local_bytes(c.traced, site, policy, M, c)
+    if out is not None:
+        return out
+    if site in ("dense", "moe") and site not in spec.layer_kinds:
+        return sp.Integer(0)
+    raise NdplanError("--activations", "traced", f"the trace has no {site} site under recompute policy {policy}",
+                      f"trace it with ndplan trace (policies traced: {', '.join(c.traced.policies())}) or use "
+                      "--activations closed-form")

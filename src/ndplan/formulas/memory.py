@@ -92,7 +92,8 @@ def act_context(spec: ModelSpec, view: Structure, capacity=1) -> A.ActContext:
     t_sp = S.tp if seq_par else sp.Integer(1)
     return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
                         capacity=sp.sympify(capacity), flash=view.flash_attention, sp=seq_par, eng=eng, sp_flag=view.sp,
-                        selective_configured=view.recompute == "selective", ep=S.ep)
+                        selective_configured=view.recompute == "selective", ep=S.ep, traced=spec.traced,
+                        traced_mode=view.recompute)
 
 
 def chunk_recompute_count(eng: EngineProfile, view: Structure, chunk: int) -> sp.Expr:
@@ -244,9 +245,10 @@ def activation_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) ->
     else:
         acts = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) * a for c, a in enumerate(per_mb))
         how = "in-flight micro-batches of the schedule (schedules.inflight)"
+    per_layer = ("Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py)" if spec.traced is None
+                 else f"traced per layer kind: {spec.traced.source} (TP/CP rule: formulas/traced.py)")
     return Term(key="mem.activations", expr=acts, unit="bytes",
-                source="Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py) x layers "
-                       f"per chunk x {how}",
+                source=f"{per_layer} x layers per chunk x {how}",
                 note=f"{view.recompute} recompute, schedule {view.schedule}, vpp={view.vpp}")
 
 

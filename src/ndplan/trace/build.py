@@ -108,8 +108,8 @@ def scaled_config(cfg: dict, shape: Shape) -> dict:
     out["num_hidden_layers"] = layers
     out["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings") or 0), 4 * shape.s)
     out["use_cache"] = False
-    for key in [k for k in out if k.endswith("_token_id")]:
-        out[key] = 0  # special token ids must lie inside the scaled vocabulary
+    for key in {"pad_token_id", "bos_token_id", "eos_token_id"} | {k for k in out if k.endswith("_token_id")}:
+        out[key] = 0  # special token ids (the config class's defaults too) must lie inside the scaled vocabulary
     out.pop("num_nextn_predict_layers", None)
     for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop"):
         if key in out:
@@ -230,7 +230,7 @@ def trace_step(model, shape: Shape, policy: str, attn: str):
     """One forward + backward of a scaled model (``build``) under ``policy``; returns the
     recorder and the bytes each site stored at the end of the forward."""
     import torch
-    from ndplan.trace.recorder import LiveBytes
+    from ndplan.trace.recorder import LiveBytes, storage_ptrs
     model.gradient_checkpointing_disable()
     if policy in ("full", "op"):
         kwargs = {"use_reentrant": False} | ({"context_fn": _op_sac_context()} if policy == "op" else {})
@@ -239,9 +239,7 @@ def trace_step(model, shape: Shape, policy: str, attn: str):
     body, layers = decoder_layers(model)
     gen = torch.Generator().manual_seed(shape.b * 1000 + shape.s)
     ids = torch.randint(0, model.config.vocab_size, (shape.b, shape.s), generator=gen)
-    known = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    known.add(ids.untyped_storage().data_ptr())
-    rec = LiveBytes(known)
+    rec = LiveBytes(storage_ptrs(list(model.parameters()) + list(model.buffers()) + [ids]))
     handles = [layer.register_forward_pre_hook(lambda mod, args, i=i: rec.enter(f"layer{i}"))
                for i, layer in enumerate(layers)]
     norm = getattr(body, "norm", None)

@@ -4,7 +4,8 @@ A ``TorchDispatchMode`` sees every aten op; each output whose storage is new is 
 until Python frees the storage (``weakref.finalize`` on the untyped storage, the way
 torch's own ``torch.distributed._tools.mem_tracker.MemTracker`` follows storages). Views
 share their base's storage and are counted once. Storages that exist before the step
-(parameters, buffers, the inputs) are never counted.
+(parameters, buffers, the inputs) are never counted. A DTensor is counted by its local
+shard (what the rank holds; ``plain_tensors``).
 
 What is recorded for one forward + backward:
 - ``stored[site]``: bytes still alive at the end of the forward, by the site (embedding,
@@ -21,8 +22,26 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
+
+
+def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors that own storage behind ``t``: ``t`` itself, or a DTensor's local shard
+    (tensor subclasses name their inner tensors in ``__tensor_flatten__``)."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    out = []
+    for name in t.__tensor_flatten__()[0]:
+        inner = getattr(t, name)
+        if isinstance(inner, torch.Tensor):
+            out += plain_tensors(inner)
+    return out
+
+
+def storage_ptrs(tensors) -> set[int]:
+    """data_ptrs of the storages behind ``tensors`` (DTensors: their local shards)."""
+    return {p.untyped_storage().data_ptr() for t in tensors for p in plain_tensors(t)}
 
 
 class LiveBytes(TorchDispatchMode):
@@ -51,6 +70,10 @@ class LiveBytes(TorchDispatchMode):
         self.forward_peak.setdefault(site, 0)
 
     def _count(self, t: torch.Tensor) -> None:
+        for local in plain_tensors(t):
+            self._count_plain(local)
+
+    def _count_plain(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
         ptr, nbytes = st.data_ptr(), st.nbytes()
         if nbytes == 0 or ptr in self._live or ptr in self._known:
@@ -74,6 +97,10 @@ class LiveBytes(TorchDispatchMode):
 
     def mark_grad(self, t: torch.Tensor) -> None:
         """A parameter gradient: not workspace (AccumulateGrad keeps it)."""
+        for local in plain_tensors(t):
+            self._mark_plain(local)
+
+    def _mark_plain(self, t: torch.Tensor) -> None:
         ptr = t.untyped_storage().data_ptr()
         if ptr in self._live and ptr not in self.grad_ptrs:
             self.grad_ptrs.add(ptr)
