@@ -59,25 +59,12 @@ def _even(shape: B.Shape) -> B.Shape:
     return B.Shape(b=shape.b, s=shape.s + shape.s % 2, dims=d)
 
 
-def _raw(tr, site, policy, M, c) -> sp.Expr:
-    """The rule applied to every monomial, nothing left out (local_bytes drops the loss and
-    graph constants that memory.py counts elsewhere)."""
-    out = sp.Integer(0)
-    for coef, powers in tr.monomials(site, policy):
-        pw = dict(powers)
-        names = frozenset(n for n in pw if n not in ("b", "s"))
-        term = coef * c.b ** pw.get("b", 0) * c.s ** pw.get("s", 0) * sp.Mul(*[getattr(M, n) ** pw[n] for n in names])
-        out += term / T.divisor(names, pw.get("s", 0), c, "b" in pw)
-    return out + T.gathered_inputs(site, policy, M, c)
-
-
 def _gathered_loss(tr, policy, M, c, sp_on: bool) -> sp.Expr:
     """What the plans' gathered logits keep above the vocab-parallel rule: the V monomials
     whole, and under SP the int64 labels (8 B per token) whole."""
-    v_part = sum(coef * c.b ** dict(pw).get("b", 0) * c.s ** dict(pw).get("s", 0) * M.V
-                 for coef, pw in tr.monomials("head", policy) if "V" in dict(pw))
-    labels = 8 * c.b * c.s * (1 - 1 / c.t_sp) if sp_on else 0
-    return v_part * (1 - 1 / c.t) + labels
+    v_local = sum(T.monomial_bytes(coef, pw, M, c) for coef, pw in tr.monomials("head", policy) if "V" in dict(pw))
+    labels = 8 * c.b * c.s * (1 - 1 / c.t_sp) if sp_on else 0  # int64 labels of every token, 8 B each
+    return v_local * (c.t - 1) + labels  # the V part is whole: t times its vocab-parallel share
 
 
 PLANS = {"llama3-8b": ("hf", "sp"), "mixtral-8x7b": ("hf",)}
@@ -99,7 +86,7 @@ def test_division_rule_matches_tp2_trace(name):
             for policy in ("none", "full"):
                 got = trace_sites(cfg, shape, policy, plan)
                 for site, key in (("embedding", "embedding"), (kind, "layer0"), ("head", "head")):
-                    want = _raw(tr, site, policy, M, c)
+                    want = T.local_bytes(tr, site, policy, M, c, counted_elsewhere=True)
                     if site == "head":
                         want += _gathered_loss(tr, policy, M, c, plan == "sp")
                     assert abs(got[key] - int(want)) <= SCALAR_BYTES, (name, plan, policy, site, shape, got[key], want)

@@ -123,9 +123,21 @@ def _kept(site: str, names: frozenset[str], has_b: bool, s_power: int) -> bool:
     return True
 
 
-def local_bytes(tr: TracedActivations, site: str, policy: str, M, c) -> sp.Expr | None:
+def monomial_bytes(coef: int, powers, M, c) -> sp.Expr:
+    """One traced monomial on one device: its bytes at the local sizes, divided by the rule."""
+    pw = dict(powers)
+    names = frozenset(n for n in pw if n not in ("b", "s"))
+    term = sp.Integer(coef) * c.b ** pw.get("b", 0) * c.s ** pw.get("s", 0)
+    for n in names:
+        term *= _size(n, M) ** pw[n]
+    return term / divisor(names, pw.get("s", 0), c, "b" in pw)
+
+
+def local_bytes(tr: TracedActivations, site: str, policy: str, M, c, counted_elsewhere: bool = False) -> sp.Expr | None:
     """Bytes one device keeps for ``site`` under ``policy`` per micro-batch (``M`` the model's
-    sizes, ``c`` a formulas.activations.ActContext); None when the trace has no such site."""
+    sizes, ``c`` a formulas.activations.ActContext); None when the trace has no such site.
+    The loss tensors and graph constants that memory.py counts in other Terms are left out
+    unless ``counted_elsewhere`` (every traced tensor, as the tp = 2 check compares)."""
     monos = tr.monomials(site, policy)
     if monos is None:
         return None
@@ -133,12 +145,8 @@ def local_bytes(tr: TracedActivations, site: str, policy: str, M, c) -> sp.Expr 
     for coef, powers in monos:
         pw = dict(powers)
         names = frozenset(n for n in pw if n not in ("b", "s"))
-        if not _kept(site, names, "b" in pw, pw.get("s", 0)):
-            continue
-        term = sp.Integer(coef) * c.b ** pw.get("b", 0) * c.s ** pw.get("s", 0)
-        for n in names:
-            term *= _size(n, M) ** pw[n]
-        total += term / divisor(names, pw.get("s", 0), c, "b" in pw)
+        if counted_elsewhere or _kept(site, names, "b" in pw, pw.get("s", 0)):
+            total += monomial_bytes(coef, powers, M, c)
     return total + gathered_inputs(site, policy, M, c)
 
 
