@@ -19,7 +19,9 @@ COMPILED_LOSS_BYTES = 4
 """Bytes per logit at the peak of a compiled cross_entropy(logits.float()): the saved bf16
 logits (2) and the bf16 gradient (2). Measured with inductor on the CPU (torch 2.13): the
 forward allocates per-token fp32 statistics only, the backward one bf16 buffer of the logits'
-shape (tests/test_trace.py test_compiled_loss_saves_bf16_logits)."""
+shape. tests/test_trace.py test_compiled_loss_saves_bf16_logits checks the saved set with
+inductor's decompositions and min-cut partitioner (backend aot_eager_decomp_partition), which
+decide it before code generation."""
 
 
 TORCH_ALLOCATOR_PAIRS = (

@@ -58,24 +58,34 @@ SCALAR_BYTES = 64
 """Tolerance for 'exact': a few scalars (loss, counters) that exist at some shapes only."""
 
 
-def _row(monos, point: dict) -> list[float]:
-    return [float(m.subs(point)) for m in monos]
+def _monomial_value(m: sp.Expr, point: dict) -> int:
+    """A monomial (product of symbols with integer powers) at integer sizes, in exact integers."""
+    out = 1
+    for factor in sp.Mul.make_args(m):
+        base, power = factor.as_base_exp()
+        out *= int(base) ** int(power) if base.is_Number else int(point[base]) ** int(power)
+    return out
+
+
+def _row(monos, point: dict) -> list[int]:
+    return [_monomial_value(m, point) for m in monos]
 
 
 def fit(monos: list[sp.Expr], points: list[dict], values: list[int], held_points: list[dict],
         held_values: list[int]) -> Fit:
     """Integer coefficients of ``monos`` that reproduce ``values`` at ``points``, checked at
     the held-out points."""
-    A = np.array([_row(monos, p) for p in points], dtype=float)
+    rows = [_row(monos, p) for p in points]
+    A = np.array(rows, dtype=float)
     y = np.array(values, dtype=float)
     scale = np.maximum(np.abs(A).max(axis=0), 1.0)
     coef, *_ = np.linalg.lstsq(A / scale, y, rcond=None)
     coef = coef / scale
-    rounded = [sp.Integer(round(c)) for c in coef]  # bytes per element of a tensor class: whole numbers
-    expr = sp.Add(*[c * m for c, m in zip(rounded, monos) if c != 0])
+    rounded = [int(round(c)) for c in coef]  # bytes per element of a tensor class: whole numbers
+    expr = sp.Add(*[sp.Integer(c) * m for c, m in zip(rounded, monos) if c != 0])
     rel, absolute = 0.0, 0
-    for p, v in zip(held_points + points, held_values + values):
-        err = abs(int(expr.subs(p)) - v)
+    for row, v in zip([_row(monos, p) for p in held_points] + rows, held_values + values):
+        err = abs(sum(c * x for c, x in zip(rounded, row)) - v)
         absolute = max(absolute, err)
         rel = max(rel, err / max(abs(v), 1))
     return Fit(expr=sp.expand(expr), max_rel_error=rel, max_abs_error=absolute, exact=absolute <= SCALAR_BYTES)
