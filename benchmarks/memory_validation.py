@@ -30,7 +30,10 @@ Sections
 
 (d) The PyTorch runtime on gloo (ndplan.trace.runtime; needs ndplan[trace]): FSDP2 on a small
     transformers Llama sharded as torchtitan does, world 2 and 4, one micro-batch per step and
-    the pipelined no-sync form; per rank the measured states and peak beside ndplan's.
+    the pipelined no-sync form, at tiny and at larger tokens; torchtitan's TP + SP as DTensors
+    on tp 2 x dp 2; and torch.distributed.pipelining's 1F1B, GPipe and interleaved 1F1B on a
+    pp 2 x dp 2 mesh at three (micro-batches, micro-batch, sequence) points; per rank the
+    measured states and peak beside ndplan's.
 
 Mapping of a MindFormers case to ndplan.Strategy: the case's raw yaml
 (``local_copy.config``) is read by ``ndplan.interop.mindformers.read_doc`` -- the rules
@@ -344,24 +347,34 @@ def run_runtime(args) -> list[dict]:
         return []
     cases = [R.Case(f"{mode}-w{w}", mode=mode, world=w, microbatches=2 if mode == "fsdp-pp" else 1)
              for w in (2, 4) for mode in ("fsdp", "fsdp-pp")]
+    cases += [R.Case(f"fsdp-w4-b{b}-s{s}", mode="fsdp", world=4, tokens=(b, s)) for b, s in ((1, 64), (2, 128))]
+    cases += [R.Case(f"tp-w4-b{b}-s{s}", mode="tp", world=4, tp=2, tokens=(b, s)) for b, s in ((1, 64), (2, 128))]
+    cases += [R.Case(f"pp-{sched}-m{m}-b{b}-s{s}", mode="pp", world=4, pp=2, schedule=sched, microbatches=m,
+                     tokens=(b, s))
+              for sched in ("1f1b", "gpipe", "interleaved") for m, b, s in ((4, 1, 64), (8, 1, 128), (8, 2, 64))]
     want = {c.name: R.predicted(c) for c in cases}
     rows = []
     for m in R.run(cases):
         w = want[m.case]
-        rows.append({"case": m.case, "rank": m.rank, "states": m.states, "pred_states": w["states"],
-                     "peak": m.peak, "pred_peak": w["peak"], "peak_err_pct": (w["peak"] - m.peak) / m.peak * 100})
+        peak = w["peak"][m.stage] if isinstance(w["peak"], list) else w["peak"]
+        rows.append({"case": m.case, "rank": m.rank, "stage": m.stage, "states": m.states,
+                     "pred_states": w.get("states"), "peak": m.peak, "pred_peak": peak,
+                     "peak_err_pct": (peak - m.peak) / m.peak * 100})
     return rows
 
 
 def print_runtime(rows):
     print()
-    print("== (d) PyTorch runtime on gloo (FSDP2, transformers Llama 2.0 M params, bytes per rank) ==")
+    print("== (d) PyTorch runtime on gloo (FSDP2, transformers Llama 2.0 M params, bytes per rank; pp-*: "
+          "torch.distributed.pipelining on pp 2 x dp 2, 2.6 M params, stage = pipeline rank) ==")
     if not rows:
         print("skipped: needs ndplan[trace] (torch, transformers)")
         return
-    print(f"{'case':12s} {'rank':>4s} {'states':>10s} {'ndplan':>10s} {'peak':>10s} {'ndplan':>10s} {'err%':>6s}")
+    print(f"{'case':26s} {'rank':>4s} {'stage':>5s} {'states':>10s} {'ndplan':>10s} {'peak':>10s} {'ndplan':>10s} "
+          f"{'err%':>6s}")
     for r in rows:
-        print(f"{r['case']:12s} {r['rank']:4d} {r['states']:10d} {r['pred_states']:10d} {r['peak']:10d} "
+        pred_states = "" if r["pred_states"] is None else r["pred_states"]
+        print(f"{r['case']:26s} {r['rank']:4d} {r['stage']:5d} {r['states']:10d} {pred_states:>10} {r['peak']:10d} "
               f"{r['pred_peak']:10d} {r['peak_err_pct']:+6.2f}")
     print(f"max |peak error| per rank: {max(abs(r['peak_err_pct']) for r in rows):.2f} %")
 

@@ -29,7 +29,7 @@ import re
 
 import pytest
 
-from ndplan.formulas.schedules import held_profiles, inflight, op_order, virtual_stage
+from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight, op_order, virtual_stage
 
 # --------------------------------------------------------------------------------------
 # Literal timelines
@@ -391,3 +391,35 @@ def test_zbh1_op_order_is_the_hand_schedule():
     for stage, row in enumerate(ZBH1_PP3_M6):
         got = [f"{k}{j}" for k, _, j in op_order("zb-h1", stage, 3, 1, 6)]
         assert got == row.split()
+
+
+def _replay_after_first_backward(schedule, stage, pp, vpp, m) -> int:
+    """Brute force: chunk-micro-batches held right after the stage's first backward and at every
+    forward after it, the largest of them (a B frees one chunk-micro-batch; W frees none)."""
+    held, after = 0, None
+    for kind, _, _ in op_order(schedule, stage, pp, vpp, m):
+        if kind == "F":
+            held += 1
+            if after is not None:
+                after = max(after, held)
+        elif kind == "B":
+            held -= 1
+            after = held if after is None else after
+    return after
+
+
+@pytest.mark.parametrize("schedule,vpps", [("gpipe", (1,)), ("1f1b", (1,)), ("zb-h1", (1,)),
+                                           ("interleaved", (2, 3)), ("zbv", (2,))])
+def test_held_after_first_backward_matches_op_order(schedule, vpps):
+    """min(W, vpp*m - 1) equals the op-order replay for pp <= 8 and m <= 3*pp + 1 (interleaved:
+    m a multiple of pp, as Megatron requires); gpipe keeps m - 1, 1F1B refills its peak."""
+    for pp in (2, 3, 4, 8):
+        for vpp in vpps:
+            for m in range(1, 3 * pp + 2):
+                if schedule == "interleaved" and m % pp:
+                    continue
+                for stage in range(pp):
+                    want = _replay_after_first_backward(schedule, stage, pp, vpp, m)
+                    assert held_after_first_backward(schedule, stage, pp, vpp, m) == want, (pp, vpp, m, stage)
+    assert held_after_first_backward("gpipe", 0, 4, 1, 8) == 7
+    assert held_after_first_backward("1f1b", 0, 4, 1, 8) == 4

@@ -76,6 +76,19 @@ class EngineProfile:
     .pipelining runs every micro-batch's backward without gradient sync or resharding and
     reduces once at the end, so the 16-bit unsharded parameters (2) and the fp32 unsharded
     accumulated gradients (4) of the whole stage stay."""
+    pp_recv_buffers_per_microbatch: bool = False
+    """Pipelining with torch.distributed.pipelining (torch <= 2.13): every PipelineStage allocates,
+    when its schedule first runs, one activation receive buffer per micro-batch on each chunk
+    that is not the first virtual stage and one gradient receive buffer per micro-batch on each
+    chunk that is not the last (stage.py:2254-2275 ``_setup_forward_recv_info``, 2286-2320
+    ``_create_grad_recv_info``) and keeps them for the whole run; the multi-stage runtime keeps
+    every tensor it sent until the step ends (formulas/memory.py ``MULTI_STAGE_RUNTIME``). Known
+    upstream: pytorch#136380, PRs #193872 and #196463 (allocate just in time; not in 2.13).
+    Measured on gloo by tests/test_runtime.py."""
+    loss_saved_bytes_per_element: int = 0
+    """Bytes per logit the loss keeps from its forward to its backward: on the last pipeline
+    stage every held micro-batch but the one in backward (counted in the logits transient)
+    keeps them, since the loss runs in each micro-batch's forward (0: not modelled)."""
     compiled_loss: bool = False
     """The loss runs under torch.compile (torchtitan ``compile.enable`` compiles the loss since
     bbb1b616, 2025-04-02): inductor fuses the fp32 upcast, log-softmax and its gradient, so the
@@ -198,6 +211,7 @@ MEGATRON = EngineProfile(
     weight_bytes=2, master_bytes=4, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=6, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
+    loss_saved_bytes_per_element=4,  # core/tensor_parallel/cross_entropy.py: save_for_backward(exp_logits, ...), fp32
     sources={
         "states": "Megatron-LM theoretical_memory_usage.py: 18 bytes/param without the distributed "
                   "optimizer (bf16 param 2 + fp32 main grad 4 + fp32 master 4 + Adam 8); with it, "
@@ -217,7 +231,8 @@ FSDP = EngineProfile(
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
     backward_gather_bytes_per_param=10, head_group_kept_unsharded=True, pp_unsharded_stage_bytes=6,
-    grads_built_in_backward=True,
+    grads_built_in_backward=True, pp_recv_buffers_per_microbatch=True,
+    loss_saved_bytes_per_element=4,  # the fp32 log-softmax (tests/test_trace.py test_loss_transient: 4 B kept)
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
     rope_table_bytes=2, gathered_inputs_kept=True,
     sources={

@@ -23,7 +23,7 @@ from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
-from ndplan.formulas.schedules import held_profiles, inflight
+from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
 from ndplan.structure import Structure, peaks_over_held_vectors, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
@@ -171,14 +171,14 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     terms = static_terms(spec, view, eng, dense, expert, emb)
     terms.append(graph_constants_term(spec, M, view, eng))
     acts = activation_term(spec, M, view, stage)
-    gather = gather_term(spec, M, view, eng, dense, expert, stage)
+    gather = gather_term(spec, M, view, eng, dense, expert, stage, acts.expr)
     shard = _sharding(view, eng, dense, expert, emb)
     dynamic = [acts, transient_term(spec, M, view, stage, acts.expr, gather.expr if gather else 0, shard(1))]
     dynamic += [gather] if gather else []
     terms += dynamic
     if eng.grads_built_in_backward and view.zero >= eng.weights_sharded_from:
         terms = [_grads_beside(t, dynamic) if t.key == "mem.grads" else t for t in terms]
-    terms += buffer_terms(spec, M, view, eng)
+    terms += buffer_terms(spec, M, view, eng, stage)
     terms.insert(-1, allocator_term(eng, terms[:-1]))  # before the reserve, over the tensor Terms
     return hooks.apply(Breakdown(tuple(terms)), spec, view)
 
@@ -245,6 +245,7 @@ def activation_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) ->
     else:
         acts = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) * a for c, a in enumerate(per_mb))
         how = "in-flight micro-batches of the schedule (schedules.inflight)"
+    acts += _held_loss(spec, M, view, stage)
     per_layer = ("Korthikanti et al. 2022 Table 2 per layer (deviations in formulas/activations.py)" if spec.traced is None
                  else f"traced per layer kind: {spec.traced.source} (TP/CP rule: formulas/traced.py)")
     return Term(key="mem.activations", expr=acts, unit="bytes",
@@ -252,11 +253,29 @@ def activation_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) ->
                 note=f"{view.recompute} recompute, schedule {view.schedule}, vpp={view.vpp}")
 
 
+def _held_loss(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
+    """On the device of the last virtual stage, what each held micro-batch but the one in
+    backward keeps of its loss (EngineProfile.loss_saved_bytes_per_element) and, under
+    torch.distributed.pipelining, of the stage output, the 16-bit logits, which PipelineStage
+    keeps in ``fwd_cache`` until the micro-batch's backward (stage.py:913, 966, torch 2.13; a
+    compiled loss saves that same tensor)."""
+    eng, ctx, pp = view.engine, act_context(spec, view), pp_expr(spec, view)
+    per_logit = A.ACT_BYTES if eng.compiled_loss else eng.loss_saved_bytes_per_element  # compiled: the bf16 logits
+    if eng.pp_recv_buffers_per_microbatch and not eng.compiled_loss:
+        per_logit += A.ACT_BYTES
+    if not per_logit:
+        return sp.Integer(0)
+    held = inflight(view.schedule, stage, head_chunk(view.schedule, view.vpp), pp, view.vpp, S.m)
+    others = sp.Max(held - 1, 0) * head_device_flag(view.schedule, stage, pp)
+    return others * per_logit * ctx.s * ctx.b * M.V / S.tp
+
+
 def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, dense, expert,
-                stage=S.stage) -> Term | None:
+                stage=S.stage, acts=0) -> Term | None:
     """ZeRO-3/FSDP all-gather and reduce-scatter buffers (None below the engine's
     weight-sharding level): per layer, or for the whole stage (``gather_whole_stage``, or
-    FSDP under pipelining, ``pp_unsharded_stage_bytes``)."""
+    FSDP under pipelining, ``pp_unsharded_stage_bytes``, where ``acts``, the activation
+    Term's expression, sets what the gradients built in the first backward sit beside)."""
     if view.zero < eng.weights_sharded_from:
         return None
     pp = pp_expr(spec, view)
@@ -264,9 +283,7 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
         gather = A.ACT_BYTES * (dense + expert)
         what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
     else:
-        concrete = model_symbols(spec)  # compare sizes in numbers (M may be symbolic: explain --symbolic)
-        big = max(("dense", "moe") if spec.is_moe else ("dense",),
-                  key=lambda k: P.total(P.layer_pieces(spec, concrete, k)))
+        big = _largest_kind(spec)
         layer = layer_params(spec, M, big)
         gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer
         what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
@@ -282,14 +299,19 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
             what += "; the output layer's 16-bit weights, kept gathered from its forward into backward"
         if eng.pp_unsharded_stage_bytes:
             piped = sp.Min(pp - 1, 1)
-            # the final reduce writes the sharded fp32 gradients while the accumulated ones are freed
-            # group by group: read off the gloo runtime (tests/test_runtime.py), 1.84 / 1.12 MB above the
-            # held bytes at dp = 2 / 4 for 0.59 M-parameter layers, about two sharded outputs of a layer
-            final_reduce = 2 * A.FP32_BYTES / G.dense_shard_ranks() * layer
-            gather = (1 - piped) * gather + piped * (eng.pp_unsharded_stage_bytes * (dense + expert) + final_reduce)
-            what += (f"; with pp > 1, {eng.pp_unsharded_stage_bytes} B per stage parameter (16-bit unsharded "
-                     "weights and fp32 unsharded gradients accumulated over the micro-batches) and, at the final "
-                     "reduce, two layers' sharded fp32 gradient outputs (fitted on the gloo runtime, dp = 2 and 4)")
+            weights_16 = A.ACT_BYTES * (dense + expert)  # gathered in the first forward, kept to the step's end
+            grads_acc = (eng.pp_unsharded_stage_bytes - A.ACT_BYTES) * (dense + expert)  # from the first backward
+            # the accumulated gradients exist from the first backward on, beside fewer held micro-batches
+            # than the activation peak (gpipe: m - 1 of m): peak = max(acts + weights, acts x kept + weights
+            # + grads), kept = held_after_first_backward / held at the peak
+            total = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) for c in range(view.vpp))
+            freed = (1 - held_after_first_backward(view.schedule, stage, pp, view.vpp, S.m) / total) * acts
+            piped_gather = weights_16 + sp.Max(0, grads_acc - freed)
+            gather = (1 - piped) * gather + piped * piped_gather
+            what += (f"; with pp > 1, {eng.pp_unsharded_stage_bytes} B per stage parameter: its 16-bit unsharded "
+                     f"weights from the first forward ({A.ACT_BYTES}) and the fp32 unsharded gradients accumulated "
+                     "over the micro-batches from the first backward, beside the micro-batches still held then "
+                     "(schedules.held_after_first_backward)")
     if eng.sharded_weights_cast_once and G.weight_bytes(view, eng) > A.ACT_BYTES:
         note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
     else:
@@ -299,6 +321,43 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
     if "gather" in eng.sources:
         src += f" ({eng.sources['gather']})"
     return Term(key="mem.zero3_gather", expr=gather, unit="bytes", source=src, note=note)
+
+
+def _largest_kind(spec: ModelSpec) -> str:
+    """The decoder layer kind with the most parameters (the largest FSDP group)."""
+    concrete = model_symbols(spec)  # compare sizes in numbers (M may be symbolic: explain --symbolic)
+    return max(("dense", "moe") if spec.is_moe else ("dense",), key=lambda k: P.total(P.layer_pieces(spec, concrete, k)))
+
+
+def _piped_fsdp(spec: ModelSpec, view: Structure) -> sp.Expr | None:
+    """1 where FSDP holds the stage unsharded under pipelining (``pp_unsharded_stage_bytes``,
+    zero >= 3, pp > 1, dp*cp > 1), as an expression in pp and dp*cp; None for other engines."""
+    eng = view.engine
+    if not eng.pp_unsharded_stage_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
+        return None
+    return sp.Min(pp_expr(spec, view) - 1, 1) * sp.Min(G.dense_shard_ranks() - 1, 1)
+
+
+def pp_group_grads(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:
+    """FSDP under pipelining, in each micro-batch's backward: one group's 16-bit gradients, alive
+    until its post_backward accumulates them into the fp32 unsharded gradient
+    (_fsdp_param_group.py:603-612, _fsdp_param.py:802-821, torch 2.13). They appear as the
+    layer's backward ends, after the loss's logits are freed (an exclusive transient)."""
+    piped = _piped_fsdp(spec, view)
+    return None if piped is None else piped * A.ACT_BYTES * layer_params(spec, M, _largest_kind(spec))
+
+
+def pp_final_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:
+    """FSDP under pipelining: bytes above the unsharded stage (``pp_unsharded_stage_bytes``) while
+    the step's one reduce-scatter writes the sharded fp32 gradients and frees the accumulated ones
+    group by group (PipelineStage.perform_reduce_grad, stage.py:1164-1191, torch 2.13), after every
+    activation is freed. Read off the gloo runtime (tests/test_runtime.py, 0.59 M-parameter
+    layers): 1.84 / 1.12 MB above the held bytes at dp = 2 / 4, about two sharded fp32 outputs of
+    a layer: the one coefficient fitted there."""
+    piped = _piped_fsdp(spec, view)
+    if piped is None:
+        return None
+    return piped * 2 * A.FP32_BYTES / G.dense_shard_ranks() * layer_params(spec, M, _largest_kind(spec))
 
 
 def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, acts, gather, opt_shard) -> Term:
@@ -321,6 +380,13 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
            "its backward (its no-recompute activations)")
     if eng.backward_layer_workspace:
         src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
+    group_grads, final = pp_group_grads(spec, M, view), pp_final_reduce(spec, M, view)
+    if final is not None:
+        # after the last backward the activations are gone: the reduce replaces them
+        transient = sp.Max(transient, group_grads, final - acts)
+        src += ("; under pipelining with FSDP, one group's 16-bit gradients before they are accumulated "
+                "(pp_group_grads), or the final reduce-scatter of the accumulated gradients, which runs after "
+                "every activation is freed: two layers' sharded fp32 outputs (pp_final_reduce)")
     if eng.optimizer_step_temp_bytes:
         # the optimizer step runs after the last backward, when neither activations nor the
         # gathered 16-bit weights are alive: activations + gather + transient =
@@ -333,16 +399,57 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
                 note="the loss runs in forward, the rebuild in backward, the optimizer step after both")
 
 
-def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile) -> list[Term]:
-    """The SP all-gather buffer and the engine's named reserve."""
+def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile,
+                 stage=S.stage) -> list[Term]:
+    """The SP all-gather buffer, pipelining's receive buffers and the engine's named reserve."""
     ctx = act_context(spec, view)
     comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (view.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
-    return [Term(key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
-                 source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
-                        "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
-                 note="transient"),
-            Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
-                 source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device")]
+    out = [Term(key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
+                source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
+                       "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
+                note="transient")]
+    if eng.pp_recv_buffers_per_microbatch:
+        out.append(pp_recv_buffers_term(spec, M, view, stage))
+    return out + [Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
+                       source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device")]
+
+
+MULTI_STAGE_RUNTIME = ("interleaved", "zb-h1", "zbv")
+"""ndplan schedules that torch.distributed.pipelining runs with its multi-stage runtime
+(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble:
+``_PipelineScheduleRuntime._step_microbatches``), which appends every send's Work to one list
+and waits for them when the step ends (schedules.py:2440, 2470-2472, 2654-2655, torch 2.13);
+gpipe and 1f1b run on PipelineScheduleSingle, which waits for each 1F1B send at the next one
+(schedules.py:1081, 1164) and for gpipe's sends after all forwards or backwards."""
+
+
+def pp_recv_buffers_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> Term:
+    """torch.distributed.pipelining's buffers (EngineProfile.pp_recv_buffers_per_microbatch), in
+    stage-boundary hidden states (16-bit, b x s x h over SP and CP): one receive buffer per
+    micro-batch for each chunk that receives activations and one for each chunk that receives
+    gradients, kept for the run; under the multi-stage runtime (``MULTI_STAGE_RUNTIME``) also
+    every tensor sent so far in the step, counted at the steady state's last forward, where the
+    held activations peak for the last time (exact for one chunk; zbv and interleaved spread
+    the backwards evenly over the chunks)."""
+    ctx, pp = act_context(spec, view), pp_expr(spec, view)
+    hidden = A.ACT_BYTES * ctx.b * ctx.s * M.h / ctx.t_sp
+    vpp = view.vpp
+    receives_acts = vpp - is_first(stage)  # chunks that are not the first virtual stage
+    receives_grads = vpp - head_device_flag(view.schedule, stage, pp)  # chunks that are not the last
+    expr = S.m * (receives_acts + receives_grads)
+    if view.schedule in MULTI_STAGE_RUNTIME:
+        # every send's Work (and the tensor it sends) is kept until the step ends: at the steady
+        # state's last forward, all forwards of the chunks that send activations and the backwards
+        # run so far (vpp*m - held_after_first_backward) of the chunks that send gradients
+        done = vpp * S.m - held_after_first_backward(view.schedule, stage, pp, vpp, S.m)
+        expr += S.m * receives_grads + done * receives_acts / vpp
+    expr = sp.Min(pp - 1, 1) * hidden * expr
+    return Term(key="mem.pp_buffers", expr=expr, unit="bytes",
+                source="torch.distributed.pipelining receive buffers, one per micro-batch and receiving chunk, "
+                       "kept for the run (" + view.engine.name + ": PipelineStage, torch 2.13 stage.py:2254-2320; "
+                       "pytorch#136380)" + ("; and the step's sent tensors, whose sends are waited for when the "
+                       "step ends (MULTI_STAGE_RUNTIME)" if view.schedule in MULTI_STAGE_RUNTIME else ""),
+                note="zero when pp = 1")
 
 
 def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:

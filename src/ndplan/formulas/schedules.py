@@ -80,6 +80,18 @@ def inflight(schedule: str, stage, chunk, pp, vpp, m):
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
+def held_after_first_backward(schedule: str, stage, pp, vpp, m):
+    """Chunk-micro-batches of activations the stage holds at its largest point after its first
+    backward has finished: ``min(W, vpp*m - 1)`` with W the stage total of ``inflight``. Every
+    schedule here runs, after its first backward, either another forward that refills the
+    peak (1F1B's steady state) or only backwards (gpipe: m - 1 remain), checked against
+    ``op_order`` for every schedule, pp <= 8 and m <= 3*pp + 1 (tests/test_schedules.py).
+    State that appears with the first backward (FSDP's unsharded gradients under
+    pipelining) sits beside this many, not beside the peak."""
+    total = sum(inflight(schedule, stage, c, pp, vpp, m) for c in range(vpp))
+    return _min(total, vpp * m - 1)
+
+
 def virtual_stage(schedule: str, stage, chunk, pp):
     """Index of the model slice (in layer order) that (stage, chunk) runs."""
     if schedule == "zbv":

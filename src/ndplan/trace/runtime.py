@@ -15,12 +15,30 @@ Modes:
   ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``
   (stage.py:843-848, torch 2.13), then the flags are restored and each group's
   ``post_backward`` and the root's final callback run once (``perform_reduce_grad``,
-  stage.py:1164-1191). The schedule itself is not run: one stage, no send/recv.
+  stage.py:1164-1191). One stage holding the whole model, no send/recv: it isolates what
+  FSDP holds between the micro-batches (``held``);
+- ``tp``: torchtitan's TP + SP plan (``trace.tp``, with its vocabulary-parallel embedding and
+  loss) as DTensors on the tp dimension of a (dp, tp) mesh, then FSDP2 over dp, one
+  micro-batch per step, the loss under ``loss_parallel``. The states match the Terms per
+  rank; the peak is over-predicted (+8.8 % at tp 2 x dp 2, tokens (1, 64), 2026-12-02), as is
+  plain FSDP's once the activations are comparable to the states (+29 % at dp 4, tokens
+  (2, 128)): the fsdp profile adds its backward reduce-scatter buffers, measured at tiny
+  tokens, to the whole forward's activations, where on the runtime the last layers'
+  activations are freed before the first reduce-scatter. Printed by the benchmark, open;
+- ``pp``: the real pipeline, as torchtitan runs it: a (pp, dp) mesh, each rank's chunks (the
+  "loop" placement: chunk c of rank r is virtual stage r + c*pp) cut from ``PP_CONFIG`` as
+  embedding + decoder layers + [norm, lm_head], each sharded by ``_shard`` with
+  ``reshard_after_forward=False`` (torchtitan's "default" policy under PP,
+  torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy), wrapped in
+  ``PipelineStage`` and run by torch's ``Schedule1F1B``, ``ScheduleGPipe`` or
+  ``ScheduleInterleaved1F1B`` with ``return_outputs=False`` (torchtitan trainer.py:827-834),
+  send/recv on gloo.
 
 Recorded per rank, in bytes: ``states`` (after the first optimizer step: sharded fp32
-parameters, sharded fp32 gradients, Adam moments), ``base`` (after ``zero_grad``: parameters
-and moments), ``peak`` (largest total during the second step's forward and backward) and,
-in ``fsdp-pp``, ``held`` (total after the last micro-batch's backward, before the reduce).
+parameters, sharded fp32 gradients, Adam moments; under ``pp`` also the receive buffers),
+``base`` (after ``zero_grad``: parameters and moments), ``peak`` (largest total during the
+second step's forward and backward) and, in ``fsdp-pp``, ``held`` (total after the last
+micro-batch's backward, before the reduce); ``stage`` is the rank's pipeline rank.
 """
 
 from __future__ import annotations
@@ -34,13 +52,19 @@ from pathlib import Path
 
 CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
-          "max_position_embeddings": 64, "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
+          "max_position_embeddings": 256, "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
           "attention_dropout": 0.0}
 """The measured model: every size divisible by 8, so no FSDP shard is padded at world <= 8;
 parameters (about 2.1 M) dwarf the activations of ``TOKENS``."""
 
 TOKENS = (1, 4)
 """(micro-batch, sequence) of every step: a few KiB of activations beside MiB of states."""
+
+PP_CONFIG = CONFIG | {"num_hidden_layers": 4}
+"""The pipelined model: four layers, one per chunk at pp = 2 and vpp = 2."""
+
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved": "ScheduleInterleaved1F1B"}
+"""ndplan schedule -> torch.distributed.pipelining class."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,16 @@ class Case:
     mode: str = "fsdp"
     world: int = 2
     microbatches: int = 1
+    pp: int = 1
+    tp: int = 1
+    """``tp`` mode: torchtitan's TP + SP plan (trace.tp) on the tp dimension, FSDP2 over dp."""
+    schedule: str = "1f1b"
+    tokens: tuple[int, int] = TOKENS
+    """(micro-batch, sequence); ``pp`` cases use activations comparable to the states."""
+
+    @property
+    def vpp(self) -> int:
+        return 2 if self.schedule == "interleaved" else 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +93,7 @@ class Measured:
     base: int
     peak: int
     held: int = 0
+    stage: int = 0
 
 
 class StorageMeter:
@@ -94,7 +129,11 @@ class StorageMeter:
                 self.track(getattr(t, name))
             return
         st = t.untyped_storage()
-        self._live.setdefault(st._cdata, weakref.ref(st))
+        ref = self._live.get(st._cdata)
+        if ref is None or ref() is None:
+            # a storage freed between two ops (a Python-side `grad = None`) leaves a dead entry whose
+            # address the next allocation may reuse: replace it, or the new storage goes uncounted
+            self._live[st._cdata] = weakref.ref(st)
 
     def sample(self) -> int:
         total, dead = 0, []
@@ -114,18 +153,57 @@ class StorageMeter:
         self.peak = self.sample()
 
 
-def _shard(model, mesh):
-    """torchtitan's grouping (55e42c0d models/llama3/infra/parallelize.py:395-414)."""
+def _shard(model, mesh, reshard: bool = True):
+    """torchtitan's grouping (55e42c0d models/llama3/infra/parallelize.py:395-414): the input
+    embedding, each decoder layer, [norm, lm_head] (never resharded after forward) and the
+    root; ``reshard`` is reshard_after_forward of the others (False under PP). ``model`` has
+    ``embed_tokens``, ``layers``, ``norm`` and ``lm_head`` where present (a transformers
+    causal LM through ``model.model``, or a ``_stage`` chunk)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    body = model.model
-    fully_shard(body.embed_tokens, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    body = getattr(model, "model", model)
+    if getattr(body, "embed_tokens", None) is not None:
+        fully_shard(body.embed_tokens, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     for layer in body.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
-    fully_shard([body.norm, model.lm_head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if getattr(body, "norm", None) is not None:
+        fully_shard([body.norm, model.lm_head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     return model
+
+
+def _stage(model, lo: int, hi: int, first: bool, last: bool):
+    """One pipeline chunk of a transformers Llama: the embedding (first), decoder layers
+    ``lo:hi`` with the rotary table, and the final norm and output layer (last); its forward
+    maps token ids or a hidden state to a hidden state or the logits (torchtitan's chunks,
+    torchtitan/distributed/pipeline_parallel.py, keep the same modules)."""
+    import torch
+
+    class Chunk(torch.nn.Module):
+        def __init__(self, body, head):  # modules as arguments: a closure would keep the whole model alive
+            super().__init__()
+            self.embed_tokens = body.embed_tokens if first else None
+            self.layers = torch.nn.ModuleList(list(body.layers)[lo:hi])
+            self.rotary_emb = body.rotary_emb
+            self.norm = body.norm if last else None
+            self.lm_head = head if last else None
+
+        def forward(self, x):
+            h = self.embed_tokens(x) if self.embed_tokens is not None else x
+            pos = torch.arange(h.shape[1]).unsqueeze(0)
+            rotary = self.rotary_emb(h, pos)
+            for layer in self.layers:
+                h = layer(h, position_embeddings=rotary, position_ids=pos)
+            return self.lm_head(self.norm(h)) if self.norm is not None else h
+
+    return Chunk(model.model, model.lm_head)
+
+
+def _loss(pred, labels):
+    """torchtitan's cross_entropy_loss: the flattened logits upcast to fp32."""
+    import torch
+    return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
 def _step(model, ids, case: Case, meter: StorageMeter) -> int:
@@ -133,6 +211,12 @@ def _step(model, ids, case: Case, meter: StorageMeter) -> int:
     held after the last backward, before any final reduce."""
     if case.mode == "fsdp":
         model(input_ids=ids, labels=ids).loss.backward()
+        return meter.sample()
+    if case.mode == "tp":  # torchtitan's loss on vocab-sharded logits (loss_parallel, its default)
+        from torch.distributed.tensor.parallel import loss_parallel
+        logits = model(input_ids=ids).logits  # a Shard(-1) DTensor
+        with loss_parallel():
+            _loss(logits, ids).backward()
         return meter.sample()
     from torch.distributed.fsdp import FSDPModule
     groups = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -153,18 +237,67 @@ def _step(model, ids, case: Case, meter: StorageMeter) -> int:
     return held
 
 
+def _measure_pp(rank: int, case: Case) -> Measured:
+    """The ``pp`` mode: a real pipeline schedule over (pp, dp) ranks (module docstring)."""
+    import torch
+    from torch.distributed import pipelining
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    dp = case.world // case.pp
+    mesh = init_device_mesh("cpu", (case.pp, dp), mesh_dim_names=("pp", "dp"))
+    pp_rank, chunks = mesh["pp"].get_local_rank(), case.pp * case.vpp
+    per = PP_CONFIG["num_hidden_layers"] // chunks
+    meter = StorageMeter()
+    torch.manual_seed(0)
+    b, s = case.tokens
+    ids = torch.randint(0, PP_CONFIG["vocab_size"], (case.microbatches * b, s))
+    ours = [pp_rank + c * case.pp for c in range(case.vpp)]
+    with meter.mode:
+        cfg = LlamaConfig(**{k: v for k, v in PP_CONFIG.items() if k != "model_type"})
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+        mods = [_shard(_stage(model, v * per, (v + 1) * per, v == 0, v == chunks - 1), mesh["dp"], reshard=False)
+                for v in ours]
+        del model
+        stages = [pipelining.PipelineStage(m, v, chunks, torch.device("cpu"), group=mesh["pp"].get_group())
+                  for m, v in zip(mods, ours)]
+        cls = getattr(pipelining, SCHEDULES[case.schedule])
+        sched = cls(stages if case.vpp > 1 else stages[0], n_microbatches=case.microbatches, loss_fn=_loss)
+        opt = torch.optim.AdamW([p for m in mods for p in m.parameters()], lr=1e-4, foreach=False)
+
+        def step():
+            args = (ids,) if 0 in ours else ()
+            kw = {"target": ids, "losses": []} if chunks - 1 in ours else {}
+            sched.step(*args, return_outputs=False, **kw)
+
+        step()
+        opt.step()
+        states = meter.sample()
+        opt.zero_grad(set_to_none=True)
+        base = meter.sample()
+        meter.reset_peak()
+        step()
+        peak = meter.peak
+    return Measured(case.name, rank, states, base, peak, stage=pp_rank)
+
+
 def _measure(rank: int, case: Case) -> Measured:
+    if case.mode == "pp":
+        return _measure_pp(rank, case)
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, LlamaConfig
-    mesh = init_device_mesh("cpu", (case.world,))
+    from ndplan.trace.tp import parallelize
+    mesh = init_device_mesh("cpu", (case.world // case.tp, case.tp), mesh_dim_names=("dp", "tp"))
     meter = StorageMeter()
     torch.manual_seed(0)
-    b, s = TOKENS
+    b, s = case.tokens
     ids = torch.randint(0, CONFIG["vocab_size"], (b, s))
     with meter.mode:
         cfg = LlamaConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
-        model = _shard(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa"), mesh)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+        if case.tp > 1:  # torchtitan applies TP before FSDP (models/llama3/infra/parallelize.py)
+            parallelize(model, mesh["tp"], "sp", vocab_parallel=True)
+        model = _shard(model, mesh["dp"])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         _step(model, ids, case, meter)
         opt.step()
@@ -221,13 +354,16 @@ def predicted(case: Case) -> dict[str, int]:
     from ndplan.catalog.model import model_from_config
     from ndplan.estimate import strategy_point
     from ndplan.formulas import params as P
-    from ndplan.formulas.memory import device_params, gather_term, static_terms
+    from ndplan.formulas.memory import device_params, gather_term, pp_final_reduce, pp_group_grads, static_terms
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
+    if case.mode == "pp":
+        return _predicted_pp(case)
     spec = model_from_config(dict(CONFIG), "runtime", "ndplan.trace.runtime")
     M, eng = model_symbols(spec), ndplan.engines.profile("hf")
-    b, s = TOKENS
-    strat = ndplan.Strategy(dp=case.world, zero=3, engine="hf", mbs=b, seq=s, gbs=case.world * b * case.microbatches)
+    b, s = case.tokens
+    dp = case.world // case.tp
+    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine="hf", mbs=b, seq=s, gbs=dp * b * case.microbatches)
     st = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat).per_stage[0]
     dense, expert = device_params(P.embedding_pieces(spec, M) + P.head_pieces(spec, M, tied_copy=False)
                                   + [pc for k in spec.layer_kinds for pc in P.layer_pieces(spec, M, k)])
@@ -240,7 +376,29 @@ def predicted(case: Case) -> dict[str, int]:
     out = {"states": int(round(sum(value(t.expr, strat) for t in states if t.key != "mem.graph_constants"))),
            "peak": st["allocated_bytes"]}
     if case.mode == "fsdp-pp":
+        # one micro-batch held at a time: the whole model's unsharded stage (the pipelined gather Term
+        # without activations to sit beside) replaces the per-layer gather, and the pipelined exclusive
+        # transients (a group's 16-bit gradients, the final reduce after the activations) join the loss's
         piped = ndplan.Strategy(dp=case.world, pp=2, zero=3, engine="hf", mbs=b, seq=s, gbs=2 * case.world * b)
-        term = gather_term(spec, M, structure(spec, piped), eng, dense, expert, sp.Integer(0))
-        out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] + value(term.expr, piped))
+        view = structure(spec, piped)
+        term = gather_term(spec, M, view, eng, dense, expert, sp.Integer(0))
+        acts, transient = st["terms"]["mem.activations"], st["terms"].get("mem.transient", 0)
+        exclusive = max(transient, value(pp_group_grads(spec, M, view), piped),
+                        value(pp_final_reduce(spec, M, view), piped) - acts)
+        out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] - transient
+                          + value(term.expr, piped) + exclusive)
     return out
+
+
+def _predicted_pp(case: Case) -> dict[str, list[int]]:
+    """ndplan's allocated peak per pipeline rank for a ``pp`` case (engine hf: the states and
+    the fsdp profile's pipelining Terms; transformers' activations)."""
+    import ndplan
+    from ndplan.catalog.model import model_from_config
+    spec = model_from_config(dict(PP_CONFIG), "runtime-pp", "ndplan.trace.runtime")
+    b, s = case.tokens
+    dp = case.world // case.pp
+    strat = ndplan.Strategy(dp=dp, pp=case.pp, vpp=case.vpp, schedule=case.schedule, zero=3, engine="hf", mbs=b,
+                            seq=s, gbs=dp * b * case.microbatches)
+    est = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat)
+    return {"peak": [st["allocated_bytes"] for st in est.per_stage]}

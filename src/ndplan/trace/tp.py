@@ -44,29 +44,46 @@ def fake_mesh(ranks: int):
         dist.destroy_process_group()
 
 
-def parallelize(model, mesh, plan: str) -> None:
-    """Apply ``plan`` (``PLANS``) to a model built by ``build.build``."""
+def parallelize(model, mesh, plan: str, vocab_parallel: bool = False) -> None:
+    """Apply ``plan`` (``PLANS``) to a model built by ``build.build``; ``vocab_parallel`` (plan
+    sp): the two vocabulary ends as torchtitan shards them, the input embedding row-parallel
+    and the logits left vocab-sharded for torch's ``loss_parallel`` (its default)."""
     if plan == "hf":
         from transformers.distributed.tensor_parallel import apply_tensor_parallelism
         apply_tensor_parallelism(model, mesh)
     elif plan == "sp":
-        _torchtitan_sp(model, mesh)
+        _torchtitan_sp(model, mesh, vocab_parallel)
     else:
         raise ValueError(f"plan {plan!r} is not one of {PLANS}")
 
 
-def _torchtitan_sp(model, mesh) -> None:
+def _torchtitan_sp(model, mesh, vocab_parallel: bool = False) -> None:
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
     body = model.model
-    parallelize_module(model, mesh, {"model.norm": SequenceParallel(),
-                                     "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+    head = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if vocab_parallel else Replicate(),
+                           use_local_output=not vocab_parallel)
+    parallelize_module(model, mesh, {"model.norm": SequenceParallel(), "lm_head": head})
 
-    def shard_sequence(mod, args, out):  # torchtitan: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if vocab_parallel:  # torchtitan apply_tp: tok_embeddings RowwiseParallel(Replicate() -> Shard(1))
+        parallelize_module(body, mesh, {"embed_tokens": RowwiseParallel(input_layouts=Replicate(),
+                                                                        output_layouts=Shard(1),
+                                                                        use_local_output=False)})
+        return _layers_sp(body, mesh)
+
+    def shard_sequence(mod, args, out):  # the embedding replicated, its output sequence-sharded
         return DTensor.from_local(out, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(1)])
 
     body.embed_tokens.register_forward_hook(shard_sequence)
+    _layers_sp(body, mesh)
+
+
+def _layers_sp(body, mesh) -> None:
+    """torchtitan's decoder-layer plan: SP norms, gathered attention and MLP inputs, row-parallel
+    outputs reduce-scattered into the sequence-sharded residual stream."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
     row = {"use_local_output": False, "output_layouts": Shard(1)}  # the residual stream stays a Shard(1) DTensor
     for layer in body.layers:
         parallelize_module(layer, mesh, {
