@@ -347,7 +347,8 @@ def run_runtime(args) -> list[dict]:
         return []
     cases = [R.Case(f"{mode}-w{w}", mode=mode, world=w, microbatches=2 if mode == "fsdp-pp" else 1)
              for w in (2, 4) for mode in ("fsdp", "fsdp-pp")]
-    cases += [R.Case(f"fsdp-w4-b{b}-s{s}", mode="fsdp", world=4, tokens=(b, s)) for b, s in ((1, 64), (2, 128))]
+    cases += [R.Case(f"fsdp-w{w}-b{b}-s{s}", mode="fsdp", world=w, tokens=(b, s))
+              for w in (2, 4) for b, s in ((1, 64), (2, 128))]
     cases += [R.Case(f"tp-w4-b{b}-s{s}", mode="tp", world=4, tp=2, tokens=(b, s)) for b, s in ((1, 64), (2, 128))]
     cases += [R.Case(f"pp-{sched}-m{m}-b{b}-s{s}", mode="pp", world=4, pp=2, schedule=sched, microbatches=m,
                      tokens=(b, s))

@@ -59,7 +59,11 @@ class EngineProfile:
     gradient outputs (0: as in forward). FSDP2, measured at its backward peak, a reduce-scatter
     (tests/test_runtime.py, world 2 and 4): the next group's backward-prefetched 16-bit weights
     (2) and two fp32 reduce-scatter inputs, the one being reduced and the previous group's still
-    in flight (2 x 4) = 10, plus the two sharded fp32 gradient outputs (2 x 4 / (dp*cp))."""
+    in flight (2 x 4) = 10, plus the two sharded fp32 gradient outputs (2 x 4 / (dp*cp)). The
+    phase is exclusive with the loss: by the first reduce-scatter the loss, the output layer
+    and the last layer have freed their activations (formulas/memory.py fsdp_backward_reduce;
+    before 2026-12-02 the buffers were added to every activation, +13 to +29 % on the runtime
+    at tokens (1, 64) and (2, 128), now +2.8 to +4.9 %)."""
     grads_built_in_backward: bool = False
     """With the weights sharded (zero >= weights_sharded_from), gradients are freed when each step
     begins (``optimizer.zero_grad()`` with set_to_none) and each FSDP group's sharded gradient is

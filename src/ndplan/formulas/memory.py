@@ -289,13 +289,9 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
         what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
                 "(current + prefetched)")
         if eng.backward_gather_bytes_per_param:
-            # two groups' sharded fp32 gradient outputs are being written at that moment
-            outputs = 2 * A.FP32_BYTES / G.dense_shard_ranks()
-            gather = sp.Max(gather, (eng.backward_gather_bytes_per_param + outputs) * layer)
-            what += (f", or in backward {eng.backward_gather_bytes_per_param} B per layer parameter (the prefetched "
-                     "next layer, two fp32 reduce-scatter inputs) and the two sharded gradient outputs")
+            what += "; the backward's reduce-scatter buffers are an exclusive transient (fsdp_backward_reduce)"
         if eng.head_group_kept_unsharded:
-            gather += head_device_flag(view.schedule, stage, pp) * A.ACT_BYTES * M.V * M.h / S.tp
+            gather += _head_group(spec, M, view, stage)
             what += "; the output layer's 16-bit weights, kept gathered from its forward into backward"
         if eng.pp_unsharded_stage_bytes:
             piped = sp.Min(pp - 1, 1)
@@ -321,6 +317,36 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
     if "gather" in eng.sources:
         src += f" ({eng.sources['gather']})"
     return Term(key="mem.zero3_gather", expr=gather, unit="bytes", source=src, note=note)
+
+
+def _head_group(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
+    """The output layer's 16-bit weights on the head's device (EngineProfile.head_group_kept_unsharded)."""
+    return head_device_flag(view.schedule, stage, pp_expr(spec, view)) * A.ACT_BYTES * M.V * M.h / S.tp
+
+
+def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr | None:
+    """FSDP2 without pipelining, at the backward's first reduce-scatter, which comes after the
+    loss, the output layer and the last decoder layer have freed their activations: the gather
+    and reduce-scatter bytes then alive (EngineProfile.backward_gather_bytes_per_param per
+    parameter of the largest layer, two sharded fp32 outputs, the output layer's group), and
+    the activations freed by then, so that the phase's total is acts - freed + buffers. None
+    for engines without a measured backward figure, or below zero 3."""
+    eng = view.engine
+    if not eng.backward_gather_bytes_per_param or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
+        return None
+    ctx, pp = act_context(spec, view), pp_expr(spec, view)
+    kind = _largest_kind(spec)
+    outputs = 2 * A.FP32_BYTES / G.dense_shard_ranks()  # two groups' sharded fp32 gradient outputs being written
+    buffers = (eng.backward_gather_bytes_per_param + outputs) * layer_params(spec, M, kind)
+    if eng.head_group_kept_unsharded:
+        buffers += _head_group(spec, M, view, stage)
+    if eng.pp_unsharded_stage_bytes:
+        buffers *= 1 - sp.Min(pp - 1, 1)  # under pipelining no backward reduce-scatters (pp_final_reduce)
+    last_kind = spec.layer_kinds[-1] if spec.layer_kinds else kind
+    mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
+    freed = (head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
+             + A.layer_activation(spec, M, ctx, last_kind, mode))
+    return sp.Min(G.dense_shard_ranks() - 1, 1) * (buffers - freed)
 
 
 def _largest_kind(spec: ModelSpec) -> str:
@@ -380,6 +406,12 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
            "its backward (its no-recompute activations)")
     if eng.backward_layer_workspace:
         src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
+    backward = fsdp_backward_reduce(spec, M, view, stage)
+    if backward is not None:
+        # buffers - freed above the forward's gather (gather holds it and the output layer's group)
+        transient = sp.Max(transient, backward - gather)
+        src += ("; FSDP's first backward reduce-scatter, its buffers beside the activations the loss, the output "
+                "layer and the last layer have freed (fsdp_backward_reduce)")
     group_grads, final = pp_group_grads(spec, M, view), pp_final_reduce(spec, M, view)
     if final is not None:
         # after the last backward the activations are gone: the reduce replaces them

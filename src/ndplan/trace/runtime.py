@@ -19,12 +19,12 @@ Modes:
   FSDP holds between the micro-batches (``held``);
 - ``tp``: torchtitan's TP + SP plan (``trace.tp``, with its vocabulary-parallel embedding and
   loss) as DTensors on the tp dimension of a (dp, tp) mesh, then FSDP2 over dp, one
-  micro-batch per step, the loss under ``loss_parallel``. The states match the Terms per
-  rank; the peak is over-predicted (+8.8 % at tp 2 x dp 2, tokens (1, 64), 2026-12-02), as is
-  plain FSDP's once the activations are comparable to the states (+29 % at dp 4, tokens
-  (2, 128)): the fsdp profile adds its backward reduce-scatter buffers, measured at tiny
-  tokens, to the whole forward's activations, where on the runtime the last layers'
-  activations are freed before the first reduce-scatter. Printed by the benchmark, open;
+  micro-batch per step, the loss under ``loss_parallel``. (torchtitan applies FSDP only when
+  dp_shard > 1: a dp = 1 case here would run FSDP2 on one rank, which torchtitan does not.)
+  The states match the Terms per rank; the peak is printed by the benchmark (+3 to +4 % at
+  tp 2 x dp 2), as is plain FSDP's at tokens where the activations are comparable to the
+  states (+2.8 to +4.9 %): the backward's buffers (EngineProfile.backward_gather_bytes_per_param)
+  were read off tiny-token runs, where the peak is at a later reduce-scatter than the first;
 - ``pp``: the real pipeline, as torchtitan runs it: a (pp, dp) mesh, each rank's chunks (the
   "loop" placement: chunk c of rank r is virtual stage r + c*pp) cut from ``PP_CONFIG`` as
   embedding + decoder layers + [norm, lm_head], each sharded by ``_shard`` with
@@ -383,7 +383,8 @@ def predicted(case: Case) -> dict[str, int]:
         view = structure(spec, piped)
         term = gather_term(spec, M, view, eng, dense, expert, sp.Integer(0))
         acts, transient = st["terms"]["mem.activations"], st["terms"].get("mem.transient", 0)
-        exclusive = max(transient, value(pp_group_grads(spec, M, view), piped),
+        logits = eng.logits_bytes_per_element * b * s * CONFIG["vocab_size"]  # no backward reduce-scatter phase
+        exclusive = max(logits, value(pp_group_grads(spec, M, view), piped),
                         value(pp_final_reduce(spec, M, view), piped) - acts)
         out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] - transient
                           + value(term.expr, piped) + exclusive)
