@@ -294,7 +294,8 @@ def map_pytorch(c: dict):
                                "head_dim": m.get("head_dim") or m["hidden"] // m["heads"],
                                "tie_word_embeddings": bool(m.get("tie_word_embeddings"))}, c["id"], str(PT_CASES))
     dp, mbs = par["dp_fsdp"], bat["local_batch"]
-    engine = ndplan.engines.derive("fsdp", {"compiled_loss": 1} if _pt_compiled_loss(c) else {})
+    compiled = ({"compiled_blocks": 1} if c.get("compile") else {}) | ({"compiled_loss": 1} if _pt_compiled_loss(c) else {})
+    engine = ndplan.engines.derive("fsdp", compiled)  # compile.enable compiles every block (apply_compile)
     kw = dict(dp=dp, mbs=mbs, gbs=dp * mbs, seq=bat["seq"], zero=3, engine=engine, recompute="selective")
     return model, gpu, kw
 

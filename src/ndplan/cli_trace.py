@@ -80,14 +80,15 @@ def report_text(doc: dict) -> str:
 
 
 def register(main):
-    from ndplan.trace.build import ATTN, POLICIES
+    from ndplan.trace.build import ATTN, COMPILED, POLICIES
 
     @main.command("trace")
     @click.argument("config")
-    @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
-                  help="Recompute policy to trace (repeat; default: all). none; selective = Megatron's "
-                       "core-attention recompute; op = torchtitan's op-level SAC save list; full = every layer "
-                       "checkpointed.")
+    @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES + (COMPILED,)),
+                  help="Recompute policy to trace (repeat; default: all but compiled). none; selective = "
+                       "Megatron's core-attention recompute; op = torchtitan's op-level SAC save list; full = every "
+                       "layer checkpointed; compiled = no recompute, every decoder layer under torch.compile "
+                       "(compared with the engine setting compiled_blocks).")
     @click.option("--attn", type=click.Choice(ATTN), default="sdpa", show_default=True,
                   help="attn_implementation of the transformers modules.")
     @click.option("--mbs", type=BATCH, default=1, show_default=True, help="Micro-batch the bytes are printed at.")
@@ -103,12 +104,15 @@ def register(main):
         weights, nothing downloaded), one forward + backward per shape in bf16; a
         TorchDispatchMode counts every tensor storage until it is freed. The bytes are
         fitted exactly as a polynomial in micro-batch, sequence and the model's sizes,
-        then evaluated at the real sizes. Needs the extra: pip install 'ndplan[trace]'.
+        then evaluated at the real sizes. --policy compiled compiles every decoder layer
+        (inductor's partitioner decides what it saves) and counts the saved tensors with
+        saved-tensor hooks, about 1 s per shape. Needs the extra: pip install 'ndplan[trace]'.
 
         \b
         Examples:
           ndplan trace llama3-8b --policy none
           ndplan trace qwen2.5-7b --attn eager --policy full --seq 2048 --json
+          ndplan trace llama3-8b --policy compiled
         """
         from ndplan.trace import trace_config
         progress = None if as_json else (lambda j, n: click.echo(f"\rtracing shape {j}/{n}", nl=j == n, err=True))

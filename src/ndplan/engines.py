@@ -93,6 +93,18 @@ class EngineProfile:
     """Bytes per logit the loss keeps from its forward to its backward: on the last pipeline
     stage every held micro-batch but the one in backward (counted in the logits transient)
     keeps them, since the loss runs in each micro-batch's forward (0: not modelled)."""
+    compiled_blocks: bool = False
+    """Every decoder layer runs under torch.compile (torchtitan ``compile.enable`` compiles each
+    block, apply_compile). What a compiled graph saves is chosen by AOTAutograd's min-cut
+    partitioner with inductor's decompositions, which recomputes cheap pointwise ops in backward
+    instead of saving their outputs: without recompute (and under Megatron-style selective) a
+    layer keeps each norm's 16-bit input and 1/rms only (``norm_input_bytes`` 2: the fp32 copies
+    transformers' RMSNorm saves are recomputed) and its gated MLP's gate, up and product
+    outputs but not the SiLU output (``swiglu_bytes_per_f`` 6). Measured on the transformers
+    Llama layer: exactly 8h + 8 + 4ad + 4kv*d + 4a + 6f bytes per token compiled against
+    16h + 8 + 4ad + 4kv*d + 4a + 8f eager (``ndplan trace --policy compiled``,
+    tests/test_trace.py). Op-level SAC and full recompute keep their own saved sets (the
+    partitioner honours the checkpoint's policy); the output layer is not compiled."""
     compiled_loss: bool = False
     """The loss runs under torch.compile (torchtitan ``compile.enable`` compiles the loss since
     bbb1b616, 2025-04-02): inductor fuses the fp32 upcast, log-softmax and its gradient, so the

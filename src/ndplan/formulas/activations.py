@@ -49,7 +49,7 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
@@ -250,6 +250,8 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
         return _traced(spec, M, c, kind, T.trace_policy(mode, c.eng.selective_op_sac))
     if mode == "op" or (mode == "selective" and c.eng.selective_op_sac):
         return op_sac_layer(spec, M, c, kind)
+    if c.eng.compiled_blocks and mode in ("none", "selective"):
+        c = replace(c, eng=compiled_view(c.eng))
     if mode == "full":
         sliced = c.eng.full_recompute_input_sliced and c.sp_flag  # the user's SP, not CP's SP-like layout
         return ACT_BYTES * c.s * c.b * M.h / (c.t if sliced else 1)
@@ -274,6 +276,11 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
             return stored - gate * (stored - sp.Add(*keep.values()))
         parts = keep
     return sp.Add(*parts.values())
+
+
+def compiled_view(eng: EngineProfile) -> EngineProfile:
+    """What a compiled layer saves (EngineProfile.compiled_blocks): 16-bit norm inputs, no SiLU output."""
+    return replace(eng, norm_input_bytes=ACT_BYTES, swiglu_bytes_per_f=3 * ACT_BYTES, compiled_blocks=False)
 
 
 def embedding_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:

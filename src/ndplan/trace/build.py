@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import warnings
 from dataclasses import dataclass
 
 from ndplan.errors import NdplanError
@@ -27,6 +28,16 @@ POLICIES = ("none", "selective", "op", "full")
 """none; selective = Megatron's core-attention recompute (the attention function is
 checkpointed); op = torchtitan's op-level SAC save list (per layer); full = every decoder
 layer checkpointed (HF ``gradient_checkpointing_enable(use_reentrant=False)``)."""
+COMPILED = "compiled"
+"""No recompute, each decoder layer under ``torch.compile`` (EngineProfile.compiled_blocks), traced
+on request (``--policy compiled``; every shape compiles again). What a compiled graph saves is
+decided by AOTAutograd with inductor's decompositions and min-cut partitioner before code
+generation; ``compiled_step`` runs them with the ``aot_eager_decomp_partition`` backend (the
+graphs then execute eagerly). The min-cut depends on the relative sizes, so these shapes keep
+a real model's ratios (``realistic_shape``). The dispatch-mode counter cannot run under dynamo:
+the stored bytes come from saved-tensor hooks, booked on the site whose forward saved them (a
+layer's input on that layer, not on the one that made it: the same bytes for a layer inside
+the stack); no forward peak is recorded."""
 ATTN = ("sdpa", "eager")
 
 
@@ -83,6 +94,28 @@ def random_shape(cfg: dict, rng: random.Random, tokens=(4, 24)) -> Shape:
     if "V" in dims:
         dims["V"] = rng.randint(32, 160)
     return Shape(b=rng.randint(2, 4), s=2 * rng.randint(tokens[0] // 2, tokens[1] // 2), dims=dims)
+
+
+def realistic_shape(cfg: dict, rng: random.Random) -> Shape:
+    """Small sizes in a real model's ratios (the partitioner's min-cut depends on them): head
+    dim a multiple of 8, heads a multiple of the kv heads, hidden = heads x (head dim, or head
+    dim + 8), MLP widths 2.5-4 x hidden, vocabulary 4-8 x hidden."""
+    shape = random_shape(cfg, rng)
+    dims = dict(shape.dims)
+    d = 8 * rng.randint(1, 4)
+    if "kv" in dims:
+        dims["kv"] = rng.randint(1, 3)
+        dims["a"] = dims["kv"] * rng.choice((1, 2, 4))
+    if "d" in dims:
+        dims["d"] = d
+    if "a" in dims and "h" in dims:
+        dims["h"] = dims["a"] * (d + 8 * rng.randint(0, 1))
+    for sym in ("f", "fe", "fs"):
+        if sym in dims:
+            dims[sym] = 8 * max(1, round(dims["h"] * rng.uniform(2.5, 4.0) / 8))
+    if "V" in dims:
+        dims["V"] = rng.randint(4 * dims["h"], 8 * dims["h"])
+    return Shape(b=shape.b, s=shape.s, dims=dims)
 
 
 def scaled_config(cfg: dict, shape: Shape) -> dict:
@@ -265,3 +298,50 @@ def trace_step(model, shape: Shape, policy: str, attn: str):
         for h in handles:
             h.remove()
     return rec, stored
+
+
+def compiled_step(model, shape: Shape) -> dict[str, int]:
+    """Bytes each site saves for backward with every decoder layer compiled (``COMPILED``): a
+    warm-up step compiles, a second one is counted with saved-tensor hooks (each storage once;
+    parameters, buffers and the inputs excluded)."""
+    import torch
+    from ndplan.trace.recorder import storage_ptrs
+    model.gradient_checkpointing_disable()
+    body, layers = decoder_layers(model)
+    torch._dynamo.reset()  # each traced shape is a new model of the same code: fresh dynamo caches
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, backend="aot_eager_decomp_partition", fullgraph=True)
+    gen = torch.Generator().manual_seed(shape.b * 1000 + shape.s)
+    ids = torch.randint(0, model.config.vocab_size, (shape.b, shape.s), generator=gen)
+    known = storage_ptrs(list(model.parameters()) + list(model.buffers()) + [ids])
+    site = ["embedding"]
+    handles = [layer.register_forward_pre_hook(lambda mod, args, i=i: site.__setitem__(0, f"layer{i}"))
+               for i, layer in enumerate(layers)]
+    handles.append(body.norm.register_forward_pre_hook(lambda mod, args: site.__setitem__(0, "head")))
+    seen: set[int] = set()
+    stored: dict[str, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in known and st.data_ptr() not in seen and st.nbytes():
+            seen.add(st.data_ptr())
+            stored[site[0]] = stored.get(site[0], 0) + st.nbytes()
+        return t
+
+    try:
+        with warnings.catch_warnings():  # dynamo's notes on the library code it traces are not the user's
+            warnings.simplefilter("ignore")
+            model(input_ids=ids, labels=ids).loss.backward()  # compiles
+        model.zero_grad(set_to_none=True)
+        site[0] = "embedding"
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    except Exception as e:  # dynamo raises its own error classes for code it cannot compile
+        raise NdplanError("architecture", type(model).__name__,
+                          f"torch.compile of its decoder layers failed ({type(e).__name__}: {_last_line(e)[:160]})",
+                          "trace the eager policies (--policy none|selective|op|full)") from None
+    finally:
+        for h in handles:
+            h.remove()
+    return stored

@@ -56,7 +56,12 @@ def _symbols(names, cfg: dict) -> tuple[ModelSymbols, dict]:
 
 
 def closed_form(cfg: dict, names, site: str, policy: str, attn: str, engine: str = "hf") -> sp.Expr | None:
-    """Bytes ndplan's Terms give for ``site`` under ``policy`` (None: no closed form)."""
+    """Bytes ndplan's Terms give for ``site`` under ``policy`` (None: no closed form). The
+    compiled policy is the engine with ``compiled_blocks`` and no recompute."""
+    if policy == "compiled":
+        if site == "embedding":
+            return None  # under saved-tensor hooks the embedding's output is booked on the first layer
+        engine, policy = engines.derive(engine, {"compiled_blocks": 1}), "none"
     mode = CLOSED_FORM_MODES.get(policy)
     if mode is None:
         return None

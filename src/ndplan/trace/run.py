@@ -22,8 +22,9 @@ class SiteTrace:
     policy: str
     stored: F.Fit
     """Bytes the site keeps for backward, per micro-batch."""
-    forward_peak: F.Fit
-    """Largest live bytes inside the site's forward above what was live when it began."""
+    forward_peak: F.Fit | None
+    """Largest live bytes inside the site's forward above what was live when it began (None
+    for the compiled policy, build.COMPILED)."""
 
 
 @dataclass
@@ -55,11 +56,13 @@ def trace_model(cfg: dict, policies=B.POLICIES, attn: str = "sdpa", seed: int = 
                 progress=None) -> TraceResult:
     import torch
     import transformers
+    compiled = B.COMPILED in policies
+    policies = tuple(p for p in policies if p != B.COMPILED)
     names = tuple(B.present_dims(cfg))
     monos = F.basis(names)
     n = len(monos) + 2 + held_out
     rng = random.Random(seed)
-    shapes = [B.random_shape(cfg, rng) for _ in range(n)]
+    shapes = [B.random_shape(cfg, rng) for _ in range(n)] if policies else []
     values: dict[tuple[str, str, str], list[int]] = {}
     bwd: dict[str, list[int]] = {}
     where = None
@@ -75,7 +78,7 @@ def trace_model(cfg: dict, policies=B.POLICIES, attn: str = "sdpa", seed: int = 
                 values.setdefault((site, policy, "peak"), []).append(rec.forward_peak.get(key, 0))
             bwd.setdefault(policy, []).append(rec.backward_peak)
         if progress:
-            progress(j + 1, n)
+            progress(j + 1, n * (1 + compiled))  # the compiled policy traces n shapes of its own after these
     points = [_point(sh, names) for sh in shapes]
     fit_n = n - held_out
     res = TraceResult(model_type=str(cfg.get("model_type")), attn=attn, names=names, shapes=n, held_out=held_out,
@@ -92,7 +95,32 @@ def trace_model(cfg: dict, policies=B.POLICIES, attn: str = "sdpa", seed: int = 
                                                   solve(values[(site, policy, "peak")]))
     for policy in policies:
         res.backward_peak[policy] = solve(bwd[policy])
+    if compiled:
+        _trace_compiled(cfg, attn, res, monos, n, held_out, rng, where, progress, offset=len(shapes))
     return res
+
+
+def _trace_compiled(cfg, attn, res: TraceResult, monos, n: int, held_out: int, rng, where, progress,
+                    offset: int = 0) -> None:
+    """The compiled policy over its own shapes (build.realistic_shape), fitted like the others."""
+    shapes = [B.realistic_shape(cfg, rng) for _ in range(n)]
+    values: dict[str, list[int]] = {}
+    for j, shape in enumerate(shapes):
+        model = B.build(B.scaled_config(cfg, shape), attn)
+        if where is None:
+            where = representative([B.layer_kind(layer) for layer in B.decoder_layers(model)[1]])
+        stored = B.compiled_step(model, shape)
+        # hooks book a layer's input on the layer: the second of the pair is the one inside the stack
+        # (the first also saves the rotary tables every layer shares)
+        for site, key in ({"head": "head"} | {k: f"layer{i + 1}" for k, i in where.items()}).items():
+            values.setdefault(site, []).append(stored.get(key, 0))
+        if progress:
+            progress(offset + j + 1, offset + n)
+    points = [_point(sh, res.names) for sh in shapes]
+    fit_n = n - held_out
+    for site, vals in values.items():
+        res.sites[(site, B.COMPILED)] = SiteTrace(site, B.COMPILED, F.fit(monos, points[:fit_n], vals[:fit_n],
+                                                                          points[fit_n:], vals[fit_n:]), None)
 
 
 def _point(shape: B.Shape, names) -> dict:
