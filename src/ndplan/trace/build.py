@@ -170,6 +170,11 @@ def build(cfg: dict, attn: str):
     return model
 
 
+def _failure(model, what: str, e: Exception, fix: str) -> NdplanError:
+    """One line for a step of ``model`` that raised ``e``."""
+    return NdplanError("architecture", type(model).__name__, f"{what} ({type(e).__name__}: {_last_line(e)[:160]})", fix)
+
+
 def _last_line(e: Exception) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[-1] if lines else ""
@@ -291,9 +296,8 @@ def trace_step(model, shape: Shape, policy: str, attn: str):
                 rec.phase = "backward"
                 loss.backward()
             except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as e:
-                raise NdplanError("architecture", type(model).__name__,
-                                  f"one training step on the CPU failed ({type(e).__name__}: {_last_line(e)[:160]})",
-                                  "trace a decoder-only causal LM that takes input_ids and labels") from None
+                raise _failure(model, "one training step on the CPU failed", e,
+                               "trace a decoder-only causal LM that takes input_ids and labels") from None
     finally:
         for h in handles:
             h.remove()
@@ -338,9 +342,8 @@ def compiled_step(model, shape: Shape) -> dict[str, int]:
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
     except Exception as e:  # dynamo raises its own error classes for code it cannot compile
-        raise NdplanError("architecture", type(model).__name__,
-                          f"torch.compile of its decoder layers failed ({type(e).__name__}: {_last_line(e)[:160]})",
-                          "trace the eager policies (--policy none|selective|op|full)") from None
+        raise _failure(model, "torch.compile of its decoder layers failed", e,
+                       "trace the eager policies (--policy none|selective|op|full)") from None
     finally:
         for h in handles:
             h.remove()
