@@ -15,6 +15,14 @@ from ndplan.errors import NdplanError
 from ndplan.units import GIB
 
 
+GLOO_REDUCE_SCATTER_COPY_BYTES = 4
+"""Bytes per input parameter that torch's gloo backend allocates inside a reduce-scatter: its
+``_reduce_scatter_base`` splits a full-size copy of the fp32 input into world chunks and copies
+the reduced chunk out (measured: 4.19 MB above start for a 4.19 MB input at world 4; in FSDP2's
+peak at world 4, four chunk tensors of a quarter layer each). NCCL reduces in place; only the
+CPU harness (trace/runtime.py) adds it."""
+
+
 COMPILED_LOSS_BYTES = 4
 """Bytes per logit at the peak of a compiled cross_entropy(logits.float()): the saved bf16
 logits (2) and the bf16 gradient (2). Measured with inductor on the CPU (torch 2.13): the
@@ -56,11 +64,13 @@ class EngineProfile:
     """ZeRO-3/FSDP: layers whose unsharded bf16 weights are alive at once (current + prefetch)."""
     backward_gather_bytes_per_param: int = 0
     """ZeRO-3/FSDP in backward, bytes per parameter of the largest layer alive at once beside its
-    gradient outputs (0: as in forward). FSDP2, measured at its backward peak, a reduce-scatter
-    (tests/test_runtime.py, world 2 and 4): the next group's backward-prefetched 16-bit weights
-    (2) and two fp32 reduce-scatter inputs, the one being reduced and the previous group's still
-    in flight (2 x 4) = 10, plus the two sharded fp32 gradient outputs (2 x 4 / (dp*cp)). The
-    phase is exclusive with the loss: by the first reduce-scatter the loss, the output layer
+    gradient outputs (0: as in forward). FSDP2 at a reduce-scatter: the next group's
+    backward-prefetched 16-bit weights (2) and one fp32 reduce-scatter input (4) = 6, plus two
+    sharded fp32 gradient outputs (2 x 4 / (dp*cp)). torch 2.13 drops the previous group's
+    input before the next is allocated (``reduce_scatter_max_input_buffers`` = 1,
+    _fsdp_param_group.py:640-657). On gloo the measured figure is 10: gloo's reduce-scatter
+    adds a full fp32 copy of its input (``GLOO_REDUCE_SCATTER_COPY_BYTES``), which the runtime
+    harness adds back (trace/runtime.py predicted). The phase is exclusive with the loss: by the first reduce-scatter the loss, the output layer
     and the last layer have freed their activations (formulas/memory.py fsdp_backward_reduce;
     before 2026-12-02 the buffers were added to every activation, +13 to +29 % on the runtime
     at tokens (1, 64) and (2, 128), now +2.8 to +4.9 %)."""
@@ -246,7 +256,7 @@ FSDP = EngineProfile(
     weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
-    backward_gather_bytes_per_param=10, head_group_kept_unsharded=True, pp_unsharded_stage_bytes=6,
+    backward_gather_bytes_per_param=6, head_group_kept_unsharded=True, pp_unsharded_stage_bytes=6,
     grads_built_in_backward=True, pp_recv_buffers_per_microbatch=True,
     loss_saved_bytes_per_element=4,  # the fp32 log-softmax (tests/test_trace.py test_loss_transient: 4 B kept)
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
@@ -278,13 +288,14 @@ FSDP = EngineProfile(
         "gather": "FSDP2 (torch 2.13 torch/distributed/fsdp/_fully_shard): forward keeps about two groups' 16-bit "
                   "all-gather output alive (the flat buffer is freed at the next group's wait_for_unshard, "
                   "_fsdp_param_group.py:429-432, 477-487); backward prefetches one group "
-                  "(_fsdp_state.py:384, _fsdp_param_group.py:828-830) and keeps one fp32 reduce-scatter input "
-                  "in flight (_fully_shard.py:713, _fsdp_param_group.py:647-658; it is released only after the "
-                  "next group's input is filled, so two are alive) beside the 16-bit unsharded gradients it is "
-                  "copied from (_fsdp_collectives.py:603-606; freed before the peak, as are the layer's own "
-                  "16-bit weights, _fsdp_param_group.py:637-638): measured on gloo at world 2 and 4, the peak "
-                  "is at a reduce-scatter with the prefetched 16-bit group (2), two fp32 inputs (8) and their "
-                  "two sharded outputs (8/(dp*cp)) per layer parameter. torchtitan's [norm, output] group is resharded after forward only under the "
+                  "(_fsdp_state.py:384, _fsdp_param_group.py:828-830) and one fp32 reduce-scatter input: the "
+                  "previous group's is dropped before the next is allocated (reduce_scatter_max_input_buffers = 1, "
+                  "_fsdp_param_group.py:640-657), and the 16-bit unsharded gradients it is copied from "
+                  "(_fsdp_collectives.py:603-606) are freed before the peak, as are the layer's own 16-bit "
+                  "weights (_fsdp_param_group.py:637-638): the prefetched 16-bit group (2), one fp32 input (4) and "
+                  "two sharded outputs (8/(dp*cp)) per layer parameter. Measured on gloo at world 2 and 4, the "
+                  "peak also holds gloo's own full copy of the input (GLOO_REDUCE_SCATTER_COPY_BYTES, 4), which "
+                  "NCCL does not make. torchtitan's [norm, output] group is resharded after forward only under the "
                   "'always' policy (55e42c0d models/llama3/infra/parallelize.py:408-412). Under pipelining, "
                   "PipelineStage.backward_maybe_with_nosync sets reshard_after_backward and "
                   "requires_gradient_sync False for every micro-batch (stage.py:843-848) and "

@@ -344,7 +344,7 @@ def run(cases: list[Case]) -> list[Measured]:
 
 def predicted(case: Case) -> dict[str, int]:
     """ndplan's bytes for ``case`` on one rank, from the fsdp profile's Terms (engine hf, the
-    same states): ``states`` = weights + gradients + optimizer states as ``static_terms``
+    same states, with gloo's reduce-scatter copy, ``gloo_engine``): ``states`` = weights + gradients + optimizer states as ``static_terms``
     gives them (after the step all gradients exist), ``peak`` = the estimate's allocated
     line; for ``fsdp-pp`` the gather Term in its pipelined form over all the model's
     parameters replaces the per-layer one, since the measured stage holds the whole model."""
@@ -360,10 +360,11 @@ def predicted(case: Case) -> dict[str, int]:
     if case.mode == "pp":
         return _predicted_pp(case)
     spec = model_from_config(dict(CONFIG), "runtime", "ndplan.trace.runtime")
-    M, eng = model_symbols(spec), ndplan.engines.profile("hf")
+    engine = gloo_engine("hf")
+    M, eng = model_symbols(spec), ndplan.engines.profile(engine)
     b, s = case.tokens
     dp = case.world // case.tp
-    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine="hf", mbs=b, seq=s, gbs=dp * b * case.microbatches)
+    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine=engine, mbs=b, seq=s, gbs=dp * b * case.microbatches)
     st = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat).per_stage[0]
     dense, expert = device_params(P.embedding_pieces(spec, M) + P.head_pieces(spec, M, tied_copy=False)
                                   + [pc for k in spec.layer_kinds for pc in P.layer_pieces(spec, M, k)])
@@ -379,7 +380,7 @@ def predicted(case: Case) -> dict[str, int]:
         # one micro-batch held at a time: the whole model's unsharded stage (the pipelined gather Term
         # without activations to sit beside) replaces the per-layer gather, and the pipelined exclusive
         # transients (a group's 16-bit gradients, the final reduce after the activations) join the loss's
-        piped = ndplan.Strategy(dp=case.world, pp=2, zero=3, engine="hf", mbs=b, seq=s, gbs=2 * case.world * b)
+        piped = ndplan.Strategy(dp=case.world, pp=2, zero=3, engine=engine, mbs=b, seq=s, gbs=2 * case.world * b)
         view = structure(spec, piped)
         term = gather_term(spec, M, view, eng, dense, expert, sp.Integer(0))
         acts, transient = st["terms"]["mem.activations"], st["terms"].get("mem.transient", 0)
@@ -391,6 +392,15 @@ def predicted(case: Case) -> dict[str, int]:
     return out
 
 
+def gloo_engine(name: str) -> str:
+    """``name`` as it runs on this harness's gloo backend: its reduce-scatter adds a full fp32
+    copy of the input (engines.GLOO_REDUCE_SCATTER_COPY_BYTES), which NCCL does not."""
+    import ndplan
+    bytes_ = ndplan.engines.profile(name).backward_gather_bytes_per_param
+    return ndplan.engines.derive(name, {"backward_gather_bytes_per_param":
+                                        bytes_ + ndplan.engines.GLOO_REDUCE_SCATTER_COPY_BYTES})
+
+
 def _predicted_pp(case: Case) -> dict[str, list[int]]:
     """ndplan's allocated peak per pipeline rank for a ``pp`` case (engine hf: the states and
     the fsdp profile's pipelining Terms; transformers' activations)."""
@@ -399,7 +409,7 @@ def _predicted_pp(case: Case) -> dict[str, list[int]]:
     spec = model_from_config(dict(PP_CONFIG), "runtime-pp", "ndplan.trace.runtime")
     b, s = case.tokens
     dp = case.world // case.pp
-    strat = ndplan.Strategy(dp=dp, pp=case.pp, vpp=case.vpp, schedule=case.schedule, zero=3, engine="hf", mbs=b,
-                            seq=s, gbs=dp * b * case.microbatches)
+    strat = ndplan.Strategy(dp=dp, pp=case.pp, vpp=case.vpp, schedule=case.schedule, zero=3,
+                            engine=gloo_engine("hf"), mbs=b, seq=s, gbs=dp * b * case.microbatches)
     est = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat)
     return {"peak": [st["allocated_bytes"] for st in est.per_stage]}
