@@ -30,7 +30,9 @@ Sections
 
 (d) The PyTorch runtime on gloo (ndplan.trace.runtime; needs ndplan[trace]): FSDP2 on a small
     transformers Llama sharded as torchtitan does, world 2 and 4, one micro-batch per step and
-    the pipelined no-sync form, at tiny and at larger tokens; torchtitan's TP + SP as DTensors
+    the pipelined no-sync form, at tiny and at larger tokens (fsdp-f8-*: torchao float8 linears
+    with FSDP float8 all-gather, when torchao is installed, beside ndplan's bf16 figure: float8
+    is not modelled); torchtitan's TP + SP as DTensors
     on tp 2 x dp 2; and torch.distributed.pipelining's 1F1B, GPipe and interleaved 1F1B on a
     pp 2 x dp 2 mesh at three (micro-batches, micro-batch, sequence) points; per rank the
     measured states and peak beside ndplan's.
@@ -50,6 +52,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -351,6 +354,11 @@ def run_runtime(args) -> list[dict]:
     cases += [R.Case(f"fsdp-w{w}-b{b}-s{s}", mode="fsdp", world=w, tokens=(b, s))
               for w in (2, 4) for b, s in ((1, 64), (2, 128))]
     cases += [R.Case(f"tp-w4-b{b}-s{s}", mode="tp", world=4, tp=2, tokens=(b, s)) for b, s in ((1, 64), (2, 128))]
+    if importlib.util.find_spec("torchao") is not None:  # float8 linears, FSDP float8 all-gather: measured only,
+        cases += [R.Case(f"fsdp-f8-w2-b{b}-s{s}", mode="fsdp", world=2, tokens=(b, s), float8=True)  # ndplan as bf16
+                  for b, s in ((1, 4), (2, 128))]
+    else:
+        print("(d) float8 rows skipped: torchao is not installed (pip install torchao)")
     cases += [R.Case(f"pp-{sched}-m{m}-b{b}-s{s}", mode="pp", world=4, pp=2, schedule=sched, microbatches=m,
                      tokens=(b, s))
               for sched in ("1f1b", "gpipe", "interleaved") for m, b, s in ((4, 1, 64), (8, 1, 128), (8, 2, 64))]

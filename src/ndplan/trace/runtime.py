@@ -79,6 +79,10 @@ class Case:
     schedule: str = "1f1b"
     tokens: tuple[int, int] = TOKENS
     """(micro-batch, sequence); ``pp`` cases use activations comparable to the states."""
+    float8: bool = False
+    """torchao float8 linears with FSDP float8 all-gather (the output layer stays bf16), as
+    torchtitan's float8 converter does; needs torchao (the benchmark skips the row without it).
+    Measured only: ndplan predicts these runs as bf16 (float8 is not modelled)."""
 
     @property
     def vpp(self) -> int:
@@ -295,6 +299,10 @@ def _measure(rank: int, case: Case) -> Measured:
     with meter.mode:
         cfg = LlamaConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+        if case.float8:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+            convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),
+                                       module_filter_fn=lambda mod, fqn: fqn != "lm_head")
         if case.tp > 1:  # torchtitan applies TP before FSDP (models/llama3/infra/parallelize.py)
             parallelize(model, mesh["tp"], "sp", vocab_parallel=True)
         model = _shard(model, mesh["dp"])
@@ -360,7 +368,7 @@ def predicted(case: Case) -> dict[str, int]:
     if case.mode == "pp":
         return _predicted_pp(case)
     spec = model_from_config(dict(CONFIG), "runtime", "ndplan.trace.runtime")
-    engine = gloo_engine("hf")
+    engine = gloo_engine("hf")  # float8 cases too: float8 is not modelled
     M, eng = model_symbols(spec), ndplan.engines.profile(engine)
     b, s = case.tokens
     dp = case.world // case.tp
