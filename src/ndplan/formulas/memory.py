@@ -386,14 +386,25 @@ def pp_final_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Exp
     return piped * 2 * A.FP32_BYTES / G.dense_shard_ranks() * layer_params(spec, M, _largest_kind(spec))
 
 
+def loss_logits(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:
+    """The loss's transient on the head's device: logit bytes (the engine's, or the compiled
+    loss's COMPILED_LOSS_BYTES) per token and vocabulary entry over tp."""
+    ctx = act_context(spec, view)
+    last = head_device_flag(view.schedule, stage, pp_expr(spec, view))
+    return last * _logit_bytes(view.engine) * ctx.s * ctx.b * M.V / S.tp
+
+
+def _logit_bytes(eng: EngineProfile) -> int:
+    return COMPILED_LOSS_BYTES if eng.compiled_loss else eng.logits_bytes_per_element
+
+
 def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, acts, gather, opt_shard) -> Term:
     """The largest of the exclusive transients: loss logits, one layer rebuilt by full
     recompute (or the engine's backward workspace), optimizer-step temporaries (which
     replace ``acts`` and ``gather``; ``opt_shard`` parameters hold optimizer state)."""
     eng, ctx = view.engine, act_context(spec, view)
-    last = head_device_flag(view.schedule, stage, pp_expr(spec, view))
-    logit_bytes = COMPILED_LOSS_BYTES if eng.compiled_loss else eng.logits_bytes_per_element
-    logits = last * logit_bytes * ctx.s * ctx.b * M.V / S.tp
+    logit_bytes = _logit_bytes(eng)
+    logits = loss_logits(spec, M, view, stage)
     # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
     # (engine option backward_layer_workspace) the gradients of any layer's activations
     one_layer = view.recompute == "full" or eng.backward_layer_workspace

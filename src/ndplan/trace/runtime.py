@@ -376,7 +376,8 @@ def predicted(case: Case) -> dict[str, int]:
     from ndplan.catalog.model import model_from_config
     from ndplan.estimate import strategy_point
     from ndplan.formulas import params as P
-    from ndplan.formulas.memory import device_params, gather_term, pp_final_reduce, pp_group_grads, static_terms
+    from ndplan.formulas.memory import (device_params, gather_term, loss_logits, pp_final_reduce, pp_group_grads,
+                                        static_terms)
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
     if case.mode == "pp":
@@ -406,7 +407,7 @@ def predicted(case: Case) -> dict[str, int]:
         view = structure(spec, piped)
         term = gather_term(spec, M, view, eng, dense, expert, sp.Integer(0))
         acts, transient = st["terms"]["mem.activations"], st["terms"].get("mem.transient", 0)
-        logits = eng.logits_bytes_per_element * b * s * CONFIG["vocab_size"]  # no backward reduce-scatter phase
+        logits = value(loss_logits(spec, M, structure(spec, strat)), strat)  # no backward reduce-scatter phase
         exclusive = max(logits, value(pp_group_grads(spec, M, view), piped),
                         value(pp_final_reduce(spec, M, view), piped) - acts)
         out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] - transient
