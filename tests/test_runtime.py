@@ -25,6 +25,10 @@ from ndplan.trace import runtime as R  # noqa: E402
 
 CASES = tuple(R.Case(f"{mode}-w{w}", mode=mode, world=w, microbatches=2 if mode == "fsdp-pp" else 1)
               for w in (2, 4) for mode in ("fsdp", "fsdp-pp"))
+TOKEN_CASES = (R.Case("fsdp-w4-b2-s128", mode="fsdp", world=4, tokens=(2, 128)),
+               R.Case("fsdp-w2-b8-s256", mode="fsdp", world=2, tokens=(8, 256)))
+"""Activations comparable to the states: the peak is at the last layer's reduce-scatter (w4, (2, 128):
+the loss phase 0.6 MB lower), or at the loss (w2, (8, 256), no decoder layer gathered there)."""
 TP_CASES = (R.Case("tp-w4", mode="tp", world=4, tp=2, tokens=(1, 64)),)
 """torchtitan's TP + SP (trace.tp, vocabulary-parallel ends) on tp 2, FSDP2 over dp 2."""
 PP_CASES = (  # torch.distributed.pipelining schedules on a (pp 2, dp 2) mesh, activations ~ 1/4 of the peak
@@ -36,7 +40,7 @@ PP_CASES = (  # torch.distributed.pipelining schedules on a (pp 2, dp 2) mesh, a
 
 @functools.lru_cache(maxsize=1)
 def _measured():
-    return R.run(list(CASES + TP_CASES + PP_CASES))
+    return R.run(list(CASES + TOKEN_CASES + TP_CASES + PP_CASES))
 
 
 def _params() -> int:
@@ -52,6 +56,19 @@ def test_terms_match_the_runtime_per_rank(case):
     for m in rows:
         assert abs(m.states - want["states"]) <= 0.01 * m.states, (m, want)
         assert abs(m.peak - want["peak"]) <= 0.03 * m.peak, (m, want)
+
+
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=[c.name for c in TOKEN_CASES])
+def test_backward_phases_match_the_runtime_within_one_percent(case):
+    """FSDP2's backward reduce-scatters (memory.fsdp_backward_reduce: buffers, sharded gradients
+    written, activations not yet freed) and the loss with every decoder layer resharded
+    (memory.gathered_at_loss): the peak within 1 % per rank. Before 2026-12-03 one constant at
+    the first reduce-scatter, with two layers gathered at the loss: +3.3 % and +2.7 %."""
+    want = R.predicted(case)["peak"]
+    rows = [m for m in _measured() if m.case == case.name]
+    assert len(rows) == case.world
+    for m in rows:
+        assert abs(m.peak - want) <= 0.01 * m.peak, (m, want)
 
 
 @pytest.mark.parametrize("case", PP_CASES, ids=[c.name for c in PP_CASES])
@@ -71,21 +88,23 @@ def test_pipeline_schedules_match_per_rank(case):
 def test_tp_sp_states_match_per_rank(case):
     """TP + SP as DTensors on gloo, then FSDP2 over dp (torchtitan's order): each rank's fp32
     parameters, gradients and Adam moments are the tp x dp shard ndplan's static Terms give
-    (norms replicated over tp), within 1 %. The peak is printed by benchmarks/memory_validation.py
-    section (d), not asserted: see the module docstring of ndplan.trace.runtime."""
-    want = R.predicted(case)["states"]
+    (norms replicated over tp), within 1 %, and the peak within 3 % (the meter does not see the
+    local temporaries inside DTensor's vocab-parallel loss: ndplan.trace.runtime docstring)."""
+    want = R.predicted(case)
     rows = [m for m in _measured() if m.case == case.name]
     assert len(rows) == case.world
     for m in rows:
-        assert abs(m.states - want) <= 0.01 * m.states, (m, want)
+        assert abs(m.states - want["states"]) <= 0.01 * m.states, (m, want)
+        assert abs(m.peak - want["peak"]) <= 0.03 * m.peak, (m, want)
 
 
 def test_states_are_sharded_fp32_weights_grads_and_adam():
     """FSDP2 with MixedPrecisionPolicy(bf16, fp32): 4 + 4 + 8 bytes per parameter over the ranks;
     after zero_grad(set_to_none) the 4 gradient bytes are gone."""
     n = _params()
-    for m in (m for m in _measured() if m.case.startswith("fsdp")):
-        world = int(m.case.rsplit("w", 1)[1])
+    worlds = {c.name: c.world for c in CASES + TOKEN_CASES}
+    for m in (m for m in _measured() if m.case in worlds):
+        world = worlds[m.case]
         assert abs(m.states - 16 * n / world) <= 1024 and abs(m.base - 12 * n / world) <= 1024
 
 

@@ -35,18 +35,23 @@ class EngineProfile:
     """Transient bytes per (token, vocab/tp) element at the loss on the last stage."""
     gather_prefetch_layers: int
     """ZeRO-3/FSDP: layers whose unsharded bf16 weights are alive at once (current + prefetch)."""
-    backward_gather_bytes_per_param: int = 0
-    """ZeRO-3/FSDP in backward, bytes per parameter of the largest layer alive at once beside its
-    gradient outputs (0: as in forward). FSDP2 at a reduce-scatter: the next group's
-    backward-prefetched 16-bit weights (2) and one fp32 reduce-scatter input (4) = 6, plus two
-    sharded fp32 gradient outputs (2 x 4 / (dp*cp)). torch 2.13 drops the previous group's
-    input before the next is allocated (``reduce_scatter_max_input_buffers`` = 1,
-    _fsdp_param_group.py:640-657). On gloo the measured figure is 10: gloo's reduce-scatter
-    adds a full fp32 copy of its input (``GLOO_REDUCE_SCATTER_COPY_BYTES``), which the runtime
-    harness adds back (trace/runtime.py predicted). The phase is exclusive with the loss: by the first reduce-scatter the loss, the output layer
-    and the last layer have freed their activations (formulas/memory.py fsdp_backward_reduce;
-    before 2026-12-02 the buffers were added to every activation, +13 to +29 % on the runtime
-    at tokens (1, 64) and (2, 128), now +2.8 to +4.9 %)."""
+    reduce_scatter_input_bytes: int = 0
+    """ZeRO-3/FSDP in backward, bytes per parameter of the group being reduced in its reduce-scatter
+    input (0: no backward reduce-scatter phase is modelled). FSDP2 with reduce_dtype fp32: 4, the
+    fp32 input, first beside the 16-bit unsharded gradients it is copied from, then beside the
+    sharded fp32 output; the next group's backward-prefetched 16-bit weights sit beside it.
+    torch 2.13 drops the previous group's input before the next is allocated
+    (``reduce_scatter_max_input_buffers`` = 1, _fsdp_param_group.py:640-657). The phase is
+    exclusive with the loss and the forward's gather (formulas/memory.py fsdp_backward_reduce:
+    the largest over the output layer's, the last two and the first two layers' reduce-scatters,
+    with the sharded gradients written by then and the activations not yet freed). Checked on the
+    gloo runtime at every shape of benchmarks/memory_validation.py (d); before 2026-12-03 one
+    constant (6 + two sharded outputs at the first layer's reduce-scatter) was +2.8 to +4.9 % at
+    tokens (1, 64) and (2, 128)."""
+    reduce_scatter_copy_bytes: int = 0
+    """Bytes per parameter of the group being reduced that the collective backend copies inside a
+    reduce-scatter (NCCL: 0, in place; gloo: GLOO_REDUCE_SCATTER_COPY_BYTES, which the CPU runtime
+    harness sets, trace/runtime.py gloo_engine)."""
     grads_built_in_backward: bool = False
     """With the weights sharded (zero >= weights_sharded_from), gradients are freed when each step
     begins (``optimizer.zero_grad()`` with set_to_none) and each FSDP group's sharded gradient is
@@ -57,6 +62,15 @@ class EngineProfile:
     """The output layer's FSDP group is not resharded after forward, so its 16-bit weights stay
     gathered through the loss and into backward (torchtitan: [norm, output] with
     reshard_after_forward only under the "always" policy)."""
+    layers_resharded_after_forward: bool = False
+    """Without pipelining, every decoder layer's group is resharded as its forward ends, so at the
+    loss no layer's 16-bit weights are gathered (only the output layer's, head_group_kept_unsharded);
+    the backward prefetches the last layer once the output layer's backward begins. torchtitan's
+    "default" policy without PP (reshard_after_forward True for every block, 55e42c0d
+    torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy). Measured on the gloo
+    runtime (trace/runtime.py, fsdp at world 4, tokens (2, 128)): at the loss the live bytes are the
+    activations, the output layer's group and the loss transient, 5,144 B (0.05 %) from the Terms
+    without any layer gathered (memory.transient_term)."""
     pp_unsharded_stage_bytes: int = 0
     """With pipeline parallelism, bytes per stage parameter that FSDP keeps unsharded from the
     first micro-batch's backward to the step's end (0: the per-layer gather): torch.distributed
@@ -229,7 +243,8 @@ FSDP = EngineProfile(
     weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
-    backward_gather_bytes_per_param=6, head_group_kept_unsharded=True, pp_unsharded_stage_bytes=6,
+    reduce_scatter_input_bytes=4, head_group_kept_unsharded=True, layers_resharded_after_forward=True,
+    pp_unsharded_stage_bytes=6,
     grads_built_in_backward=True, pp_recv_buffers_per_microbatch=True,
     loss_saved_bytes_per_element=4,  # the fp32 log-softmax (tests/test_trace.py test_loss_transient: 4 B kept)
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
@@ -264,11 +279,14 @@ FSDP = EngineProfile(
                   "(_fsdp_state.py:384, _fsdp_param_group.py:828-830) and one fp32 reduce-scatter input: the "
                   "previous group's is dropped before the next is allocated (reduce_scatter_max_input_buffers = 1, "
                   "_fsdp_param_group.py:640-657), and the 16-bit unsharded gradients it is copied from "
-                  "(_fsdp_collectives.py:603-606) are freed before the peak, as are the layer's own 16-bit "
-                  "weights (_fsdp_param_group.py:637-638): the prefetched 16-bit group (2), one fp32 input (4) and "
-                  "two sharded outputs (8/(dp*cp)) per layer parameter. Measured on gloo at world 2 and 4, the "
-                  "peak also holds gloo's own full copy of the input (GLOO_REDUCE_SCATTER_COPY_BYTES, 4), which "
-                  "NCCL does not make. torchtitan's [norm, output] group is resharded after forward only under the "
+                  "(_fsdp_collectives.py foreach_reduce) are freed before the sharded fp32 output is allocated, "
+                  "as are the layer's own 16-bit weights (_fsdp_param_group.py:637-638): per parameter of the "
+                  "group reduced, one fp32 input (4) and max(its 16-bit gradients 2, its sharded output "
+                  "4/(dp*cp)), beside the next group's 16-bit weights (2 per its parameter) and the sharded "
+                  "gradients written so far; the peak is at the output layer's, the last two or the first two "
+                  "layers' reduce-scatters (formulas/memory.py fsdp_backward_reduce). On gloo (world 2 and 4) "
+                  "the peak also holds gloo's own full copy of the input (GLOO_REDUCE_SCATTER_COPY_BYTES, 4), "
+                  "which NCCL does not make. torchtitan's [norm, output] group is resharded after forward only under the "
                   "'always' policy (55e42c0d models/llama3/infra/parallelize.py:408-412). Under pipelining, "
                   "PipelineStage.backward_maybe_with_nosync sets reshard_after_backward and "
                   "requires_gradient_sync False for every micro-batch (stage.py:843-848) and "

@@ -284,11 +284,10 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
         what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
     else:
         big = _largest_kind(spec)
-        layer = layer_params(spec, M, big)
-        gather = eng.gather_prefetch_layers * A.ACT_BYTES * layer
+        gather = _layers_gather(spec, M, eng)
         what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
                 "(current + prefetched)")
-        if eng.backward_gather_bytes_per_param:
+        if eng.reduce_scatter_input_bytes:
             what += "; the backward's reduce-scatter buffers are an exclusive transient (fsdp_backward_reduce)"
         if eng.head_group_kept_unsharded:
             gather += _head_group(spec, M, view, stage)
@@ -319,34 +318,86 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
     return Term(key="mem.zero3_gather", expr=gather, unit="bytes", source=src, note=note)
 
 
+def _layers_gather(spec: ModelSpec, M: ModelSymbols, eng: EngineProfile) -> sp.Expr:
+    """The decoder layers' unsharded 16-bit weights alive at once (current + prefetched)."""
+    return eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, _largest_kind(spec))
+
+
+def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """Bytes of the gather Term not alive at the loss: the decoder layers' 16-bit weights where
+    each layer is resharded as its forward ends (``layers_resharded_after_forward``, without
+    pipelining and with dp*cp > 1); 0 otherwise."""
+    eng = view.engine
+    if (not eng.layers_resharded_after_forward or view.zero < eng.weights_sharded_from
+            or eng.gather_whole_stage):
+        return sp.Integer(0)
+    unpiped = 1 - sp.Min(pp_expr(spec, view) - 1, 1) if eng.pp_unsharded_stage_bytes else 1
+    return unpiped * sp.Min(G.dense_shard_ranks() - 1, 1) * _layers_gather(spec, M, eng)
+
+
 def _head_group(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
     """The output layer's 16-bit weights on the head's device (EngineProfile.head_group_kept_unsharded)."""
     return head_device_flag(view.schedule, stage, pp_expr(spec, view)) * A.ACT_BYTES * M.V * M.h / S.tp
 
 
-def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr | None:
-    """FSDP2 without pipelining, at the backward's first reduce-scatter, which comes after the
-    loss, the output layer and the last decoder layer have freed their activations: the gather
-    and reduce-scatter bytes then alive (EngineProfile.backward_gather_bytes_per_param per
-    parameter of the largest layer, two sharded fp32 outputs, the output layer's group), and
-    the activations freed by then, so that the phase's total is acts - freed + buffers. None
-    for engines without a measured backward figure, or below zero 3."""
+def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts, stage=S.stage) -> sp.Expr | None:
+    """FSDP2 without pipelining: the largest total of activations, gradients and buffers at one
+    of the backward's reduce-scatters, above the states (``acts``: the activation Term's
+    expression). Backward frees the loss and the output layer, then one decoder layer after
+    another from the last, and each group's reduce-scatter runs as its backward ends
+    (``_rs_bytes``), beside the activations not yet freed, the sharded fp32 gradients already
+    written (4 / (dp*cp) per parameter of the groups reduced before) and the next group's
+    prefetched 16-bit weights. Per layer, the written gradients grow by 4 / (dp*cp) bytes per
+    parameter and the activations shrink by a layer's, so over the layers the total is largest
+    at the first or the last two reduce-scatters: the output layer's, the last layer's, the
+    second layer's (the first layer prefetched), the first layer's (the embedding prefetched),
+    the embedding's. None for engines without a reduce-scatter figure, or below zero 3; zero
+    under pipelining (no backward reduce-scatters: pp_final_reduce) or on one rank."""
     eng = view.engine
-    if not eng.backward_gather_bytes_per_param or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
+    if not eng.reduce_scatter_input_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
         return None
     ctx, pp = act_context(spec, view), pp_expr(spec, view)
-    kind = _largest_kind(spec)
-    outputs = 2 * A.FP32_BYTES / G.dense_shard_ranks()  # two groups' sharded fp32 gradient outputs being written
-    buffers = (eng.backward_gather_bytes_per_param + outputs) * layer_params(spec, M, kind)
-    if eng.head_group_kept_unsharded:
-        buffers += _head_group(spec, M, view, stage)
-    if eng.pp_unsharded_stage_bytes:
-        buffers *= 1 - sp.Min(pp - 1, 1)  # under pipelining no backward reduce-scatters (pp_final_reduce)
-    last_kind = spec.layer_kinds[-1] if spec.layer_kinds else kind
+    kinds = spec.layer_kinds or ["dense"]
+    size = {k: layer_params(spec, M, k) for k in set(kinds)}
+    nd, nm = chunk_layers(spec, view, stage, 0, pp, M.L)
+    layers = nd * size.get("dense", 0) + nm * size.get("moe", 0)
+    head, emb = M.V * M.h / S.tp, device_params(P.embedding_pieces(spec, M))[0]
+    written = A.FP32_BYTES / G.dense_shard_ranks()  # one sharded fp32 gradient byte count per parameter
+    first, last = kinds[0], kinds[-1]
+    second = kinds[1] if len(kinds) > 1 else first
     mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
-    freed = (head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
-             + A.layer_activation(spec, M, ctx, last_kind, mode))
-    return sp.Min(G.dense_shard_ranks() - 1, 1) * (buffers - freed)
+    if view.partial_recompute:
+        rec = sp.Min(S.nrec, 1)
+        first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
+                     + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
+    else:
+        first_act = A.layer_activation(spec, M, ctx, first, mode)
+    after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
+    emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
+    phases = [
+        after_head + _rs_bytes(eng, head, size[last], written),
+        after_head - A.layer_activation(spec, M, ctx, last, mode) + written * head
+        + _rs_bytes(eng, size[last], size[kinds[-2]] if len(kinds) > 1 else emb, written),
+        emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
+        emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], emb, written),
+    ]
+    if len(kinds) > 2:
+        phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
+                      + _rs_bytes(eng, size[second], size[first], written))
+    unpiped = 1 - sp.Min(pp - 1, 1) if eng.pp_unsharded_stage_bytes else 1
+    return unpiped * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
+
+
+def _rs_bytes(eng: EngineProfile, group, prefetched, written) -> sp.Expr:
+    """FSDP2's buffers at the reduce-scatter of ``group`` parameters (torch 2.13
+    _fsdp_collectives.py foreach_reduce): the fp32 input (``reduce_scatter_input_bytes``),
+    first beside the 16-bit unsharded gradients it is copied from, which are freed before
+    the output is allocated (``written`` per parameter, sharded), and any copy the backend
+    makes (``reduce_scatter_copy_bytes``); beside them the next group's ``prefetched``
+    16-bit weights. The group's own unsharded weights are freed before (post_backward
+    reshards first, _fsdp_param_group.py:637-638)."""
+    grads_or_out = sp.Max(A.ACT_BYTES, written + eng.reduce_scatter_copy_bytes)
+    return A.ACT_BYTES * prefetched + (eng.reduce_scatter_input_bytes + grads_or_out) * group
 
 
 def _largest_kind(spec: ModelSpec) -> str:
@@ -409,7 +460,10 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     # (engine option backward_layer_workspace) the gradients of any layer's activations
     one_layer = view.recompute == "full" or eng.backward_layer_workspace
     kind = "moe" if spec.is_moe else "dense"
-    transient = sp.Max(logits, A.layer_activation(spec, M, ctx, kind, "none")) if one_layer else logits
+    # at the loss the layers resharded after forward hold no gathered weights (gathered_at_loss)
+    freed = gathered_at_loss(spec, M, view)
+    loss_phase = logits if freed == 0 else sp.Max(logits - freed, 0)
+    transient = sp.Max(loss_phase, A.layer_activation(spec, M, ctx, kind, "none")) if one_layer else loss_phase
     why = ("compiled loss: saved bf16 logits and their bf16 gradient, engines.COMPILED_LOSS_BYTES"
            if eng.compiled_loss else eng.sources['logits'])
     src = (f"max of exclusive transients: loss logits {logit_bytes} bytes per token x "
@@ -417,12 +471,15 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
            "its backward (its no-recompute activations)")
     if eng.backward_layer_workspace:
         src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
-    backward = fsdp_backward_reduce(spec, M, view, stage)
+    if freed != 0:
+        src += ("; at the loss the decoder layers, resharded after their forward, hold no gathered weights: "
+                "the logits less the gather Term's layers (gathered_at_loss)")
+    backward = fsdp_backward_reduce(spec, M, view, acts, stage)
     if backward is not None:
-        # buffers - freed above the forward's gather (gather holds it and the output layer's group)
-        transient = sp.Max(transient, backward - gather)
-        src += ("; FSDP's first backward reduce-scatter, its buffers beside the activations the loss, the output "
-                "layer and the last layer have freed (fsdp_backward_reduce)")
+        # the reduce-scatter phase replaces the activations and the forward's gather
+        transient = sp.Max(transient, backward - acts - gather)
+        src += ("; FSDP's backward reduce-scatters: at the largest, its buffers, the sharded gradients written "
+                "and the activations not yet freed (fsdp_backward_reduce)")
     group_grads, final = pp_group_grads(spec, M, view), pp_final_reduce(spec, M, view)
     if final is not None:
         # after the last backward the activations are gone: the reduce replaces them
