@@ -331,8 +331,13 @@ def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Ex
     if (not eng.layers_resharded_after_forward or view.zero < eng.weights_sharded_from
             or eng.gather_whole_stage):
         return sp.Integer(0)
-    unpiped = 1 - sp.Min(pp_expr(spec, view) - 1, 1) if eng.pp_unsharded_stage_bytes else 1
-    return unpiped * sp.Min(G.dense_shard_ranks() - 1, 1) * _layers_gather(spec, M, eng)
+    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * _layers_gather(spec, M, eng)
+
+
+def _unpiped(spec: ModelSpec, view: Structure) -> sp.Expr:
+    """1 without pipelining, 0 with it, for engines whose FSDP holds the stage unsharded under
+    pipelining (``pp_unsharded_stage_bytes``: no per-layer gather or reduce-scatter phases then)."""
+    return 1 - sp.Min(pp_expr(spec, view) - 1, 1) if view.engine.pp_unsharded_stage_bytes else sp.Integer(1)
 
 
 def _head_group(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
@@ -384,8 +389,7 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     if len(kinds) > 2:
         phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
                       + _rs_bytes(eng, size[second], size[first], written))
-    unpiped = 1 - sp.Min(pp - 1, 1) if eng.pp_unsharded_stage_bytes else 1
-    return unpiped * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
+    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
 
 
 def _rs_bytes(eng: EngineProfile, group, prefetched, written) -> sp.Expr:
