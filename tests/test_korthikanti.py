@@ -29,7 +29,7 @@ import sympy as sp
 import ndplan
 from ndplan import symbols as S
 from ndplan.formulas import activations as A
-from ndplan.formulas.memory import act_context
+from ndplan.formulas.local import act_context
 from ndplan.symbols import model_symbols
 
 SEQ = 2048

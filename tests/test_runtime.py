@@ -60,9 +60,9 @@ def test_terms_match_the_runtime_per_rank(case):
 
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=[c.name for c in TOKEN_CASES])
 def test_backward_phases_match_the_runtime_within_one_percent(case):
-    """FSDP2's backward reduce-scatters (memory.fsdp_backward_reduce: buffers, sharded gradients
+    """FSDP2's backward reduce-scatters (fsdp_phases.fsdp_backward_reduce: buffers, sharded gradients
     written, activations not yet freed) and the loss with every decoder layer resharded
-    (memory.gathered_at_loss): the peak within 1 % per rank. Before 2026-12-03 one constant at
+    (fsdp_phases.gathered_at_loss): the peak within 1 % per rank. Before 2026-12-03 one constant at
     the first reduce-scatter, with two layers gathered at the loss: +3.3 % and +2.7 %."""
     want = R.predicted(case)["peak"]
     rows = [m for m in _measured() if m.case == case.name]

@@ -21,14 +21,15 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.engines import COMPILED_LOSS_BYTES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
-from ndplan.formulas import params as P
+from ndplan.formulas.fsdp_phases import (fsdp_backward_reduce, gathered_at_loss, head_group, layers_gather,
+                                         pp_final_reduce, pp_group_grads)
+from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
 from ndplan.structure import Structure, peaks_over_held_vectors, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 from ndplan.vocab import RECOMPUTE_MODES
-from ndplan.symbols import model_symbols
 
 STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
 OUTSIDE_TENSOR_KEYS = ("mem.allocator", "mem.reserve")
@@ -38,62 +39,10 @@ _SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimize
                "gradients, 3 adds parameters, over the data-parallel group")
 
 
-def _per_device(pieces: list[P.Piece], tp, ep_etp) -> tuple[sp.Expr, sp.Expr]:
-    """(non-expert, expert) parameters of ``pieces`` held by one device."""
-    dense = sp.Add(*[p.count / (tp if p.shard == "tp" else 1) for p in pieces if p.shard != "expert"])
-    expert = sp.Add(*[p.count / ep_etp for p in pieces if p.shard == "expert"])
-    return dense, expert
-
-
-def stage_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
-    """(non-expert, expert, input-embedding) parameters on one device of ``stage``; the
-    non-expert total includes the embedding."""
-    tp, pp, ep_etp = S.tp, pp_expr(spec, view), S.ep * S.etp
-    dense, expert = sp.Integer(0), sp.Integer(0)
-    layer = {k: _per_device(P.layer_pieces(spec, M, k), tp, ep_etp) for k in ("dense", "moe")}
-    for c in range(view.vpp):
-        nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
-        dense += nd * layer["dense"][0] + nm * layer["moe"][0]
-        expert += nd * layer["dense"][1] + nm * layer["moe"][1]
-    first = is_first(stage)
-    last = head_device_flag(view.schedule, stage, pp)
-    emb_d, _ = _per_device(P.embedding_pieces(spec, M), tp, ep_etp)
-    head_d, _ = _per_device(P.head_pieces(spec, M, tied_copy=False), tp, ep_etp)
-    dense += first * emb_d + last * head_d
-    dense += G.tied_head_copy(spec, first, last) * M.V * M.h / tp
-    if spec.mtp_layers:
-        mtp_d, mtp_e = _per_device(P.mtp_pieces(spec, M), tp, ep_etp)
-        dense += last * spec.mtp_layers * mtp_d
-        expert += last * spec.mtp_layers * mtp_e
-    return dense, expert, first * emb_d
-
-
-def device_params(pieces: list[P.Piece]) -> tuple[sp.Expr, sp.Expr]:
-    """(non-expert, expert) parameters of ``pieces`` on one device (TP/EP-split, not ZeRO-sharded)."""
-    return _per_device(pieces, S.tp, S.ep * S.etp)
-
-
 def weight_cast(view: Structure, eng: EngineProfile) -> int:
     """1 when the engine casts wide unsharded weights to 16 bits every micro-batch, else 0."""
     return int(eng.weight_cast_per_microbatch and view.zero < eng.weights_sharded_from
                and G.weight_bytes(view, eng) > A.ACT_BYTES)
-
-
-def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
-    """Parameters of one layer of ``kind`` on one device (TP/EP-split, not ZeRO-sharded)."""
-    d, e = _per_device(P.layer_pieces(spec, M, kind), S.tp, S.ep * S.etp)
-    return d + e
-
-
-def act_context(spec: ModelSpec, view: Structure, capacity=1) -> A.ActContext:
-    view = structure(spec, view)
-    eng = view.engine
-    seq_par = view.seq_parallel
-    t_sp = S.tp if seq_par else sp.Integer(1)
-    return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,
-                        capacity=sp.sympify(capacity), flash=view.flash_attention, sp=seq_par, eng=eng, sp_flag=view.sp,
-                        selective_configured=view.recompute == "selective", ep=S.ep, traced=spec.traced,
-                        traced_mode=view.recompute)
 
 
 def chunk_recompute_count(eng: EngineProfile, view: Structure, chunk: int) -> sp.Expr:
@@ -283,14 +232,14 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
         gather = A.ACT_BYTES * (dense + expert)
         what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
     else:
-        big = _largest_kind(spec)
-        gather = _layers_gather(spec, M, eng)
+        big = largest_kind(spec)
+        gather = layers_gather(spec, M, eng)
         what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
                 "(current + prefetched)")
         if eng.reduce_scatter_input_bytes:
             what += "; the backward's reduce-scatter buffers are an exclusive transient (fsdp_backward_reduce)"
         if eng.head_group_kept_unsharded:
-            gather += _head_group(spec, M, view, stage)
+            gather += head_group(spec, M, view, stage)
             what += "; the output layer's 16-bit weights, kept gathered from its forward into backward"
         if eng.pp_unsharded_stage_bytes:
             piped = sp.Min(pp - 1, 1)
@@ -316,129 +265,6 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
     if "gather" in eng.sources:
         src += f" ({eng.sources['gather']})"
     return Term(key="mem.zero3_gather", expr=gather, unit="bytes", source=src, note=note)
-
-
-def _layers_gather(spec: ModelSpec, M: ModelSymbols, eng: EngineProfile) -> sp.Expr:
-    """The decoder layers' unsharded 16-bit weights alive at once (current + prefetched)."""
-    return eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, _largest_kind(spec))
-
-
-def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
-    """Bytes of the gather Term not alive at the loss: the decoder layers' 16-bit weights where
-    each layer is resharded as its forward ends (``layers_resharded_after_forward``, without
-    pipelining and with dp*cp > 1); 0 otherwise."""
-    eng = view.engine
-    if (not eng.layers_resharded_after_forward or view.zero < eng.weights_sharded_from
-            or eng.gather_whole_stage):
-        return sp.Integer(0)
-    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * _layers_gather(spec, M, eng)
-
-
-def _unpiped(spec: ModelSpec, view: Structure) -> sp.Expr:
-    """1 without pipelining, 0 with it, for engines whose FSDP holds the stage unsharded under
-    pipelining (``pp_unsharded_stage_bytes``: no per-layer gather or reduce-scatter phases then)."""
-    return 1 - sp.Min(pp_expr(spec, view) - 1, 1) if view.engine.pp_unsharded_stage_bytes else sp.Integer(1)
-
-
-def _head_group(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
-    """The output layer's 16-bit weights on the head's device (EngineProfile.head_group_kept_unsharded)."""
-    return head_device_flag(view.schedule, stage, pp_expr(spec, view)) * A.ACT_BYTES * M.V * M.h / S.tp
-
-
-def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts, stage=S.stage) -> sp.Expr | None:
-    """FSDP2 without pipelining: the largest total of activations, gradients and buffers at one
-    of the backward's reduce-scatters, above the states (``acts``: the activation Term's
-    expression). Backward frees the loss and the output layer, then one decoder layer after
-    another from the last, and each group's reduce-scatter runs as its backward ends
-    (``_rs_bytes``), beside the activations not yet freed, the sharded fp32 gradients already
-    written (4 / (dp*cp) per parameter of the groups reduced before) and the next group's
-    prefetched 16-bit weights. Per layer, the written gradients grow by 4 / (dp*cp) bytes per
-    parameter and the activations shrink by a layer's, so over the layers the total is largest
-    at the first or the last two reduce-scatters: the output layer's, the last layer's, the
-    second layer's (the first layer prefetched), the first layer's (the embedding prefetched),
-    the embedding's. None for engines without a reduce-scatter figure, or below zero 3; zero
-    under pipelining (no backward reduce-scatters: pp_final_reduce) or on one rank."""
-    eng = view.engine
-    if not eng.reduce_scatter_input_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
-        return None
-    ctx, pp = act_context(spec, view), pp_expr(spec, view)
-    kinds = spec.layer_kinds or ["dense"]
-    size = {k: layer_params(spec, M, k) for k in set(kinds)}
-    nd, nm = chunk_layers(spec, view, stage, 0, pp, M.L)
-    layers = nd * size.get("dense", 0) + nm * size.get("moe", 0)
-    head, emb = M.V * M.h / S.tp, device_params(P.embedding_pieces(spec, M))[0]
-    written = A.FP32_BYTES / G.dense_shard_ranks()  # one sharded fp32 gradient byte count per parameter
-    first, last = kinds[0], kinds[-1]
-    second = kinds[1] if len(kinds) > 1 else first
-    mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
-    if view.partial_recompute:
-        rec = sp.Min(S.nrec, 1)
-        first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
-                     + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
-    else:
-        first_act = A.layer_activation(spec, M, ctx, first, mode)
-    after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
-    emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
-    phases = [
-        after_head + _rs_bytes(eng, head, size[last], written),
-        after_head - A.layer_activation(spec, M, ctx, last, mode) + written * head
-        + _rs_bytes(eng, size[last], size[kinds[-2]] if len(kinds) > 1 else emb, written),
-        emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
-        emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], emb, written),
-    ]
-    if len(kinds) > 2:
-        phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
-                      + _rs_bytes(eng, size[second], size[first], written))
-    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
-
-
-def _rs_bytes(eng: EngineProfile, group, prefetched, written) -> sp.Expr:
-    """FSDP2's buffers at the reduce-scatter of ``group`` parameters (torch 2.13
-    _fsdp_collectives.py foreach_reduce): the fp32 input (``reduce_scatter_input_bytes``),
-    first beside the 16-bit unsharded gradients it is copied from, which are freed before
-    the output is allocated (``written`` per parameter, sharded), and any copy the backend
-    makes (``reduce_scatter_copy_bytes``); beside them the next group's ``prefetched``
-    16-bit weights. The group's own unsharded weights are freed before (post_backward
-    reshards first, _fsdp_param_group.py:637-638)."""
-    grads_or_out = sp.Max(A.ACT_BYTES, written + eng.reduce_scatter_copy_bytes)
-    return A.ACT_BYTES * prefetched + (eng.reduce_scatter_input_bytes + grads_or_out) * group
-
-
-def _largest_kind(spec: ModelSpec) -> str:
-    """The decoder layer kind with the most parameters (the largest FSDP group)."""
-    concrete = model_symbols(spec)  # compare sizes in numbers (M may be symbolic: explain --symbolic)
-    return max(("dense", "moe") if spec.is_moe else ("dense",), key=lambda k: P.total(P.layer_pieces(spec, concrete, k)))
-
-
-def _piped_fsdp(spec: ModelSpec, view: Structure) -> sp.Expr | None:
-    """1 where FSDP holds the stage unsharded under pipelining (``pp_unsharded_stage_bytes``,
-    zero >= 3, pp > 1, dp*cp > 1), as an expression in pp and dp*cp; None for other engines."""
-    eng = view.engine
-    if not eng.pp_unsharded_stage_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
-        return None
-    return sp.Min(pp_expr(spec, view) - 1, 1) * sp.Min(G.dense_shard_ranks() - 1, 1)
-
-
-def pp_group_grads(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:
-    """FSDP under pipelining, in each micro-batch's backward: one group's 16-bit gradients, alive
-    until its post_backward accumulates them into the fp32 unsharded gradient
-    (_fsdp_param_group.py:603-612, _fsdp_param.py:802-821, torch 2.13). They appear as the
-    layer's backward ends, after the loss's logits are freed (an exclusive transient)."""
-    piped = _piped_fsdp(spec, view)
-    return None if piped is None else piped * A.ACT_BYTES * layer_params(spec, M, _largest_kind(spec))
-
-
-def pp_final_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:
-    """FSDP under pipelining: bytes above the unsharded stage (``pp_unsharded_stage_bytes``) while
-    the step's one reduce-scatter writes the sharded fp32 gradients and frees the accumulated ones
-    group by group (PipelineStage.perform_reduce_grad, stage.py:1164-1191, torch 2.13), after every
-    activation is freed. Read off the gloo runtime (tests/test_runtime.py, 0.59 M-parameter
-    layers): 1.84 / 1.12 MB above the held bytes at dp = 2 / 4, about two sharded fp32 outputs of
-    a layer: the one coefficient fitted there."""
-    piped = _piped_fsdp(spec, view)
-    if piped is None:
-        return None
-    return piped * 2 * A.FP32_BYTES / G.dense_shard_ranks() * layer_params(spec, M, _largest_kind(spec))
 
 
 def loss_logits(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:

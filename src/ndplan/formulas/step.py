@@ -59,7 +59,7 @@ from ndplan.formulas import comm as C
 from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ACT_BYTES, ActContext
 from ndplan.formulas import groups as G
-from ndplan.formulas.memory import act_context, stage_params
+from ndplan.formulas.local import act_context, stage_params
 from ndplan.formulas.placement import chunk_layers, head_device_flag, pp_expr, symbolic_layout
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols

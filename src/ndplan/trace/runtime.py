@@ -375,8 +375,9 @@ def predicted(case: Case) -> dict[str, int]:
     from ndplan.catalog.model import model_from_config
     from ndplan.estimate import strategy_point
     from ndplan.formulas import params as P
-    from ndplan.formulas.memory import (device_params, gather_term, loss_logits, pp_final_reduce, pp_group_grads,
-                                        static_terms)
+    from ndplan.formulas.fsdp_phases import pp_final_reduce, pp_group_grads
+    from ndplan.formulas.local import device_params
+    from ndplan.formulas.memory import gather_term, loss_logits, static_terms
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
     if case.mode == "pp":

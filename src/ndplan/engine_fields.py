@@ -1,0 +1,213 @@
+"""The EngineProfile dataclass: every framework-specific choice behind an estimate as a
+named, documented field (the profiles themselves, and ``--set`` overrides, are in engines.py).
+
+Bytes per parameter are per element of the state named; ``*_sharded_from`` gives the
+ZeRO level from which that state is sharded over the data-parallel group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineProfile:
+    name: str
+    weight_bytes: int
+    """Persistent weight copy per parameter (bf16 = 2; FSDP2 keeps fp32 shards = 4)."""
+    master_bytes: int
+    """Separate fp32 master copy per parameter (0 if the weights are the master)."""
+    optimizer_bytes: int
+    """Adam first and second moments, fp32: 2 x 4 bytes."""
+    grad_bytes_fp32: int
+    """Gradient bytes per parameter when grad_dtype=fp32."""
+    weights_sharded_from: int
+    """Lowest ZeRO level that shards the persistent weights (3 for ZeRO-3/FSDP)."""
+    grads_sharded_from: int
+    master_sharded_from: int
+    logits_bytes_per_element: int
+    """Transient bytes per (token, vocab/tp) element at the loss on the last stage."""
+    gather_prefetch_layers: int
+    """ZeRO-3/FSDP: layers whose unsharded bf16 weights are alive at once (current + prefetch)."""
+    reduce_scatter_input_bytes: int = 0
+    """ZeRO-3/FSDP in backward, bytes per parameter of the group being reduced in its reduce-scatter
+    input (0: no backward reduce-scatter phase is modelled). FSDP2 with reduce_dtype fp32: 4, the
+    fp32 input, first beside the 16-bit unsharded gradients it is copied from, then beside the
+    sharded fp32 output; the next group's backward-prefetched 16-bit weights sit beside it.
+    torch 2.13 drops the previous group's input before the next is allocated
+    (``reduce_scatter_max_input_buffers`` = 1, _fsdp_param_group.py:640-657). The phase is
+    exclusive with the loss and the forward's gather (formulas/fsdp_phases.py fsdp_backward_reduce:
+    the largest over the output layer's, the last two and the first two layers' reduce-scatters,
+    with the sharded gradients written by then and the activations not yet freed). Checked on the
+    gloo runtime at every shape of benchmarks/memory_validation.py (d); before 2026-12-03 one
+    constant (6 + two sharded outputs at the first layer's reduce-scatter) was +2.8 to +4.9 % at
+    tokens (1, 64) and (2, 128)."""
+    reduce_scatter_copy_bytes: int = 0
+    """Bytes per parameter of the group being reduced that the collective backend copies inside a
+    reduce-scatter (NCCL: 0, in place; gloo: GLOO_REDUCE_SCATTER_COPY_BYTES, which the CPU runtime
+    harness sets, trace/runtime.py gloo_engine)."""
+    grads_built_in_backward: bool = False
+    """With the weights sharded (zero >= weights_sharded_from), gradients are freed when each step
+    begins (``optimizer.zero_grad()`` with set_to_none) and each FSDP group's sharded gradient is
+    written at its reduce-scatter, so they build up while
+    backward frees the activations: the peak holds max(gradients, activations + transients +
+    gather buffers) above weights and optimizer states (memory.stage_memory)."""
+    head_group_kept_unsharded: bool = False
+    """The output layer's FSDP group is not resharded after forward, so its 16-bit weights stay
+    gathered through the loss and into backward (torchtitan: [norm, output] with
+    reshard_after_forward only under the "always" policy)."""
+    layers_resharded_after_forward: bool = False
+    """Without pipelining, every decoder layer's group is resharded as its forward ends, so at the
+    loss no layer's 16-bit weights are gathered (only the output layer's, head_group_kept_unsharded);
+    the backward prefetches the last layer once the output layer's backward begins. torchtitan's
+    "default" policy without PP (reshard_after_forward True for every block, 55e42c0d
+    torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy). Measured on the gloo
+    runtime (trace/runtime.py, fsdp at world 4, tokens (2, 128)): at the loss the live bytes are the
+    activations, the output layer's group and the loss transient, 5,144 B (0.05 %) from the Terms
+    without any layer gathered (memory.transient_term)."""
+    pp_unsharded_stage_bytes: int = 0
+    """With pipeline parallelism, bytes per stage parameter that FSDP keeps unsharded from the
+    first micro-batch's backward to the step's end (0: the per-layer gather): torch.distributed
+    .pipelining runs every micro-batch's backward without gradient sync or resharding and
+    reduces once at the end, so the 16-bit unsharded parameters (2) and the fp32 unsharded
+    accumulated gradients (4) of the whole stage stay."""
+    pp_recv_buffers_per_microbatch: bool = False
+    """Pipelining with torch.distributed.pipelining (torch <= 2.13): every PipelineStage allocates,
+    when its schedule first runs, one activation receive buffer per micro-batch on each chunk
+    that is not the first virtual stage and one gradient receive buffer per micro-batch on each
+    chunk that is not the last (stage.py:2254-2275 ``_setup_forward_recv_info``, 2286-2320
+    ``_create_grad_recv_info``) and keeps them for the whole run; the multi-stage runtime keeps
+    every tensor it sent until the step ends (formulas/memory.py ``MULTI_STAGE_RUNTIME``). Known
+    upstream: pytorch#136380, PRs #193872 and #196463 (allocate just in time; not in 2.13).
+    Measured on gloo by tests/test_runtime.py."""
+    loss_saved_bytes_per_element: int = 0
+    """Bytes per logit the loss keeps from its forward to its backward: on the last pipeline
+    stage every held micro-batch but the one in backward (counted in the logits transient)
+    keeps them, since the loss runs in each micro-batch's forward (0: not modelled)."""
+    compiled_blocks: bool = False
+    """Every decoder layer runs under torch.compile (torchtitan ``compile.enable`` compiles each
+    block, apply_compile). What a compiled graph saves is chosen by AOTAutograd's min-cut
+    partitioner with inductor's decompositions, which recomputes cheap pointwise ops in backward
+    instead of saving their outputs: without recompute (and under Megatron-style selective) a
+    layer keeps each norm's 16-bit input and 1/rms only (``norm_input_bytes`` 2: the fp32 copies
+    transformers' RMSNorm saves are recomputed) and its gated MLP's gate, up and product
+    outputs but not the SiLU output (``swiglu_bytes_per_f`` 6). Measured on the transformers
+    Llama layer: exactly 8h + 8 + 4ad + 4kv*d + 4a + 6f bytes per token compiled against
+    16h + 8 + 4ad + 4kv*d + 4a + 8f eager (``ndplan trace --policy compiled``,
+    tests/test_trace.py). Op-level SAC and full recompute keep their own saved sets (the
+    partitioner honours the checkpoint's policy); the output layer is not compiled."""
+    compiled_loss: bool = False
+    """The loss runs under torch.compile (torchtitan ``compile.enable`` compiles the loss since
+    bbb1b616, 2025-04-02): inductor fuses the fp32 upcast, log-softmax and its gradient, so the
+    loss keeps only the bf16 logits and writes a bf16 gradient: ``COMPILED_LOSS_BYTES`` per
+    element instead of ``logits_bytes_per_element``."""
+    reserve_bytes: int
+    """Named framework reserve added to every device's peak: memory outside the framework's
+    tensor allocator (CUDA context, NCCL and cuBLAS workspaces)."""
+    allocator_slack_permille: int = 0
+    """What the caching allocator holds beyond the live tensors at the peak (block rounding,
+    cached free blocks, fragmentation), per mille of the allocated bytes: reserved =
+    allocated x (1 + slack/1000). 0 for an engine whose measured peaks are its own pool's."""
+    sources: dict
+    # --- activation choices (formulas/activations.py) ---
+    norm_input_bytes: int = 2
+    """Bytes per element of the norm input saved for backward (4 when norms compute in fp32)."""
+    norm_stat_bytes: int = 0
+    """Bytes per token each RMSNorm saves for its statistic (the fp32 1/rms: 4); 0 = not counted."""
+    mla_value_keeps_kv_up: bool = False
+    """MLA: v is a view of the kv up-projection output, so keeping v keeps the whole output,
+    k_nope included (a*(dn+dv) per token instead of a*dv)."""
+    attention_kv_expanded: bool = False
+    """Without flash attention, k and v are saved after repeat_kv, with a heads each instead of kv."""
+    repeat_kv_always: bool = False
+    """k and v are expanded to a heads (``repeat_kv``) before the attention kernel, flash or
+    not, so the kernel saves the expanded copies (torchtitan until ``enable_gqa``)."""
+    rope_inputs_kept: bool = False
+    """The rotary embedding saves its q and k inputs for backward (x*cos + rotate(x)*sin through
+    multiplies whose backward keeps both operands), beside the rotated q and k."""
+    gathered_inputs_kept: bool = False
+    """SP: the all-gathered norm outputs (QKV and FC1 inputs) are saved full-size, not re-gathered."""
+    swiglu_bytes_per_f: int = 6
+    """Gated MLP bytes saved per intermediate element: fused SwiGLU keeps gate+up (4) and the
+    down-projection input (2); an unfused graph also keeps the SiLU output (+2)."""
+    selective_op_sac: bool = False
+    """``selective`` recompute is op-level selective checkpointing (torchtitan's AC mode
+    ``selective`` with ``selective_ac_option = "op"``): each layer stores its input, every
+    other mm output and the attention kernel's outputs (formulas/activations.op_sac_layer);
+    False: the components in ``selective_drops`` are recomputed (Megatron)."""
+    selective_drops: tuple[str, ...] = ("core",)
+    """Activation components the engine's selective recompute does not store."""
+    comm_recompute_keeps_shard: bool = False
+    """When selective recompute drops a kept all-gathered linear input (``gathered_inputs_kept``),
+    the all-gather is re-run in backward, so its SP-sharded input (2*s*b*h/tp) stays stored."""
+    score_bytes: int = 0
+    """Without flash attention: bytes per s x s score element saved (0 = Korthikanti's softmax +
+    dropout accounting)."""
+    selective_score_bytes: int = 0
+    """Score bytes still saved per element under selective recompute (without flash attention)."""
+    selective_score_global: bool = False
+    """Without flash attention, configuring selective recompute on any layer sets the score
+    bytes of every layer to ``selective_score_bytes`` (MindFormers applies the softmax
+    recompute flag model-wide: measured llama3/no_fa, whose selective list ends in zeros)."""
+    cp_implies_sp: bool = False
+    """Context parallelism shards the residual stream over the TP group as SP does
+    (measured llama3/cp2_colai_norec: 305.6 MiB per layer per micro-batch with SP off
+    matches the SP form, 4h + (12h + 4g + 8f)/tp bytes per token)."""
+    full_recompute_input_sliced: bool = True
+    """Full recompute stores the layer input TP-sliced when SP is on (the user's SP switch: an
+    SP-like layout implied by CP, ``cp_implies_sp``, stays inside the layer)."""
+    comm_buffer_sp_gather: bool = True
+    """A transient SP all-gather output (2*s*b*h) on top of stored activations."""
+    # --- static-memory choices ---
+    attention_mask_bytes: int = 0
+    """Bytes per element of a persistent s x s causal attention mask (full sequence, also under
+    CP), one per pipeline chunk (0: the kernels build the mask on the fly)."""
+    rope_table_bytes: int = 0
+    """Bytes per element of persistent rotary cos and sin tables (s x head_dim each), one pair
+    per pipeline chunk (0: computed on the fly)."""
+    grads_in_weight_dtype: bool = False
+    """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
+    grads_shard_tp_only: bool = False
+    """Gradients split over TP only, never over dp/cp (MindSpore without gradient_accumulation_shard);
+    an input embedding that is not ZeRO-sharded keeps its (tp*cp) slice in the gradient too."""
+    grads_without_accumulation: bool = True
+    """A persistent gradient buffer exists even without micro-batch accumulation. MindSpore
+    keeps ``accu_grad`` only when it accumulates (pp > 1 or several micro-batches): the
+    measured pp=1 cases report 0 MiB accumulated gradients."""
+    embedding_zero_sharded: bool = True
+    """The input embedding is sharded over dp by ZeRO/optimizer parallel."""
+    gather_whole_stage: bool = False
+    """ZeRO-3-like gather keeps 16-bit copies of all the stage's weights at once (MindSpore
+    optimizer parallel) instead of ``gather_prefetch_layers`` layers."""
+    weight_cast_per_microbatch: bool = False
+    """Without weight sharding, fp32 weights are cast to 16-bit per micro-batch and the cast is
+    saved for backward (per in-flight micro-batch)."""
+    backward_layer_workspace: bool = False
+    """During a layer's backward the gradients of its activations, about one micro-batch of that
+    layer's no-recompute activations, are alive beside the stored ones (exclusive with the loss
+    logits, like the layer that full recompute rebuilds)."""
+    sharded_weights_cast_once: bool = False
+    """Weights stored wider than 16 bits and sharded (optimizer parallel): the 16-bit copy of
+    the stage's weights exists even when dp*cp = 1, as the cast output, made once per step and
+    shared by all micro-batches like the all-gather output (``gather_whole_stage``)."""
+    optimizer_step_temp_bytes: int = 0
+    """Temporaries per local parameter during the optimizer step (no activations alive then)."""
+    recompute_count_per_stage: bool = False
+    """With VPP, a recompute layer count (``Strategy.recompute_layers``) is the total of the
+    whole stage, dealt one layer at a time to its chunks 0, 1, ..., vpp-1, 0, ... (each chunk
+    recomputes its first layers). False: the count applies to each chunk (Megatron
+    ``--recompute-num-layers`` counts layers per model chunk)."""
+    selective_needs_tp: bool = False
+    """Selective recompute takes effect only when SP splits the sequence over a TP group of
+    more than one device; with SP off (or tp = 1, where SP is a no-op) the selected layers
+    store what unselected layers store."""
+    # --- time choices (formulas/step.py) ---
+    overlap_grad_reduce: bool = True
+    """ZeRO 0-2: the data-parallel gradient reduction runs under the last micro-batch's backward
+    (Megatron ``--overlap-grad-reduce``; PyTorch DDP/FSDP bucketing; DeepSpeed ``overlap_comm``)."""
+    overlap_param_gather: bool = True
+    """ZeRO 1-2: the parameter all-gather after the optimizer step runs under the next forward
+    (Megatron ``--overlap-param-gather``)."""
+    overlap_tp_comm: bool = False
+    """TP/SP collectives overlap the GEMMs (Megatron ``--tp-comm-overlap`` with TE userbuffers); off by
+    default in Megatron-LM, so TP communication is exposed."""

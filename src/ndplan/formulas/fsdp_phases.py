@@ -1,0 +1,137 @@
+"""FSDP2's phases, each an absolute total of live bytes at one moment of the step (torch 2.13
+torch/distributed/fsdp/_fully_shard; measured on gloo by trace/runtime.py): the forward's
+gathered layers, what is still gathered at the loss, the backward's reduce-scatters without
+pipelining, and under pipelining one group's 16-bit gradients and the final reduce-scatter.
+memory.gather_term and memory.transient_term combine them into the peak."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.model import ModelSpec
+from ndplan.engines import EngineProfile
+from ndplan.formulas import activations as A
+from ndplan.formulas import groups as G
+from ndplan.formulas import params as P
+from ndplan.formulas.local import act_context, device_params, largest_kind, layer_params
+from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr
+from ndplan.structure import Structure
+from ndplan.symbols import ModelSymbols
+
+
+def layers_gather(spec: ModelSpec, M: ModelSymbols, eng: EngineProfile) -> sp.Expr:
+    """The decoder layers' unsharded 16-bit weights alive at once (current + prefetched)."""
+    return eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, largest_kind(spec))
+
+
+def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """Bytes of the gather Term not alive at the loss: the decoder layers' 16-bit weights where
+    each layer is resharded as its forward ends (``layers_resharded_after_forward``, without
+    pipelining and with dp*cp > 1); 0 otherwise."""
+    eng = view.engine
+    if (not eng.layers_resharded_after_forward or view.zero < eng.weights_sharded_from
+            or eng.gather_whole_stage):
+        return sp.Integer(0)
+    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * layers_gather(spec, M, eng)
+
+
+def _unpiped(spec: ModelSpec, view: Structure) -> sp.Expr:
+    """1 without pipelining, 0 with it, for engines whose FSDP holds the stage unsharded under
+    pipelining (``pp_unsharded_stage_bytes``: no per-layer gather or reduce-scatter phases then)."""
+    return 1 - sp.Min(pp_expr(spec, view) - 1, 1) if view.engine.pp_unsharded_stage_bytes else sp.Integer(1)
+
+
+def head_group(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
+    """The output layer's 16-bit weights on the head's device (EngineProfile.head_group_kept_unsharded)."""
+    return head_device_flag(view.schedule, stage, pp_expr(spec, view)) * A.ACT_BYTES * M.V * M.h / S.tp
+
+
+def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts, stage=S.stage) -> sp.Expr | None:
+    """FSDP2 without pipelining: the largest total of activations, gradients and buffers at one
+    of the backward's reduce-scatters, above the states (``acts``: the activation Term's
+    expression). Backward frees the loss and the output layer, then one decoder layer after
+    another from the last, and each group's reduce-scatter runs as its backward ends
+    (``_rs_bytes``), beside the activations not yet freed, the sharded fp32 gradients already
+    written (4 / (dp*cp) per parameter of the groups reduced before) and the next group's
+    prefetched 16-bit weights. Per layer, the written gradients grow by 4 / (dp*cp) bytes per
+    parameter and the activations shrink by a layer's, so over the layers the total is largest
+    at the first or the last two reduce-scatters: the output layer's, the last layer's, the
+    second layer's (the first layer prefetched), the first layer's (the embedding prefetched),
+    the embedding's. None for engines without a reduce-scatter figure, or below zero 3; zero
+    under pipelining (no backward reduce-scatters: pp_final_reduce) or on one rank."""
+    eng = view.engine
+    if not eng.reduce_scatter_input_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
+        return None
+    ctx, pp = act_context(spec, view), pp_expr(spec, view)
+    kinds = spec.layer_kinds or ["dense"]
+    size = {k: layer_params(spec, M, k) for k in set(kinds)}
+    nd, nm = chunk_layers(spec, view, stage, 0, pp, M.L)
+    layers = nd * size.get("dense", 0) + nm * size.get("moe", 0)
+    head, emb = M.V * M.h / S.tp, device_params(P.embedding_pieces(spec, M))[0]
+    written = A.FP32_BYTES / G.dense_shard_ranks()  # one sharded fp32 gradient byte count per parameter
+    first, last = kinds[0], kinds[-1]
+    second = kinds[1] if len(kinds) > 1 else first
+    mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
+    if view.partial_recompute:
+        rec = sp.Min(S.nrec, 1)
+        first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
+                     + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
+    else:
+        first_act = A.layer_activation(spec, M, ctx, first, mode)
+    after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
+    emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
+    phases = [
+        after_head + _rs_bytes(eng, head, size[last], written),
+        after_head - A.layer_activation(spec, M, ctx, last, mode) + written * head
+        + _rs_bytes(eng, size[last], size[kinds[-2]] if len(kinds) > 1 else emb, written),
+        emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
+        emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], emb, written),
+    ]
+    if len(kinds) > 2:
+        phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
+                      + _rs_bytes(eng, size[second], size[first], written))
+    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
+
+
+def _rs_bytes(eng: EngineProfile, group, prefetched, written) -> sp.Expr:
+    """FSDP2's buffers at the reduce-scatter of ``group`` parameters (torch 2.13
+    _fsdp_collectives.py foreach_reduce): the fp32 input (``reduce_scatter_input_bytes``),
+    first beside the 16-bit unsharded gradients it is copied from, which are freed before
+    the output is allocated (``written`` per parameter, sharded), and any copy the backend
+    makes (``reduce_scatter_copy_bytes``); beside them the next group's ``prefetched``
+    16-bit weights. The group's own unsharded weights are freed before (post_backward
+    reshards first, _fsdp_param_group.py:637-638)."""
+    grads_or_out = sp.Max(A.ACT_BYTES, written + eng.reduce_scatter_copy_bytes)
+    return A.ACT_BYTES * prefetched + (eng.reduce_scatter_input_bytes + grads_or_out) * group
+
+
+def _piped_fsdp(spec: ModelSpec, view: Structure) -> sp.Expr | None:
+    """1 where FSDP holds the stage unsharded under pipelining (``pp_unsharded_stage_bytes``,
+    zero >= 3, pp > 1, dp*cp > 1), as an expression in pp and dp*cp; None for other engines."""
+    eng = view.engine
+    if not eng.pp_unsharded_stage_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
+        return None
+    return sp.Min(pp_expr(spec, view) - 1, 1) * sp.Min(G.dense_shard_ranks() - 1, 1)
+
+
+def pp_group_grads(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:
+    """FSDP under pipelining, in each micro-batch's backward: one group's 16-bit gradients, alive
+    until its post_backward accumulates them into the fp32 unsharded gradient
+    (_fsdp_param_group.py:603-612, _fsdp_param.py:802-821, torch 2.13). They appear as the
+    layer's backward ends, after the loss's logits are freed (an exclusive transient)."""
+    piped = _piped_fsdp(spec, view)
+    return None if piped is None else piped * A.ACT_BYTES * layer_params(spec, M, largest_kind(spec))
+
+
+def pp_final_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:
+    """FSDP under pipelining: bytes above the unsharded stage (``pp_unsharded_stage_bytes``) while
+    the step's one reduce-scatter writes the sharded fp32 gradients and frees the accumulated ones
+    group by group (PipelineStage.perform_reduce_grad, stage.py:1164-1191, torch 2.13), after every
+    activation is freed. Read off the gloo runtime (tests/test_runtime.py, 0.59 M-parameter
+    layers): 1.84 / 1.12 MB above the held bytes at dp = 2 / 4, about two sharded fp32 outputs of
+    a layer: the one coefficient fitted there."""
+    piped = _piped_fsdp(spec, view)
+    if piped is None:
+        return None
+    return piped * 2 * A.FP32_BYTES / G.dense_shard_ranks() * layer_params(spec, M, largest_kind(spec))
