@@ -368,6 +368,37 @@ def test_torchtitan_parsed_and_fits(tmp_path):
     assert ": fits" in r.output
 
 
+def _titan_toml(model: str = "", training: str = "", tables: str = "", shard: int = -1, replicate: int = 1) -> str:
+    return (f'[model]\nname = "llama3"\nflavor = "8B"\n{model}\n'
+            f"[parallelism]\ndata_parallel_replicate_degree = {replicate}\ndata_parallel_shard_degree = {shard}\n"
+            f"tensor_parallel_degree = 2\n\n[training]\nlocal_batch_size = 2\nseq_len = 8192\n{training}\n{tables}")
+
+
+F8 = 'converters = ["float8"]'
+
+
+@pytest.mark.parametrize("model, training, tables, settings", [
+    ("", "", "[compile]\nenable = true\n", {"compiled_blocks", "compiled_loss"}),  # Compile default: model, loss
+    ("", "", '[compile]\nenable = true\ncomponents = ["model"]\n', {"compiled_blocks"}),
+    ("", "compile = true", "", {"compiled_blocks", "compiled_loss"}),  # 2025: one switch, both (bbb1b616)
+    (F8, "", "[float8]\nenable_fsdp_float8_all_gather = true\n", {"float8_all_gather"}),
+    (F8, "", "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n", {"float8_all_gather"}),
+    (F8, "", "", set()),  # float8 with the bf16 all-gather: memory as bf16
+    ("", "", "[float8]\nenable_fsdp_float8_all_gather = true\n", set()),  # no float8 converter
+])
+def test_torchtitan_compile_and_float8_keys_set_engine_settings(tmp_path, model, training, tables, settings):
+    """torchtitan's job_config: [compile] enable / components (default ["model", "loss"]), the older
+    training.compile, and the float8 all-gather only with a float8 converter and FSDP sharding
+    (float8.py: enable_fsdp_float8_all_gather is taken when parallel_dims.dp_shard_enabled)."""
+    f = tmp_path / "llama3_8b.toml"
+    f.write_text(_titan_toml(model, training, tables))
+    engine = read_config(f, gpus=16).strategy.engine
+    got = {kv.split("=")[0] for kv in engine[engine.index("[") + 1:-1].split(",")} if "[" in engine else set()
+    assert got == settings, engine
+    f.write_text(_titan_toml(model, training, tables, shard=1, replicate=8))  # DDP: no FSDP all-gather
+    assert "float8_all_gather" not in read_config(f, gpus=16).strategy.engine
+
+
 def test_torchtitan_oom_proposals_apply(tmp_path):
     f = tmp_path / "llama3_8b.toml"
     f.write_text(TORCHTITAN_8B.replace("local_batch_size = 2", "local_batch_size = 8")

@@ -126,3 +126,29 @@ def test_hf_config_dir_works_through_estimate(tmp_path):
     est = ndplan.estimate(ndplan.load_model(str(d)), ndplan.load_hardware("h100-sxm"),
                           ndplan.Strategy(dp=8, gbs=8, seq=4096))
     assert est.params_total == 8_030_261_248
+
+
+def test_float8_linear_weights_are_the_hand_count():
+    """The decoder-layer weights torchtitan's float8 converter swaps for Float8Linear, from the
+    configs' widths: Llama-3-8B q 4096x4096, k and v 4096x1024, o 4096x4096, gate/up/down 3x4096x14336
+    (the norms stay); Mixtral-8x7B only attention (experts are not nn.Linear, the router is filtered)."""
+    from ndplan.formulas.params import float8_linear_pieces
+    llama, mixtral = ndplan.load_model("llama3-8b"), ndplan.load_model("mixtral-8x7b")
+    n = sum(int(p.count) for p in float8_linear_pieces(llama, model_symbols(llama), "dense"))
+    assert n == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    n = sum(int(p.count) for p in float8_linear_pieces(mixtral, model_symbols(mixtral), "moe"))
+    assert n == 2 * 4096 * 4096 + 2 * 4096 * 1024
+
+
+@pytest.mark.parametrize("pp, layers_gathered", [(1, 2), (2, 16)])
+def test_float8_all_gather_holds_a_byte_per_swapped_weight(pp, layers_gathered):
+    """FSDP float8 all-gather (engine setting float8_all_gather) shrinks the gather Term by one byte per
+    Float8Linear weight element of each gathered layer: the current and the prefetched one without
+    pipelining, every layer of the stage (16 of 32) under pipelining (reshard_after_forward=False)."""
+    spec, hw = ndplan.load_model("llama3-8b"), ndplan.load_hardware("h100-sxm")
+    swapped = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    kw = dict(dp=8 // pp, pp=pp, mbs=1, gbs=8 * (8 // pp), seq=4096, zero=3, recompute="selective")
+    terms = [ndplan.estimate(spec, hw, ndplan.Strategy(engine=e, **kw)).per_stage[0]["terms"]
+             for e in ("fsdp", ndplan.engines.derive("fsdp", {"float8_all_gather": 1}))]
+    assert terms[0]["mem.zero3_gather"] - terms[1]["mem.zero3_gather"] == layers_gathered * swapped
+    assert terms[0]["mem.activations"] == terms[1]["mem.activations"]  # Float8Linear saves bf16 inputs

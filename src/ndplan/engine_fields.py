@@ -29,6 +29,18 @@ class EngineProfile:
     """Transient bytes per (token, vocab/tp) element at the loss on the last stage."""
     gather_prefetch_layers: int
     """ZeRO-3/FSDP: layers whose unsharded bf16 weights are alive at once (current + prefetch)."""
+    float8_all_gather: bool = False
+    """torchao float8 linears with FSDP float8 all-gather (torchtitan ``[float8]
+    enable_fsdp_float8_all_gather``, the tensorwise recipe, applied only when dp_shard > 1,
+    float8.py before 6348d93d of 2026-04-27, which dropped it): each swapped decoder-layer weight
+    (params.float8_linear_pieces) is cast to float8_e4m3fn on its shard and all-gathered as one byte
+    per element (torchao float8/fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``),
+    so a gathered layer holds 1 B per such element and 2 B for its norms and biases; the embedding
+    and output layer stay 16-bit. The saved activations do not change under any float8 recipe:
+    ``Float8Linear`` saves its high-precision input and the weight (float8_linear.py:45,
+    ``ctx.save_for_backward(input_hp, weight_hp_t)``), so float8 without this all-gather leaves
+    memory as in bf16. Checked on the gloo runtime with torchao (benchmarks/memory_validation.py (d),
+    tests/test_runtime.py)."""
     reduce_scatter_input_bytes: int = 0
     """ZeRO-3/FSDP in backward, bytes per parameter of the group being reduced in its reduce-scatter
     input (0: no backward reduce-scatter phase is modelled). FSDP2 with reduce_dtype fp32: 4, the

@@ -18,11 +18,41 @@ from ndplan.formulas.local import act_context, device_params, largest_kind, laye
 from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr
 from ndplan.structure import Structure
 from ndplan.symbols import ModelSymbols
+from ndplan.units import DTYPE_BYTES
+
+FLOAT8_BYTES = DTYPE_BYTES["fp8"]  # float8_e4m3fn, the FSDP float8 all-gather's element
 
 
 def layers_gather(spec: ModelSpec, M: ModelSymbols, eng: EngineProfile) -> sp.Expr:
-    """The decoder layers' unsharded 16-bit weights alive at once (current + prefetched)."""
-    return eng.gather_prefetch_layers * A.ACT_BYTES * layer_params(spec, M, largest_kind(spec))
+    """The decoder layers' unsharded weights alive at once (current + prefetched)."""
+    return eng.gather_prefetch_layers * gathered_layer(spec, M, eng, largest_kind(spec))
+
+
+def gathered_layer(spec: ModelSpec, M: ModelSymbols, eng: EngineProfile, kind: str) -> sp.Expr:
+    """Bytes of one all-gathered decoder layer of ``kind`` on one device: 16-bit weights, and one
+    byte per Float8Linear weight element under FSDP float8 all-gather
+    (EngineProfile.float8_all_gather; params.float8_linear_pieces)."""
+    full = A.ACT_BYTES * layer_params(spec, M, kind)
+    if not eng.float8_all_gather:
+        return full
+    swapped, _ = device_params(P.float8_linear_pieces(spec, M, kind))
+    return full - (A.ACT_BYTES - FLOAT8_BYTES) * swapped
+
+
+def float8_stage_saving(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
+    """Under FSDP float8 all-gather, the bytes a stage's gathered decoder layers hold below 16 bits
+    (one per Float8Linear weight element, over every chunk's layers); 0 otherwise."""
+    eng = view.engine
+    if not eng.float8_all_gather:
+        return sp.Integer(0)
+    pp, saved = pp_expr(spec, view), {}
+    for kind in ("dense", "moe"):
+        saved[kind] = A.ACT_BYTES * layer_params(spec, M, kind) - gathered_layer(spec, M, eng, kind)
+    total = sp.Integer(0)
+    for c in range(view.vpp):
+        nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
+        total += nd * saved["dense"] + nm * saved["moe"]
+    return total
 
 
 def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
@@ -66,6 +96,7 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     ctx, pp = act_context(spec, view), pp_expr(spec, view)
     kinds = spec.layer_kinds or ["dense"]
     size = {k: layer_params(spec, M, k) for k in set(kinds)}
+    gathered = {k: gathered_layer(spec, M, eng, k) for k in set(kinds)}
     nd, nm = chunk_layers(spec, view, stage, 0, pp, M.L)
     layers = nd * size.get("dense", 0) + nm * size.get("moe", 0)
     head, emb = M.V * M.h / S.tp, device_params(P.embedding_pieces(spec, M))[0]
@@ -82,28 +113,28 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
     emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
     phases = [
-        after_head + _rs_bytes(eng, head, size[last], written),
+        after_head + _rs_bytes(eng, head, gathered[last], written),
         after_head - A.layer_activation(spec, M, ctx, last, mode) + written * head
-        + _rs_bytes(eng, size[last], size[kinds[-2]] if len(kinds) > 1 else emb, written),
+        + _rs_bytes(eng, size[last], gathered[kinds[-2]] if len(kinds) > 1 else A.ACT_BYTES * emb, written),
         emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
-        emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], emb, written),
+        emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], A.ACT_BYTES * emb, written),
     ]
     if len(kinds) > 2:
         phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
-                      + _rs_bytes(eng, size[second], size[first], written))
+                      + _rs_bytes(eng, size[second], gathered[first], written))
     return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
 
 
-def _rs_bytes(eng: EngineProfile, group, prefetched, written) -> sp.Expr:
+def _rs_bytes(eng: EngineProfile, group, prefetched_bytes, written) -> sp.Expr:
     """FSDP2's buffers at the reduce-scatter of ``group`` parameters (torch 2.13
     _fsdp_collectives.py foreach_reduce): the fp32 input (``reduce_scatter_input_bytes``),
     first beside the 16-bit unsharded gradients it is copied from, which are freed before
     the output is allocated (``written`` per parameter, sharded), and any copy the backend
-    makes (``reduce_scatter_copy_bytes``); beside them the next group's ``prefetched``
-    16-bit weights. The group's own unsharded weights are freed before (post_backward
-    reshards first, _fsdp_param_group.py:637-638)."""
+    makes (``reduce_scatter_copy_bytes``); beside them the next group's prefetched weights
+    (``prefetched_bytes``: gathered_layer, or the 16-bit embedding). The group's own unsharded
+    weights are freed before (post_backward reshards first, _fsdp_param_group.py:637-638)."""
     grads_or_out = sp.Max(A.ACT_BYTES, written + eng.reduce_scatter_copy_bytes)
-    return A.ACT_BYTES * prefetched + (eng.reduce_scatter_input_bytes + grads_or_out) * group
+    return prefetched_bytes + (eng.reduce_scatter_input_bytes + grads_or_out) * group
 
 
 def _piped_fsdp(spec: ModelSpec, view: Structure) -> sp.Expr | None:

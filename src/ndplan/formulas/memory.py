@@ -21,8 +21,8 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.engines import COMPILED_LOSS_BYTES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
-from ndplan.formulas.fsdp_phases import (fsdp_backward_reduce, gathered_at_loss, head_group, layers_gather,
-                                         pp_final_reduce, pp_group_grads)
+from ndplan.formulas.fsdp_phases import (float8_stage_saving, fsdp_backward_reduce, gathered_at_loss, head_group,
+                                         layers_gather, pp_final_reduce, pp_group_grads)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
@@ -236,6 +236,8 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
         gather = layers_gather(spec, M, eng)
         what = (f"{eng.gather_prefetch_layers} layer(s) ({big}) of unsharded 16-bit weights alive "
                 "(current + prefetched)")
+        if eng.float8_all_gather:
+            what += "; float8 all-gather: 1 B per Float8Linear weight element (fsdp_phases.gathered_layer)"
         if eng.reduce_scatter_input_bytes:
             what += "; the backward's reduce-scatter buffers are an exclusive transient (fsdp_backward_reduce)"
         if eng.head_group_kept_unsharded:
@@ -243,7 +245,8 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
             what += "; the output layer's 16-bit weights, kept gathered from its forward into backward"
         if eng.pp_unsharded_stage_bytes:
             piped = sp.Min(pp - 1, 1)
-            weights_16 = A.ACT_BYTES * (dense + expert)  # gathered in the first forward, kept to the step's end
+            # gathered in the first forward, kept to the step's end (float8 all-gather: 1 B per swapped weight)
+            weights_16 = A.ACT_BYTES * (dense + expert) - float8_stage_saving(spec, M, view, stage)
             grads_acc = (eng.pp_unsharded_stage_bytes - A.ACT_BYTES) * (dense + expert)  # from the first backward
             # the accumulated gradients exist from the first backward on, beside fewer held micro-batches
             # than the activation peak (gpipe: m - 1 of m): peak = max(acts + weights, acts x kept + weights

@@ -88,6 +88,52 @@ def layer_pieces(spec: ModelSpec, M: ModelSymbols, kind: str) -> list[Piece]:
     return attention_pieces(spec, M) + ffn + [Piece("norms", 2 * _norm(spec, M.h), "rep")]
 
 
+FLOAT8_DIM_MULTIPLE = 16
+"""torchtitan converts only linears whose in and out features are multiples of 16 (float8
+tensor-core shapes; components/quantization/utils.py module_filter_fn)."""
+
+
+def float8_linear_pieces(spec: ModelSpec, M: ModelSymbols, kind: str) -> list[Piece]:
+    """The weight elements of one decoder layer that torchtitan's float8 converter swaps for
+    torchao ``Float8Linear`` (components/quantization/float8.py ``Float8LinearConverter``;
+    torchao float8/float8_linear.py): every ``nn.Linear`` of attention, the dense MLP and the
+    shared experts whose in and out features are multiples of ``FLOAT8_DIM_MULTIPLE``. Not
+    swapped: biases (plain parameters beside the float8 weight), norms, the MoE router
+    (torchtitan's MoE configs filter ``router.gate``), the routed experts (``GroupedExperts``,
+    not an ``nn.Linear``), the embedding and the output layer (``filter_fqns = ["output"]``
+    in torchtitan's train configs). MLA's down-projections count without their norms."""
+    m = _widths(ModelSymbols.of(spec))  # divisibility on the real widths (M may be symbolic)
+    fits = lambda *dims: all(int(m[d]) % FLOAT8_DIM_MULTIPLE == 0 for d in dims)  # noqa: E731
+    shape = {  # piece -> (weight elements, dims that must be multiples of 16)
+        "attn.qkv": (M.h * (M.a + 2 * M.kv) * M.d, ("h", "ad", "kvd")),
+        "attn.o": (M.a * M.d * M.h, ("h", "ad")),
+        "attn.q": (M.h * M.a * (M.dn + M.dr), ("h", "aqk")),
+        "attn.q_down": (M.h * M.ql, ("h", "ql")),
+        "attn.q_up": (M.ql * M.a * (M.dn + M.dr), ("ql", "aqk")),
+        "attn.kv_down": (M.h * (M.kl + M.dr), ("h", "kldr")),
+        "attn.kv_up": (M.kl * M.a * (M.dn + M.dv), ("kl", "akv")),
+        "mlp": (None, ("h", "f")),
+        "moe.shared": (3 * M.h * M.fs, ("h", "fs")),
+    }
+    out = []
+    for piece in layer_pieces(spec, M, kind):
+        if piece.name not in shape:
+            continue
+        count, dims = shape[piece.name]
+        if piece.name == "attn.o" and spec.is_mla:
+            count, dims = M.a * M.dv * M.h, ("h", "adv")
+        if fits(*dims):
+            out.append(Piece(piece.name, piece.count if count is None else count, piece.shard))
+    return out
+
+
+def _widths(M: ModelSymbols) -> dict[str, int]:
+    """A model's linear widths as integers (0 where absent), for float8_linear_pieces."""
+    v = {k: int(getattr(M, k)) for k in ("h", "f", "fs", "ql", "kl", "a", "d", "kv", "dn", "dr", "dv")}
+    return v | {"ad": v["a"] * v["d"], "kvd": v["kv"] * v["d"], "aqk": v["a"] * (v["dn"] + v["dr"]),
+                "kldr": v["kl"] + v["dr"], "akv": v["a"] * (v["dn"] + v["dv"]), "adv": v["a"] * v["dv"]}
+
+
 def embedding_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
     pieces = [Piece("embedding", M.V * M.h, "tp")]
     if spec.learned_positions:

@@ -12,7 +12,12 @@ stage count (L / ``pipeline_parallel_layers_per_stage``, or the split points + 1
 mbs <- ``pipeline_parallel_microbatch_size`` with pp, else ``local_batch_size`` (older:
 ``batch_size``); gbs <- ``global_batch_size`` (absent or -1: local x dp); seq <- ``seq_len``
 (default 2048); recompute <- ``[activation_checkpoint] mode`` (default selective); sp on
-(torchtitan's TP always shards norms on the sequence); engine fsdp.
+(torchtitan's TP always shards norms on the sequence); engine fsdp, with the settings
+``_engine_settings`` reads: ``compiled_blocks`` / ``compiled_loss`` from ``[compile] enable``
+and ``components`` (default model and loss; older files: ``training.compile``, which compiles
+both since bbb1b616), ``float8_all_gather`` from a float8 converter in ``model.converters``
+with ``enable_fsdp_float8_all_gather`` (``[float8]``, later ``[quantize.linear.float8]``),
+which torchtitan applies only when dp_shard > 1.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import tomllib
 from pathlib import Path
 
 from ndplan.catalog.files import catalog_names
+from ndplan.engines import derive
 from ndplan.errors import NdplanError
 from ndplan.export import torchtitan as X
 from ndplan.export.common import flatten
@@ -52,6 +58,25 @@ def _parse(path: Path, text: str) -> dict:
         raise NdplanError("FILE", path.name, "has no [parallelism] table",
                           "give a torchtitan job config, or --format for another framework")
     return flat
+
+
+FLOAT8_ALL_GATHER_KEYS = ("float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.enable_fsdp_float8_all_gather")
+"""Where torchtitan's job config kept the float8 all-gather switch (2025; late 2025 to 2026-04)."""
+
+
+def _engine_settings(flat: dict, shard: int) -> dict[str, int]:
+    """Engine settings (engines.derive) that the job config's compile and float8 keys imply."""
+    settings = {}
+    if flat.get("compile.enable") or flat.get("training.compile"):
+        parts = flat.get("compile.components", ["model", "loss"]) if flat.get("compile.enable") else ["model", "loss"]
+        settings |= {"compiled_blocks": 1} if "model" in parts else {}
+        settings |= {"compiled_loss": 1} if "loss" in parts else {}
+    converters = flat.get("model.converters") or []
+    converters = converters.split(",") if isinstance(converters, str) else converters
+    if (any(str(c).strip().endswith("float8") for c in converters) and shard > 1
+            and any(flat.get(k) for k in FLOAT8_ALL_GATHER_KEYS)):
+        settings["float8_all_gather"] = 1
+    return settings
 
 
 def _data_parallel(get, path: Path, gpus, tp: int, pp: int, cp: int):
@@ -144,7 +169,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         raise NdplanError(KEY["ac_mode"], mode, "unknown activation checkpointing mode", "give none, selective or full")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
-                     recompute=mode, schedule=schedule, engine="fsdp", offload_optimizer=bool(get("offload")),
+                     recompute=mode, schedule=schedule, engine=derive("fsdp", _engine_settings(flat, shard)),
+                     offload_optimizer=bool(get("offload")),
                      layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
     strat.check(spec, gpus)
     org, lines = _origins(text, pp, gsrc, reshard)

@@ -79,9 +79,11 @@ class Case:
     tokens: tuple[int, int] = TOKENS
     """(micro-batch, sequence); ``pp`` cases use activations comparable to the states."""
     float8: bool = False
-    """torchao float8 linears with FSDP float8 all-gather (the output layer stays bf16), as
-    torchtitan's float8 converter does; needs torchao (the benchmark skips the row without it).
-    Measured only: ndplan predicts these runs as bf16 (float8 is not modelled)."""
+    """torchao float8 linears (tensorwise; the output layer stays bf16), as torchtitan's float8
+    converter does; needs torchao (the tests and the benchmark skip such a case without it)."""
+    float8_all_gather: bool = True
+    """With ``float8``: FSDP float8 all-gather (torchtitan ``enable_fsdp_float8_all_gather``),
+    predicted with the engine setting ``float8_all_gather``; without it, as bf16."""
 
     @property
     def vpp(self) -> int:
@@ -314,7 +316,7 @@ def _measure(rank: int, case: Case) -> Measured:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
         if case.float8:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-            convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),
+            convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=case.float8_all_gather),
                                        module_filter_fn=lambda mod, fqn: fqn != "lm_head")
         if case.tp > 1:  # torchtitan applies TP before FSDP (models/llama3/infra/parallelize.py)
             parallelize(model, mesh["tp"], "sp", vocab_parallel=True)
@@ -383,7 +385,7 @@ def predicted(case: Case) -> dict[str, int]:
     if case.mode == "pp":
         return _predicted_pp(case)
     spec = model_from_config(dict(CONFIG), "runtime", "ndplan.trace.runtime")
-    engine = gloo_engine("hf")  # float8 cases too: float8 is not modelled
+    engine = gloo_engine("hf", {"float8_all_gather": 1} if case.float8 and case.float8_all_gather else {})
     M, eng = model_symbols(spec), ndplan.engines.profile(engine)
     b, s = case.tokens
     dp = case.world // case.tp
@@ -415,11 +417,13 @@ def predicted(case: Case) -> dict[str, int]:
     return out
 
 
-def gloo_engine(name: str) -> str:
-    """``name`` as it runs on this harness's gloo backend: its reduce-scatter adds a full fp32
-    copy of the input (engines.GLOO_REDUCE_SCATTER_COPY_BYTES), which NCCL does not."""
+def gloo_engine(name: str, settings: dict | None = None) -> str:
+    """``name`` (with engine ``settings``) as it runs on this harness's gloo backend: its
+    reduce-scatter adds a full fp32 copy of the input (engines.GLOO_REDUCE_SCATTER_COPY_BYTES),
+    which NCCL does not."""
     import ndplan
-    return ndplan.engines.derive(name, {"reduce_scatter_copy_bytes": ndplan.engines.GLOO_REDUCE_SCATTER_COPY_BYTES})
+    return ndplan.engines.derive(name, (settings or {}) | {
+        "reduce_scatter_copy_bytes": ndplan.engines.GLOO_REDUCE_SCATTER_COPY_BYTES})
 
 
 def _predicted_pp(case: Case) -> dict[str, list[int]]:
