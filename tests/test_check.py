@@ -634,3 +634,35 @@ def test_proposals_do_not_add_changes_to_an_earlier_one_without_being_faster(vp2
             more = len(later.changed) > len(earlier.changed) and all(
                 later.changed.get(k, (None, None))[1] == v for k, (_, v) in earlier.changed.items())
             assert not more or later.estimate.step_s < earlier.estimate.step_s
+
+
+@pytest.mark.parametrize("option, pp, want", [
+    ("2", 1, ("full", 16)), ("3", 1, ("full", 10)), ("1", 1, ("full", None)), ("0", 1, ("full", None)),
+    ("op", 1, ("selective", None)), ("3", 2, ("full", 5)), ("40", 1, ("none", None)),
+])
+def test_torchtitan_per_layer_sac_reads_as_full_recompute_of_every_nth_block(tmp_path, option, pp, want):
+    """torchtitan's per-layer SAC (models/llama3/infra/parallelize.py, 6fc499f6 lines 323-331): a counter
+    over a rank's blocks, incremented first, wraps a block when count % N == 0: floor(32 / N) of Llama-3-8B's
+    32 layers (16 per rank with pp 2), every block for N = 0 or 1, none when N exceeds the rank's layers."""
+    f = tmp_path / "llama3_8b.toml"
+    text = _titan_toml(tables=f'[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "{option}"\n')
+    if pp > 1:
+        text = text.replace("tensor_parallel_degree = 2", 'tensor_parallel_degree = 2\npipeline_parallel_degree = 2\n'
+                            'pipeline_parallel_schedule = "1F1B"\npipeline_parallel_microbatch_size = 1')
+    f.write_text(text)
+    s = read_config(f, gpus=16).strategy
+    assert (s.recompute, s.recompute_layers) == want
+
+
+@pytest.mark.parametrize("layers, option", [(16, "2"), (10, "3"), (8, "4"), (12, None)])
+def test_torchtitan_export_writes_per_layer_sac_when_it_is_exact(layers, option):
+    """Full recompute of k of 32 layers is torchtitan's per-layer SAC every N = 32 // k blocks when
+    floor(32 / N) = k (16 -> "2", 10 -> "3", 8 -> "4"); 12 is no such count and stays mode "full"."""
+    from ndplan.export import torchtitan as X
+    spec = ndplan.load_model("llama3-8b")
+    doc, _ = X.fields(spec, ndplan.Strategy(dp=8, mbs=1, gbs=8, seq=8192, zero=3, recompute="full",
+                                            recompute_layers=layers, engine="fsdp"))
+    if option is None:
+        assert doc[X.KEY["ac_mode"]] == "full" and X.KEY["ac_option"] not in doc
+    else:
+        assert (doc[X.KEY["ac_mode"]], doc[X.KEY["ac_option"]]) == ("selective", option)

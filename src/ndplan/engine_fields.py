@@ -29,6 +29,13 @@ class EngineProfile:
     """Transient bytes per (token, vocab/tp) element at the loss on the last stage."""
     gather_prefetch_layers: int
     """ZeRO-3/FSDP: layers whose unsharded bf16 weights are alive at once (current + prefetch)."""
+    recompute_layers_spread: bool = False
+    """A partial recompute count (``recompute_layers`` = r of a chunk's n layers) wraps every
+    floor(n / r)-th block, as torchtitan's per-layer SAC does (export/torchtitan.py
+    layer_sac_count), instead of the first r (Megatron ``--recompute-method block``). The
+    activation total is the same; the order differs in FSDP's backward phases
+    (fsdp_phases._rebuild_phases): the last wrapped block is rebuilt while the plain layers
+    before it still hold their activations."""
     float8_all_gather: bool = False
     """torchao float8 linears with FSDP float8 all-gather (torchtitan ``[float8]
     enable_fsdp_float8_all_gather``, the tensorwise recipe, applied only when dp_shard > 1,

@@ -39,6 +39,7 @@ FSDP = EngineProfile(
     weight_bytes=4, master_bytes=0, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
+    recompute_layers_spread=True,  # torchtitan's per-layer SAC wraps every N-th block
     reduce_scatter_input_bytes=4, head_group_kept_unsharded=True, layers_resharded_after_forward=True,
     pp_unsharded_stage_bytes=6,
     grads_built_in_backward=True, pp_recv_buffers_per_microbatch=True,

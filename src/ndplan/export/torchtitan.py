@@ -58,6 +58,16 @@ KEY = {"dp_replicate": "parallelism.data_parallel_replicate_degree",
 (interop/torchtitan.py) use."""
 
 
+def layer_sac_count(layers: int, every: int) -> int:
+    """Decoder layers of one rank that torchtitan's per-layer SAC (``mode = "selective"``,
+    ``selective_ac_option = "N"``) wraps in full activation checkpointing: one per-process
+    counter over the rank's blocks, incremented before the test, wraps a block when
+    count % N == 0, so blocks N, 2N, ... (1-based) of the rank, floor(layers / N) of them; N = 0
+    or 1 wraps every block (models/llama3/infra/parallelize.py _apply_ac_to_transformer_block,
+    6fc499f6 lines 323-331)."""
+    return layers if every <= 1 else layers // every
+
+
 def _value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -122,10 +132,25 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     if mode == "selective":
         doc[KEY["ac_option"]] = "op"
     used = full if mode == "full" else sel
-    if mode != "none" and any(u < n for u, n in zip(used, layers)):
+    every = _layer_sac_every(full, sel, layers, s.vpp)
+    if every:
+        doc |= {KEY["ac_mode"]: "selective", KEY["ac_option"]: str(every)}
+        notes.append(f"full recompute of {full[0]} of {layers[0]} layers per chunk as torchtitan's per-layer SAC: "
+                     f"every {every}-th block of a rank checkpointed (the same activation total)")
+    elif mode != "none" and any(u < n for u, n in zip(used, layers)):
         notes.append(f"{mode} recompute of {list(used)} layers per virtual stage; torchtitan applies "
                      f"mode {mode!r} to every layer")
     return doc, notes
+
+
+def _layer_sac_every(full, sel, layers, vpp: int) -> int:
+    """N where per-layer SAC every N (layer_sac_count) wraps exactly the fully recomputed layers:
+    every chunk the same k of n layers, 0 < k < n, none selective; 0 when it cannot."""
+    k, n = full[0], layers[0]
+    if max(sel) or len(set(full)) > 1 or len(set(layers)) > 1 or not 0 < k < n:
+        return 0
+    every = n // k
+    return every if layer_sac_count(vpp * n, every) == vpp * k else 0
 
 
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:

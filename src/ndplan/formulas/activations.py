@@ -242,6 +242,22 @@ def op_sac_layer(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> 
     return layer_input + saved + attention + scatter
 
 
+def mlp_backward_workspace(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> sp.Expr:
+    """Activation gradients alive above a layer's saved tensors at the height of its MLP backward,
+    by autograd's order on ``down(act(gate(x)) * up(x))``: the down projection's backward makes
+    the gradient of its input m (+f) and frees the saved m (-f); the product's backward makes the
+    gradients of both factors (+2f) while that gradient is alive: h + 2f 16-bit values per token
+    beside the layer output's gradient (h); without a gate, fc2's then the activation's backward:
+    h + f. In an MoE layer f is the routed experts' width x top-k plus the shared experts'.
+    Checked on the gloo runtime's full-recompute peaks (tests/test_runtime.py)."""
+    tokens = c.s * c.b
+    if kind == "moe":
+        width = M.fe * M.k / c.etp + M.fs / c.t
+    else:
+        width = M.f / c.t
+    return ACT_BYTES * tokens * (M.h / c.t_sp + (2 if spec.gated_mlp else 1) * width)
+
+
 def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str, mode: str) -> sp.Expr:
     """Bytes one layer of ``kind`` stores per micro-batch under recompute ``mode``
     (``op``: torchtitan's op-level SAC, which ``selective`` means for engines with

@@ -104,17 +104,25 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     first, last = kinds[0], kinds[-1]
     second = kinds[1] if len(kinds) > 1 else first
     mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
-    if view.partial_recompute:
+    if view.partial_recompute and eng.recompute_layers_spread:  # every N-th: the first layer plain unless N = 1
+        rec = _spread(nd + nm)[2]
+        first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
+                     + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
+    elif view.partial_recompute:
         rec = sp.Min(S.nrec, 1)
         first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
                      + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
     else:
         first_act = A.layer_activation(spec, M, ctx, first, mode)
+    last_act = A.layer_activation(spec, M, ctx, last, mode)
+    if view.partial_recompute and eng.recompute_layers_spread:  # the last layer wrapped when N divides n
+        ran = sp.Min(_spread(nd + nm)[1], 1)
+        last_act = ran * last_act + (1 - ran) * A.layer_activation(spec, M, ctx, last, view.recompute)
     after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
     emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
     phases = [
         after_head + _rs_bytes(eng, head, gathered[last], written),
-        after_head - A.layer_activation(spec, M, ctx, last, mode) + written * head
+        after_head - last_act + written * head
         + _rs_bytes(eng, size[last], gathered[kinds[-2]] if len(kinds) > 1 else A.ACT_BYTES * emb, written),
         emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
         emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], A.ACT_BYTES * emb, written),
@@ -122,7 +130,61 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     if len(kinds) > 2:
         phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
                       + _rs_bytes(eng, size[second], gathered[first], written))
-    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * sp.Max(*phases)
+    if view.recompute == "full":
+        held = dict(after_head=after_head, emb_act=emb_act, head=head, layers=layers, written=written, n=nd + nm)
+        phases += _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held)
+    return backward_phases_on(spec, view) * sp.Max(*phases)
+
+
+def _spread(n) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
+    """Every N-th of a chunk's ``n`` layers wrapped, N = floor(n / r) for r = min(nrec, n) wrapped
+    (EngineProfile.recompute_layers_spread): (plain layers before the last wrapped one,
+    layers after it, 1 when the first layer is wrapped (N = 1))."""
+    r = sp.Max(sp.Min(S.nrec, n), 1)
+    every = sp.floor(n / r)
+    return r * (every - 1), n - r * every, 1 - sp.Min(every - 1, 1)
+
+
+def backward_phases_on(spec: ModelSpec, view: Structure) -> sp.Expr:
+    """1 where FSDP's per-layer backward phases run (no pipelining, dp*cp > 1), else 0."""
+    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1)
+
+
+def _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held) -> list[sp.Expr]:
+    """Full recompute: a checkpointed layer's backward rebuilds its no-recompute activations and,
+    at the height of its MLP backward, the activation gradients (A.mlp_backward_workspace), while
+    the reduce-scatter input of the group reduced just before is still alive (torch 2.13 keeps
+    one, ``reduce_scatter_max_input_buffers``) beside the layer's gathered weights and the
+    previous layer's, prefetched in its pre-backward (sizes approximated by the neighbouring
+    kinds). Every layer recomputed: the last layer after the output layer's reduce-scatter, or
+    the one before it after the last layer's. Partial recompute (``nrec`` of a chunk's layers):
+    the first ``nrec`` (Megatron's block method; the others are freed first) rebuilt last, layer
+    nrec - 1 after layer nrec's reduce-scatter; or every N-th (recompute_layers_spread, _spread),
+    the last wrapped one rebuilt beside the plain layers before it. Checked on the gloo runtime
+    (tests/test_runtime.py)."""
+    eng, first, last = view.engine, kinds[0], kinds[-1]
+    rs_in, written, head = eng.reduce_scatter_input_bytes, held["written"], held["head"]
+    rebuilt = {k: A.layer_activation(spec, M, ctx, k, "none") + A.mlp_backward_workspace(spec, M, ctx, k)
+               for k in set(kinds)}
+    inputs = {k: A.layer_activation(spec, M, ctx, k, "full") for k in set(kinds)}
+    plain_act = {k: A.layer_activation(spec, M, ctx, k, "none") for k in set(kinds)}
+    if view.partial_recompute and eng.recompute_layers_spread:
+        plain, after, _ = _spread(held["n"])
+        ran = sp.Min(after, 1)  # a plain layer after it: its reduce-scatter input, else the output layer's
+        return [sp.Min(S.nrec, 1) * (held["emb_act"] + plain * plain_act[first] + sp.Min(S.nrec, held["n"]) * inputs[first]
+                                     + rebuilt[first] + rs_in * (ran * size[first] + (1 - ran) * head)
+                                     + written * (head + after * size[first]) + 2 * gathered[first])]
+    if view.partial_recompute:
+        n = S.nrec
+        return [sp.Min(n, 1) * (held["emb_act"] + n * inputs[first] + rebuilt[first] + rs_in * size[first]
+                                + written * (head + held["layers"] - n * size[first]) + 2 * gathered[first])]
+    before = kinds[-2] if len(kinds) > 1 else last
+    phases = [held["after_head"] + rebuilt[last] + rs_in * head + written * head + gathered[last] + gathered[before]]
+    if len(kinds) > 1:
+        earlier = kinds[-3] if len(kinds) > 2 else before
+        phases.append(held["after_head"] - inputs[last] + rebuilt[before] + rs_in * size[last]
+                      + written * (head + size[last]) + gathered[before] + gathered[earlier])
+    return phases
 
 
 def _rs_bytes(eng: EngineProfile, group, prefetched_bytes, written) -> sp.Expr:

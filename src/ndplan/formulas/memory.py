@@ -21,8 +21,8 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.engines import COMPILED_LOSS_BYTES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
-from ndplan.formulas.fsdp_phases import (float8_stage_saving, fsdp_backward_reduce, gathered_at_loss, head_group,
-                                         layers_gather, pp_final_reduce, pp_group_grads)
+from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving, fsdp_backward_reduce,
+                                         gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
@@ -296,7 +296,11 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     # at the loss the layers resharded after forward hold no gathered weights (gathered_at_loss)
     freed = gathered_at_loss(spec, M, view)
     loss_phase = logits if freed == 0 else sp.Max(logits - freed, 0)
-    transient = sp.Max(loss_phase, A.layer_activation(spec, M, ctx, kind, "none")) if one_layer else loss_phase
+    rebuild = A.layer_activation(spec, M, ctx, kind, "none")
+    backward = fsdp_backward_reduce(spec, M, view, acts, stage)
+    if backward is not None and view.recompute == "full" and not eng.backward_layer_workspace:
+        rebuild *= 1 - backward_phases_on(spec, view)  # FSDP's backward phases place the rebuild themselves
+    transient = sp.Max(loss_phase, rebuild) if one_layer else loss_phase
     why = ("compiled loss: saved bf16 logits and their bf16 gradient, engines.COMPILED_LOSS_BYTES"
            if eng.compiled_loss else eng.sources['logits'])
     src = (f"max of exclusive transients: loss logits {logit_bytes} bytes per token x "
@@ -307,12 +311,15 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     if freed != 0:
         src += ("; at the loss the decoder layers, resharded after their forward, hold no gathered weights: "
                 "the logits less the gather Term's layers (gathered_at_loss)")
-    backward = fsdp_backward_reduce(spec, M, view, acts, stage)
     if backward is not None:
         # the reduce-scatter phase replaces the activations and the forward's gather
         transient = sp.Max(transient, backward - acts - gather)
         src += ("; FSDP's backward reduce-scatters: at the largest, its buffers, the sharded gradients written "
                 "and the activations not yet freed (fsdp_backward_reduce)")
+        if view.recompute == "full" and not eng.backward_layer_workspace:
+            src += ("; there, with dp*cp > 1 and no pipelining, the rebuilt layer is one of those phases: its "
+                    "activations and its MLP's activation gradients beside the reduce-scatter input before it and "
+                    "two gathered layers (fsdp_phases._rebuild_phases)")
     group_grads, final = pp_group_grads(spec, M, view), pp_final_reduce(spec, M, view)
     if final is not None:
         # after the last backward the activations are gone: the reduce replaces them

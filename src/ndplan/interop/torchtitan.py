@@ -11,7 +11,9 @@ pp / ep / etp <- the degrees; schedule and vpp <- ``pipeline_parallel_schedule``
 stage count (L / ``pipeline_parallel_layers_per_stage``, or the split points + 1);
 mbs <- ``pipeline_parallel_microbatch_size`` with pp, else ``local_batch_size`` (older:
 ``batch_size``); gbs <- ``global_batch_size`` (absent or -1: local x dp); seq <- ``seq_len``
-(default 2048); recompute <- ``[activation_checkpoint] mode`` (default selective); sp on
+(default 2048); recompute <- ``[activation_checkpoint] mode`` (default selective; selective
+with a numeric ``selective_ac_option`` N is per-layer SAC: full recompute of floor(layers / N)
+blocks, ``_layer_sac``); sp on
 (torchtitan's TP always shards norms on the sequence); engine fsdp, with the settings
 ``_engine_settings`` reads: ``compiled_blocks`` / ``compiled_loss`` from ``[compile] enable``
 and ``components`` (default model and loss; older files: ``training.compile``, which compiles
@@ -30,6 +32,7 @@ from ndplan.engines import derive
 from ndplan.errors import NdplanError
 from ndplan.export import torchtitan as X
 from ndplan.export.common import flatten
+from ndplan.formulas.schedules import virtual_stage
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import toml_edit, toml_locate
 from ndplan.strategy import Strategy
@@ -129,6 +132,28 @@ def _pipeline(get, flat: dict, path: Path, L: int, pp: int, notes: list[str]):
     return schedule, None, 1
 
 
+def _layer_sac(mode: str, option: str, L: int, pp: int, vpp: int, schedule: str, lps,
+               notes: list[str]) -> tuple[str, int | None]:
+    """(recompute mode, recompute_layers) for torchtitan's per-layer SAC (``selective`` with
+    ``selective_ac_option = "N"``): full recompute of layer_sac_count(rank's layers, N) blocks per
+    rank, given to ndplan as that count per chunk (the first ones; torchtitan wraps every N-th,
+    the same activation total); op SAC (``"op"``) stays ``selective``."""
+    if mode != "selective" or not option.isdigit():
+        return mode, None
+    per_rank = ([L // pp] if lps is None else
+                [sum(lps[virtual_stage(schedule, r, c, pp)] for c in range(vpp)) for r in range(pp)])
+    counts = {X.layer_sac_count(n, int(option)) for n in per_rank}
+    wrapped, n = min(counts), min(per_rank)
+    if len(counts) > 1:
+        notes.append(f"per-layer SAC every {option}: ranks wrap {sorted(counts)} blocks; ndplan uses {wrapped}")
+    if wrapped == 0:
+        return "none", None
+    if wrapped % vpp:
+        notes.append(f"per-layer SAC wraps {wrapped} blocks over {vpp} chunks; ndplan gives {wrapped // vpp} per chunk")
+    per_chunk = wrapped // vpp
+    return ("full", None) if per_chunk * vpp >= n else ("full", per_chunk) if per_chunk else ("none", None)
+
+
 def _origins(text: str, pp: int, gsrc: str, reshard: str) -> tuple[dict, dict]:
     """(where each strategy field came from, line of each key)."""
     loc = toml_locate(text)
@@ -167,9 +192,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     mode = str(get("ac_mode"))
     if mode not in RECOMPUTE_MODES:
         raise NdplanError(KEY["ac_mode"], mode, "unknown activation checkpointing mode", "give none, selective or full")
+    mode, rec_layers = _layer_sac(mode, str(flat.get(KEY["ac_option"], "op")), spec.num_hidden_layers, pp, vpp,
+                                  schedule, lps, notes)
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
-                     recompute=mode, schedule=schedule, engine=derive("fsdp", _engine_settings(flat, shard)),
+                     recompute=mode, recompute_layers=rec_layers, schedule=schedule, engine=derive("fsdp", _engine_settings(flat, shard)),
                      offload_optimizer=bool(get("offload")),
                      layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
     strat.check(spec, gpus)

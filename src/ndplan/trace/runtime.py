@@ -81,6 +81,11 @@ class Case:
     float8: bool = False
     """torchao float8 linears (tensorwise; the output layer stays bf16), as torchtitan's float8
     converter does; needs torchao (the tests and the benchmark skip such a case without it)."""
+    ac_every: int = 0
+    """torchtitan's activation checkpointing of whole blocks (0: none): 1 wraps every decoder layer
+    (``mode = "full"``), N > 1 every N-th (per-layer SAC, ``selective_ac_option = "N"``,
+    export.torchtitan.layer_sac_count), in ``fsdp`` mode; predicted as full recompute of that
+    many layers (``recompute_layers``)."""
     float8_all_gather: bool = True
     """With ``float8``: FSDP float8 all-gather (torchtitan ``enable_fsdp_float8_all_gather``),
     predicted with the engine setting ``float8_all_gather``; without it, as bf16."""
@@ -158,6 +163,16 @@ class StorageMeter:
         self.peak = self.sample()
 
 
+def _checkpoint_blocks(model, every: int) -> None:
+    """torchtitan's block checkpointing: ``ptd_checkpoint_wrapper(block, preserve_rng_state=False)``
+    on blocks N, 2N, ... (1-based; every block for N = 1), _apply_ac_to_transformer_block."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    layers = model.model.layers
+    for i in range(len(layers)):
+        if every <= 1 or (i + 1) % every == 0:
+            layers[i] = checkpoint_wrapper(layers[i], preserve_rng_state=False)
+
+
 def _shard(model, mesh, reshard: bool = True):
     """torchtitan's grouping (55e42c0d models/llama3/infra/parallelize.py:395-414): the input
     embedding, each decoder layer, [norm, lm_head] (never resharded after forward) and the
@@ -213,13 +228,15 @@ def _loss(pred, labels):
 
 def _step(model, ids, case: Case, meter: StorageMeter) -> int:
     """One training step's forward and backward (micro-batches per ``case``); returns the total
-    held after the last backward, before any final reduce."""
+    held after the last backward, before any final reduce. ``use_cache=False``: torchtitan's
+    modules keep no KV cache, and transformers' DynamicCache would append a recomputed layer's
+    keys and values a second time under checkpointing (measured: +12.8 MB at w2 (8, 256))."""
     if case.mode == "fsdp":
-        model(input_ids=ids, labels=ids).loss.backward()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         return meter.sample()
     if case.mode == "tp":  # torchtitan's loss on vocab-sharded logits (loss_parallel, its default)
         from torch.distributed.tensor.parallel import loss_parallel
-        logits = model(input_ids=ids).logits  # a Shard(-1) DTensor
+        logits = model(input_ids=ids, use_cache=False).logits  # a Shard(-1) DTensor
         with loss_parallel():
             _loss(logits, ids).backward()
         return meter.sample()
@@ -229,7 +246,7 @@ def _step(model, ids, case: Case, meter: StorageMeter) -> int:
         model.set_is_last_backward(False)
         model.set_reshard_after_backward(False)
         model.set_requires_gradient_sync(False)
-        model(input_ids=ids, labels=ids).loss.backward()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     held = meter.sample()
     model.set_is_last_backward(True)  # PipelineStage.perform_reduce_grad
     model.set_reshard_after_backward(True)
@@ -320,6 +337,8 @@ def _measure(rank: int, case: Case) -> Measured:
                                        module_filter_fn=lambda mod, fqn: fqn != "lm_head")
         if case.tp > 1:  # torchtitan applies TP before FSDP (models/llama3/infra/parallelize.py)
             parallelize(model, mesh["tp"], "sp", vocab_parallel=True)
+        if case.ac_every:  # then activation checkpointing, then FSDP (parallelize_llama)
+            _checkpoint_blocks(model, case.ac_every)
         model = _shard(model, mesh["dp"])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         _step(model, ids, case, meter)
@@ -376,6 +395,7 @@ def predicted(case: Case) -> dict[str, int]:
     from ndplan import symbols as S
     from ndplan.catalog.model import model_from_config
     from ndplan.estimate import strategy_point
+    from ndplan.export.torchtitan import layer_sac_count
     from ndplan.formulas import params as P
     from ndplan.formulas.fsdp_phases import pp_final_reduce, pp_group_grads
     from ndplan.formulas.local import device_params
@@ -389,7 +409,10 @@ def predicted(case: Case) -> dict[str, int]:
     M, eng = model_symbols(spec), ndplan.engines.profile(engine)
     b, s = case.tokens
     dp = case.world // case.tp
-    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine=engine, mbs=b, seq=s, gbs=dp * b * case.microbatches)
+    wrapped = layer_sac_count(spec.num_hidden_layers, case.ac_every) if case.ac_every else 0
+    rec = dict(recompute="full", recompute_layers=None if wrapped == spec.num_hidden_layers else wrapped) if wrapped else {}
+    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine=engine, mbs=b, seq=s, gbs=dp * b * case.microbatches,
+                            **rec)
     st = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat).per_stage[0]
     dense, expert = device_params(P.embedding_pieces(spec, M) + P.head_pieces(spec, M, tied_copy=False)
                                   + [pc for k in spec.layer_kinds for pc in P.layer_pieces(spec, M, k)])
