@@ -372,7 +372,7 @@ def run_runtime(args) -> list[dict]:
               for w in (2, 4) for b, s in ((1, 64), (2, 128))]
     cases += [R.Case(f"fsdp-ac{n}-w{w}-b{b}-s{s}", mode="fsdp", world=w, tokens=(b, s), ac_every=n)
               for n in (1, 2, 3) for w in (2, 4) for b, s in ((1, 64), (2, 128), (8, 256))]
-    cases += [R.Case(f"tp-w4-b{b}-s{s}", mode="tp", world=4, tp=2, tokens=(b, s)) for b, s in ((1, 64), (2, 128))]
+    cases += [R.Case(f"tp-w4-b{b}-s{s}", mode="tp", world=4, tp=2, tokens=(b, s)) for b, s in ((1, 64), (2, 128), (4, 256))]
     if importlib.util.find_spec("torchao") is not None:  # float8 linears, with and without float8 all-gather
         cases += [R.Case(f"fsdp-f8-w{w}-b{b}-s{s}", mode="fsdp", world=w, tokens=(b, s), float8=True)
                   for w in (2, 4) for b, s in ((1, 4), (1, 64), (2, 128))]

@@ -295,6 +295,8 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     kind = "moe" if spec.is_moe else "dense"
     # at the loss the layers resharded after forward hold no gathered weights (gathered_at_loss)
     freed = gathered_at_loss(spec, M, view)
+    if eng.gathered_inputs_kept:  # the output layer's gathered input is saved, no all-gather is in flight
+        freed = freed + head_device_flag(view.schedule, stage, pp_expr(spec, view)) * sp_gather_buffer(spec, M, view)
     loss_phase = logits if freed == 0 else sp.Max(logits - freed, 0)
     rebuild = A.layer_activation(spec, M, ctx, kind, "none")
     backward = fsdp_backward_reduce(spec, M, view, acts, stage)
@@ -309,8 +311,9 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     if eng.backward_layer_workspace:
         src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
     if freed != 0:
-        src += ("; at the loss the decoder layers, resharded after their forward, hold no gathered weights: "
-                "the logits less the gather Term's layers (gathered_at_loss)")
+        src += ("; at the loss no decoder layer's weights stay gathered where each is resharded after its forward "
+                "(gathered_at_loss), and under SP no all-gather is in flight (the output layer saved its gathered "
+                "input, gathered_inputs_kept): the logits less those Terms")
     if backward is not None:
         # the reduce-scatter phase replaces the activations and the forward's gather
         transient = sp.Max(transient, backward - acts - gather)
@@ -339,12 +342,19 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
                 note="the loss runs in forward, the rebuild in backward, the optimizer step after both")
 
 
+def sp_gather_buffer(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """The SP all-gather output of one layer input, 2*s*b*h (0 without SP, at tp = 1, or for
+    engines without the transient, ``comm_buffer_sp_gather``)."""
+    if not (view.sp and view.engine.comm_buffer_sp_gather):
+        return sp.Integer(0)
+    ctx = act_context(spec, view)
+    return A.ACT_BYTES * ctx.s * ctx.b * M.h * sp.Min(S.tp - 1, 1)
+
+
 def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile,
                  stage=S.stage) -> list[Term]:
     """The SP all-gather buffer, pipelining's receive buffers and the engine's named reserve."""
-    ctx = act_context(spec, view)
-    comm = A.ACT_BYTES * ctx.s * ctx.b * M.h if (view.sp and eng.comm_buffer_sp_gather) else sp.Integer(0)
-    out = [Term(key="mem.comm_buffers", expr=comm * sp.Min(S.tp - 1, 1), unit="bytes",
+    out = [Term(key="mem.comm_buffers", expr=sp_gather_buffer(spec, M, view), unit="bytes",
                 source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
                        "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
                 note="transient")]

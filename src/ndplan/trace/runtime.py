@@ -21,7 +21,7 @@ Modes:
   loss) as DTensors on the tp dimension of a (dp, tp) mesh, then FSDP2 over dp, one
   micro-batch per step, the loss under ``loss_parallel``. (torchtitan applies FSDP only when
   dp_shard > 1: a dp = 1 case here would run FSDP2 on one rank, which torchtitan does not.)
-  The states match the Terms per rank, and the peak within 0.6 % at tokens (1, 64) and (2, 128)
+  The states match the Terms per rank, and the peak within 0.6 % at tokens (1, 64), (2, 128) and (4, 256)
   (benchmark (d)). The meter sees DTensor ops, not the local ops inside them: temporaries inside
   the vocab-parallel loss (torch/distributed/tensor/parallel/loss.py) are not counted;
 - ``pp``: the real pipeline, as torchtitan runs it: a (pp, dp) mesh, each rank's chunks (the
