@@ -116,8 +116,8 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
         first_act = A.layer_activation(spec, M, ctx, first, mode)
     last_act = A.layer_activation(spec, M, ctx, last, mode)
     if view.partial_recompute and eng.recompute_layers_spread:  # the last layer wrapped when N divides n
-        ran = sp.Min(_spread(nd + nm)[1], 1)
-        last_act = ran * last_act + (1 - ran) * A.layer_activation(spec, M, ctx, last, view.recompute)
+        wrapped = _spread(nd + nm)[3]
+        last_act = (1 - wrapped) * last_act + wrapped * A.layer_activation(spec, M, ctx, last, view.recompute)
     after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
     emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
     phases = [
@@ -136,13 +136,16 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     return backward_phases_on(spec, view) * sp.Max(*phases)
 
 
-def _spread(n) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
+def _spread(n) -> tuple[sp.Expr, sp.Expr, sp.Expr, sp.Expr]:
     """Every N-th of a chunk's ``n`` layers wrapped, N = floor(n / r) for r = min(nrec, n) wrapped
-    (EngineProfile.recompute_layers_spread): (plain layers before the last wrapped one,
-    layers after it, 1 when the first layer is wrapped (N = 1))."""
+    (EngineProfile.recompute_layers_spread): (plain layers before the last wrapped one, layers
+    after it, 1 when the first layer is wrapped (N = 1), 1 when the last is (N divides n));
+    both flags 0 when nrec = 0."""
     r = sp.Max(sp.Min(S.nrec, n), 1)
     every = sp.floor(n / r)
-    return r * (every - 1), n - r * every, 1 - sp.Min(every - 1, 1)
+    after = n - r * every
+    some = sp.Min(S.nrec, 1)
+    return r * (every - 1), after, some * (1 - sp.Min(every - 1, 1)), some * (1 - sp.Min(after, 1))
 
 
 def backward_phases_on(spec: ModelSpec, view: Structure) -> sp.Expr:
@@ -169,9 +172,10 @@ def _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held) -> list[sp.
     inputs = {k: A.layer_activation(spec, M, ctx, k, "full") for k in set(kinds)}
     plain_act = {k: A.layer_activation(spec, M, ctx, k, "none") for k in set(kinds)}
     if view.partial_recompute and eng.recompute_layers_spread:
-        plain, after, _ = _spread(held["n"])
+        plain, after, _, _ = _spread(held["n"])
         ran = sp.Min(after, 1)  # a plain layer after it: its reduce-scatter input, else the output layer's
-        return [sp.Min(S.nrec, 1) * (held["emb_act"] + plain * plain_act[first] + sp.Min(S.nrec, held["n"]) * inputs[first]
+        wrapped_inputs = sp.Min(S.nrec, held["n"]) * inputs[first]
+        return [sp.Min(S.nrec, 1) * (held["emb_act"] + plain * plain_act[first] + wrapped_inputs
                                      + rebuilt[first] + rs_in * (ran * size[first] + (1 - ran) * head)
                                      + written * (head + after * size[first]) + 2 * gathered[first])]
     if view.partial_recompute:
