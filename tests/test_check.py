@@ -666,3 +666,19 @@ def test_torchtitan_export_writes_per_layer_sac_when_it_is_exact(layers, option)
         assert doc[X.KEY["ac_mode"]] == "full" and X.KEY["ac_option"] not in doc
     else:
         assert (doc[X.KEY["ac_mode"]], doc[X.KEY["ac_option"]]) == ("selective", option)
+
+
+@pytest.mark.parametrize("model, tables, field", [
+    ("", '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "two"\n',
+     "activation_checkpoint.selective_ac_option"),
+    ("converters = 5", "", "model.converters"),
+    ("", "[compile]\nenable = true\ncomponents = [1, 2]\n", "compile.components"),
+])
+def test_torchtitan_bad_ac_option_converters_or_components_is_one_line(tmp_path, model, tables, field):
+    """torchtitan itself refuses an AC option that is neither "op" nor a number; lists of names
+    that are not strings cannot be read: one line naming the key, exit code 2."""
+    f = tmp_path / "llama3_8b.toml"
+    f.write_text(_titan_toml(model=model, tables=tables))
+    r = CliRunner().invoke(main, ["check", str(f), "--gpus", "16"])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: {field}=") and len(r.output.strip().splitlines()) == 1, r.output

@@ -252,3 +252,35 @@ def test_structure_holds_only_what_the_builders_read():
     assert structure(llama, ms).cp_gt1 is True
     assert structure(llama, dataclasses.replace(ms, engine="megatron")).cp_gt1 is None
     assert math.isfinite(ndplan.estimate(llama, HW, ms).step_s)
+
+
+def test_the_cache_key_covers_every_module_the_formulas_import():
+    """The kernel cache is keyed by the sources of kernels._EXPR_MODULES: every ndplan module the
+    formulas reach (transitively, by their imports) is either one of them or named value-free.
+    Before 2026-12-03 engine fields, torch facts, units and vocabulary could change without a new key."""
+    import ast
+    from pathlib import Path
+    from ndplan import kernels
+    pkg = Path(kernels.__file__).resolve().parent
+
+    def imported(path: Path) -> set[str]:
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "ndplan":
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ndplan."):
+                out.add(node.module.split(".", 1)[1])
+        return out
+
+    seen, todo = set(), [f"formulas.{p.stem}" for p in (pkg / "formulas").glob("*.py")]
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        for path in (pkg / (mod.replace(".", "/") + ".py"), pkg / mod.replace(".", "/") / "__init__.py"):
+            if path.exists():
+                todo += sorted(imported(path))
+    tops = {m.split(".")[0] + ("" if (pkg / m.split(".")[0]).is_dir() else ".py") for m in seen}
+    missing = tops - set(kernels._EXPR_MODULES) - set(kernels._VALUE_FREE_MODULES)
+    assert not missing, missing

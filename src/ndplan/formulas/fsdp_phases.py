@@ -63,7 +63,7 @@ def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Ex
     if (not eng.layers_resharded_after_forward or view.zero < eng.weights_sharded_from
             or eng.gather_whole_stage):
         return sp.Integer(0)
-    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1) * layers_gather(spec, M, eng)
+    return backward_phases_on(spec, view) * layers_gather(spec, M, eng)
 
 
 def _unpiped(spec: ModelSpec, view: Structure) -> sp.Expr:
@@ -104,12 +104,8 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     first, last = kinds[0], kinds[-1]
     second = kinds[1] if len(kinds) > 1 else first
     mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
-    if view.partial_recompute and eng.recompute_layers_spread:  # every N-th: the first layer plain unless N = 1
-        rec = _spread(nd + nm)[2]
-        first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
-                     + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
-    elif view.partial_recompute:
-        rec = sp.Min(S.nrec, 1)
+    if view.partial_recompute:  # is the first layer recomputed: every N-th only for N = 1, the first N if N >= 1
+        rec = _spread(nd + nm)[2] if eng.recompute_layers_spread else sp.Min(S.nrec, 1)
         first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
                      + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
     else:

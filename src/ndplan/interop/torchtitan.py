@@ -71,15 +71,25 @@ def _engine_settings(flat: dict, shard: int) -> dict[str, int]:
     """Engine settings (engines.derive) that the job config's compile and float8 keys imply."""
     settings = {}
     if flat.get("compile.enable") or flat.get("training.compile"):
-        parts = flat.get("compile.components", ["model", "loss"]) if flat.get("compile.enable") else ["model", "loss"]
+        parts = (_names(flat, "compile.components", ["model", "loss"], '["model", "loss"]')
+                 if flat.get("compile.enable") else ["model", "loss"])
         settings |= {"compiled_blocks": 1} if "model" in parts else {}
         settings |= {"compiled_loss": 1} if "loss" in parts else {}
-    converters = flat.get("model.converters") or []
-    converters = converters.split(",") if isinstance(converters, str) else converters
-    if (any(str(c).strip().endswith("float8") for c in converters) and shard > 1
+    converters = _names(flat, "model.converters", [], '["float8"]')
+    if (any(c.endswith("float8") for c in converters) and shard > 1
             and any(flat.get(k) for k in FLOAT8_ALL_GATHER_KEYS)):
         settings["float8_all_gather"] = 1
     return settings
+
+
+def _names(flat: dict, key: str, default: list[str], example: str) -> list[str]:
+    """A list-of-names key, given as a TOML list or a comma-separated string (torchtitan's CLI form)."""
+    value = flat.get(key, default)
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise NdplanError(key, value, "not a list of names", f"give a list of strings, e.g. {example}")
+    return [v.strip() for v in value]
 
 
 def _data_parallel(get, path: Path, gpus, tp: int, pp: int, cp: int):
@@ -138,8 +148,11 @@ def _layer_sac(mode: str, option: str, L: int, pp: int, vpp: int, schedule: str,
     ``selective_ac_option = "N"``): full recompute of layer_sac_count(rank's layers, N) blocks per
     rank, given to ndplan as that count per chunk (the first ones; torchtitan wraps every N-th,
     the same activation total); op SAC (``"op"``) stays ``selective``."""
-    if mode != "selective" or not option.isdigit():
+    if mode != "selective" or option == "op":
         return mode, None
+    if not option.isdigit():  # torchtitan raises "Invalid selective AC option" (_apply_ac_to_transformer_block)
+        raise NdplanError(KEY["ac_option"], option, "not a selective activation-checkpointing option",
+                          'give "op" (op-level SAC) or a whole number N (every N-th block checkpointed)')
     per_rank = ([L // pp] if lps is None else
                 [sum(lps[virtual_stage(schedule, r, c, pp)] for c in range(vpp)) for r in range(pp)])
     counts = {X.layer_sac_count(n, int(option)) for n in per_rank}
