@@ -380,6 +380,15 @@ def run_runtime(args) -> list[dict]:
                          float8_all_gather=False) for b, s in ((1, 4), (2, 128))]
     else:
         print("(d) float8 rows skipped: torchao is not installed (pip install torchao)")
+    if importlib.util.find_spec("torchtitan") is not None and importlib.util.find_spec("triton") is not None:
+        # torchtitan 0.3.0's own model, FullAC / SelectiveAC and apply_fsdp_to_decoder (ndplan.trace.titan)
+        cases += [R.Case(f"titan-{ac}-w2-b{b}-s{s}", world=2, tokens=(b, s), source="torchtitan",
+                         ac_every=int(ac == "full"), op_sac=ac == "op")
+                  for ac in ("none", "full", "op") for b, s in ((2, 128), (8, 256))]
+        cases += [R.Case(f"titan-chunk8-{ac}-V8192-w2-b{b}-s256", world=2, tokens=(b, 256), source="torchtitan",
+                         op_sac=ac == "op", loss_chunks=8, vocab=8192) for ac in ("none", "op") for b in (1, 8)]
+    else:
+        print("(d) torchtitan rows skipped: torchtitan 0.3.0 and triton are not installed (pip install 'ndplan[titan]')")
     cases += [R.Case(f"pp-{sched}-m{m}-b{b}-s{s}", mode="pp", world=4, pp=2, schedule=sched, microbatches=m,
                      tokens=(b, s))
               for sched in ("1f1b", "gpipe", "interleaved") for m, b, s in ((4, 1, 64), (8, 1, 128), (8, 2, 64))]

@@ -47,6 +47,9 @@ def _caveats(rep) -> list[str]:
     if "kl" in names and rep.result.attn == "sdpa" and "none" in pols:
         out.append("MLA: q and v head dims differ, so sdpa on the CPU falls back to the math kernel and saves the "
                    "s x s probabilities that GPU kernels (efficient, cuDNN) do not; policy none overstates the layer")
+    out.append("traced on transformers modules, not torchtitan's: its language models attend with FlexAttention, "
+               "which has no backward on the CPU (torch 2.13); torchtitan's own modules run on the gloo harness "
+               "instead (ndplan.trace.titan, with torchtitan's sdpa module)")
     if "op" in pols:
         out.append("op (torchtitan op-level SAC) is compared with the closed form the fsdp engine's selective "
                    "recompute uses (formulas/activations.op_sac_layer), evaluated with the hf profile")

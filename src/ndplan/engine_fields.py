@@ -120,6 +120,17 @@ class EngineProfile:
     bbb1b616, 2025-04-02): inductor fuses the fp32 upcast, log-softmax and its gradient, so the
     loss keeps only the bf16 logits and writes a bf16 gradient: ``COMPILED_LOSS_BYTES`` per
     element instead of ``logits_bytes_per_element``."""
+    loss_chunks: int = 0
+    """The loss runs in this many sequence chunks before the decoder's backward (torchtitan 0.3.0's
+    ``ChunkedLossWrapper``, ``num_chunks`` 8 in its llama3 configs; components/loss.py): the model
+    skips the output layer, and for each chunk the output layer, the loss and their backward run
+    at once, with that chunk's logits referenced by the loop (``logits_bytes_per_element`` + 2 per
+    element of one chunk), beside an fp32 buffer of the hidden-state gradient (``GradAccumulator``,
+    4 B per token and hidden unit), the chunks' contiguous copies (2 B, micro-batch > 1: a split of
+    a [b, s, h] tensor on s is not contiguous) and the output layer's gradient accumulated
+    unsharded in fp32 across the chunks (no gradient sync until the last, FSDP2
+    ``unsharded_accumulated_grad``), which the last chunk reduce-scatters while every activation
+    is alive. 0: one loss over the whole logits after the forward."""
     reserve_bytes: int
     """Named framework reserve added to every device's peak: memory outside the framework's
     tensor allocator (CUDA context, NCCL and cuBLAS workspaces)."""
@@ -141,6 +152,10 @@ class EngineProfile:
     repeat_kv_always: bool = False
     """k and v are expanded to a heads (``repeat_kv``) before the attention kernel, flash or
     not, so the kernel saves the expanded copies (torchtitan until ``enable_gqa``)."""
+    fused_qkv: bool = False
+    """q, k and v come from one fused linear (one ``aten.mm``, torchtitan 0.3.0's default
+    ``fuse_qkv=True``, models/llama3/__init__.py ``_build_llama3_layers``): op-level SAC counts
+    one mm where separate projections count three (``activations.mm_outputs``)."""
     rope_inputs_kept: bool = False
     """The rotary embedding saves its q and k inputs for backward (x*cos + rotate(x)*sin through
     multiplies whose backward keeps both operands), beside the rotated q and k."""
@@ -184,6 +199,11 @@ class EngineProfile:
     rope_table_bytes: int = 0
     """Bytes per element of persistent rotary cos and sin tables (s x head_dim each), one pair
     per pipeline chunk (0: computed on the fly)."""
+    rope_table_per_layer: bool = False
+    """Every decoder layer holds its own rotary table (torchtitan 0.3.0: each Attention builds its
+    RoPE module, whose non-persistent ``cache`` buffer is precomputed for the training sequence,
+    models/common/rope.py ``RoPE.__init__`` and decoder.py ``update_from_config``), so the tables
+    count once per layer of the stage instead of once per chunk."""
     grads_in_weight_dtype: bool = False
     """Accumulated gradients use the persistent weight dtype (MindSpore accu_grad)."""
     grads_shard_tp_only: bool = False

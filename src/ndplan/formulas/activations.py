@@ -199,7 +199,8 @@ def _dropped(c: ActContext, name: str) -> bool:
 
 def mm_outputs(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> list[sp.Expr]:
     """Bytes of the output of each ``aten.mm`` a layer of ``kind`` runs in forward, in call
-    order (transformers and torchtitan module order: q, k, v, o; MLA q_a, q_b, kv_a, kv_b, o;
+    order (transformers and torchtitan module order: q, k, v, o, or one fused qkv
+    (``fused_qkv``), o; MLA q_a, q_b, kv_a, kv_b, o;
     then gate, up, down; a MoE layer's router and its shared expert's gate, up, down). A
     linear with a bias runs ``aten.addmm``, not an mm (Qwen2's q, k, v; GPT's every linear);
     routed experts run ``aten._grouped_mm``. Column-parallel outputs are split by tp; a
@@ -211,6 +212,8 @@ def mm_outputs(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> li
     if spec.is_mla:
         widths += [M.ql, M.a * (M.dn + M.dr) / t] if spec.q_lora_rank else [M.a * (M.dn + M.dr) / t]
         widths += [M.kl + M.dr, M.a * (M.dn + M.dv) / t]
+    elif not spec.attention_bias and c.eng.fused_qkv:
+        widths.append((M.a + 2 * M.kv) * M.d / t)
     elif not spec.attention_bias:
         widths += [M.a * M.d / t, M.kv * M.d / t, M.kv * M.d / t]
     if not (spec.attention_bias and spec.learned_positions):  # GPT-style: o_proj has a bias too

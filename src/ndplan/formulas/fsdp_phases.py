@@ -66,6 +66,28 @@ def gathered_at_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Ex
     return backward_phases_on(spec, view) * layers_gather(spec, M, eng)
 
 
+def loss_chunk_buffers(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """Under a chunked loss (EngineProfile.loss_chunks), what the chunk loop holds beside the
+    activations at every chunk: the fp32 hidden-state gradient buffer, the chunks' contiguous
+    copies (micro-batch > 1) and the current chunk's bf16 logits (torchtitan components/loss.py
+    ``ChunkedLossWrapper.__call__``, ``GradAccumulator``)."""
+    ctx, eng = act_context(spec, view), view.engine
+    tokens = ctx.s * ctx.b
+    hidden = (A.FP32_BYTES + A.ACT_BYTES * sp.Min(ctx.b - 1, 1)) * tokens * M.h
+    return hidden + A.ACT_BYTES * tokens * M.V / S.tp / eng.loss_chunks
+
+
+def _chunked_head_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts, head, written) -> sp.Expr:
+    """The output layer's reduce-scatter under a chunked loss: it runs in the last chunk's backward,
+    before the decoder's, so beside every activation and the loop's buffers (``loss_chunk_buffers``);
+    the layer's gradient accumulated unsharded in fp32 stays alive through it (4 B per parameter
+    beside the fp32 input, the backend's copy and the sharded output), and so do its 16-bit weights
+    (resharding after backward is off in the loop). Measured on torchtitan 0.3.0 at tokens (1, 256)."""
+    eng = view.engine
+    kept = A.ACT_BYTES + A.FP32_BYTES + eng.reduce_scatter_input_bytes + eng.reduce_scatter_copy_bytes
+    return acts + loss_chunk_buffers(spec, M, view) + (kept + written) * head
+
+
 def _unpiped(spec: ModelSpec, view: Structure) -> sp.Expr:
     """1 without pipelining, 0 with it, for engines whose FSDP holds the stage unsharded under
     pipelining (``pp_unsharded_stage_bytes``: no per-layer gather or reduce-scatter phases then)."""
@@ -116,8 +138,10 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
         last_act = (1 - wrapped) * last_act + wrapped * A.layer_activation(spec, M, ctx, last, view.recompute)
     after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
     emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
+    head_phase = (_chunked_head_reduce(spec, M, view, acts, head, written) if eng.loss_chunks
+                  else after_head + _rs_bytes(eng, head, gathered[last], written))
     phases = [
-        after_head + _rs_bytes(eng, head, gathered[last], written),
+        head_phase,
         after_head - last_act + written * head
         + _rs_bytes(eng, size[last], gathered[kinds[-2]] if len(kinds) > 1 else A.ACT_BYTES * emb, written),
         emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
@@ -126,7 +150,7 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     if len(kinds) > 2:
         phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
                       + _rs_bytes(eng, size[second], gathered[first], written))
-    if view.recompute == "full":
+    if rebuilds_in_backward(view):
         held = dict(after_head=after_head, emb_act=emb_act, head=head, layers=layers, written=written, n=nd + nm)
         phases += _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held)
     return backward_phases_on(spec, view) * sp.Max(*phases)
@@ -149,8 +173,30 @@ def backward_phases_on(spec: ModelSpec, view: Structure) -> sp.Expr:
     return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1)
 
 
+def rebuilds_in_backward(view: Structure) -> bool:
+    """Each checkpointed block's backward re-runs its forward: full recompute, or op-level SAC
+    (``selective`` on an engine with ``selective_op_sac``), which re-runs every op it did not save."""
+    return view.recompute == "full" or (view.recompute == "selective" and view.engine.selective_op_sac)
+
+
+def rebuilt_layer(spec, M, ctx, kind, mode, workspace: bool = True) -> sp.Expr:
+    """The bytes a checkpointed layer's backward makes above what the layer stored: its
+    no-recompute activations (full recompute); under op-level SAC the block re-runs as under full
+    recompute but reads the outputs it saved from its cache instead of making them again, so it
+    makes that less what it stored beyond the block input: at the height of the block's backward
+    the live bytes equal full recompute's (measured on torchtitan's modules, tokens (8, 256): the
+    backward peak above the stored activations is 10,264 B per token under FullAC and 7,176 under
+    SelectiveAC, 3,088 apart, the bytes SelectiveAC saved beyond the input). Then its
+    MLP's activation gradients (A.mlp_backward_workspace) with ``workspace``."""
+    none = A.layer_activation(spec, M, ctx, kind, "none")
+    if mode != "full":  # what SAC saved beyond the checkpointed input comes from its cache, not again
+        none -= A.layer_activation(spec, M, ctx, kind, mode) - A.layer_activation(spec, M, ctx, kind, "full")
+    return none + (A.mlp_backward_workspace(spec, M, ctx, kind) if workspace else 0)
+
+
 def _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held) -> list[sp.Expr]:
-    """Full recompute: a checkpointed layer's backward rebuilds its no-recompute activations and,
+    """Full recompute or op-level SAC (``rebuilds_in_backward``): a checkpointed layer's backward
+    rebuilds its no-recompute activations (``rebuilt_layer``) and,
     at the height of its MLP backward, the activation gradients (A.mlp_backward_workspace), while
     the reduce-scatter input of the group reduced just before is still alive (torch 2.13 keeps
     one, ``reduce_scatter_max_input_buffers``) beside the layer's gathered weights and the
@@ -163,9 +209,8 @@ def _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held) -> list[sp.
     (tests/test_runtime.py)."""
     eng, first, last = view.engine, kinds[0], kinds[-1]
     rs_in, written, head = eng.reduce_scatter_input_bytes, held["written"], held["head"]
-    rebuilt = {k: A.layer_activation(spec, M, ctx, k, "none") + A.mlp_backward_workspace(spec, M, ctx, k)
-               for k in set(kinds)}
-    inputs = {k: A.layer_activation(spec, M, ctx, k, "full") for k in set(kinds)}
+    rebuilt = {k: rebuilt_layer(spec, M, ctx, k, view.recompute) for k in set(kinds)}
+    inputs = {k: A.layer_activation(spec, M, ctx, k, view.recompute) for k in set(kinds)}  # what it stored
     plain_act = {k: A.layer_activation(spec, M, ctx, k, "none") for k in set(kinds)}
     if view.partial_recompute and eng.recompute_layers_spread:
         plain, after, _, _ = _spread(held["n"])

@@ -22,7 +22,8 @@ from ndplan.engines import COMPILED_LOSS_BYTES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving, fsdp_backward_reduce,
-                                         gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads)
+                                         gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads,
+                                         loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
@@ -118,7 +119,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     eng = view.engine
     dense, expert, emb = stage_params(spec, M, view, stage)
     terms = static_terms(spec, view, eng, dense, expert, emb)
-    terms.append(graph_constants_term(spec, M, view, eng))
+    terms.append(graph_constants_term(spec, M, view, eng, stage))
     acts = activation_term(spec, M, view, stage)
     gather = gather_term(spec, M, view, eng, dense, expert, stage, acts.expr)
     shard = _sharding(view, eng, dense, expert, emb)
@@ -151,15 +152,22 @@ def allocator_term(eng: EngineProfile, tensor_terms: list[Term]) -> Term:
                 note="reserved minus allocated; allocated = the tensor Terms, reserved = allocated + this")
 
 
-def graph_constants_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile) -> Term:
-    """Persistent causal mask and rotary tables, one set per pipeline chunk."""
-    consts = eng.attention_mask_bytes * S.seq ** 2
-    if not spec.learned_positions:
-        consts += eng.rope_table_bytes * 2 * S.seq * M.d
-    return Term(key="mem.graph_constants", expr=view.vpp * consts, unit="bytes",
+def graph_constants_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile,
+                         stage=S.stage) -> Term:
+    """Persistent causal mask and rotary tables, one set per pipeline chunk (the rotary tables
+    once per decoder layer of the stage under ``rope_table_per_layer``)."""
+    mask = view.vpp * eng.attention_mask_bytes * S.seq ** 2
+    rope = sp.Integer(0) if spec.learned_positions else eng.rope_table_bytes * 2 * S.seq * M.d
+    if eng.rope_table_per_layer:
+        pp = pp_expr(spec, view)
+        rope *= sum((sum(chunk_layers(spec, view, stage, c, pp, M.L)) for c in range(view.vpp)), sp.Integer(0))
+    else:
+        rope *= view.vpp
+    return Term(key="mem.graph_constants", expr=mask + rope, unit="bytes",
                 source=f"{eng.name}: persistent causal mask ({eng.attention_mask_bytes} bytes per s x s "
                        f"element) and rotary cos/sin tables ({eng.rope_table_bytes} bytes per s x head_dim "
-                       f"element), one set per pipeline chunk ({eng.sources.get('graph_constants', 'none')})",
+                       f"element), one set per {'decoder layer' if eng.rope_table_per_layer else 'pipeline chunk'} "
+                       f"({eng.sources.get('graph_constants', 'none')})",
                 note="full sequence, not split by cp")
 
 
@@ -275,7 +283,20 @@ def loss_logits(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage
     loss's COMPILED_LOSS_BYTES) per token and vocabulary entry over tp."""
     ctx = act_context(spec, view)
     last = head_device_flag(view.schedule, stage, pp_expr(spec, view))
+    chunks = view.engine.loss_chunks
+    if chunks:
+        return last * chunked_loss(spec, M, view)
     return last * _logit_bytes(view.engine) * ctx.s * ctx.b * M.V / S.tp
+
+
+def chunked_loss(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """The loss phase of ``loss_chunks`` chunks (EngineProfile.loss_chunks): one chunk's logits
+    transient and its bf16 logits, the fp32 hidden-state gradient buffer, the chunks' contiguous
+    copies when the micro-batch exceeds 1, and the output layer's fp32 gradient accumulated
+    unsharded. Measured on torchtitan 0.3.0's ChunkedLossWrapper on gloo (tests/test_runtime.py)."""
+    ctx, eng = act_context(spec, view), view.engine
+    per_chunk = _logit_bytes(eng) * ctx.s * ctx.b * M.V / S.tp / eng.loss_chunks
+    return per_chunk + loss_chunk_buffers(spec, M, view) + A.FP32_BYTES * M.V * M.h / S.tp
 
 
 def _logit_bytes(eng: EngineProfile) -> int:
@@ -291,23 +312,24 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     logits = loss_logits(spec, M, view, stage)
     # one layer's no-recompute activations during its backward: rebuilt by full recompute, or
     # (engine option backward_layer_workspace) the gradients of any layer's activations
-    one_layer = view.recompute == "full" or eng.backward_layer_workspace
+    one_layer = rebuilds_in_backward(view) or eng.backward_layer_workspace
     kind = "moe" if spec.is_moe else "dense"
     # at the loss the layers resharded after forward hold no gathered weights (gathered_at_loss)
     freed = gathered_at_loss(spec, M, view)
     if eng.gathered_inputs_kept:  # the output layer's gathered input is saved, no all-gather is in flight
         freed = freed + head_device_flag(view.schedule, stage, pp_expr(spec, view)) * sp_gather_buffer(spec, M, view)
     loss_phase = logits if freed == 0 else sp.Max(logits - freed, 0)
-    rebuild = A.layer_activation(spec, M, ctx, kind, "none")
+    rebuild = rebuilt_layer(spec, M, ctx, kind, view.recompute if rebuilds_in_backward(view) else "full",
+                            workspace=False)
     backward = fsdp_backward_reduce(spec, M, view, acts, stage)
-    if backward is not None and view.recompute == "full" and not eng.backward_layer_workspace:
+    if backward is not None and rebuilds_in_backward(view) and not eng.backward_layer_workspace:
         rebuild *= 1 - backward_phases_on(spec, view)  # FSDP's backward phases place the rebuild themselves
     transient = sp.Max(loss_phase, rebuild) if one_layer else loss_phase
     why = ("compiled loss: saved bf16 logits and their bf16 gradient, engines.COMPILED_LOSS_BYTES"
            if eng.compiled_loss else eng.sources['logits'])
     src = (f"max of exclusive transients: loss logits {logit_bytes} bytes per token x "
-           f"vocab/tp on the last stage ({why}); one layer rebuilt by full recompute during "
-           "its backward (its no-recompute activations)")
+           f"vocab/tp on the last stage ({why}); one layer rebuilt by full recompute (or re-run by op-level "
+           "SAC, less the tensors its cache holds: fsdp_phases.rebuilt_layer) during its backward")
     if eng.backward_layer_workspace:
         src += f", or the activation gradients of the layer in backward ({eng.sources['backward_workspace']})"
     if freed != 0:
@@ -319,7 +341,7 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         transient = sp.Max(transient, backward - acts - gather)
         src += ("; FSDP's backward reduce-scatters: at the largest, its buffers, the sharded gradients written "
                 "and the activations not yet freed (fsdp_backward_reduce)")
-        if view.recompute == "full" and not eng.backward_layer_workspace:
+        if rebuilds_in_backward(view) and not eng.backward_layer_workspace:
             src += ("; there, with dp*cp > 1 and no pipelining, the rebuilt layer is one of those phases: its "
                     "activations and its MLP's activation gradients beside the reduce-scatter input before it and "
                     "two gathered layers (fsdp_phases._rebuild_phases)")

@@ -89,6 +89,24 @@ class Case:
     float8_all_gather: bool = True
     """With ``float8``: FSDP float8 all-gather (torchtitan ``enable_fsdp_float8_all_gather``),
     predicted with the engine setting ``float8_all_gather``; without it, as bf16."""
+    source: str = "transformers"
+    """``torchtitan``: torchtitan's own Llama 3 modules, AC and FSDP2 code (``trace.titan``, ``fsdp``
+    mode; needs torchtitan and triton), predicted with the fsdp profile (``TITAN_SETTINGS``);
+    ``ac_every = 1`` is its FullAC."""
+    op_sac: bool = False
+    """With ``source = "torchtitan"``: its op-level SelectiveAC on every block, predicted as the fsdp
+    profile's selective recompute (``selective_op_sac``)."""
+    loss_chunks: int = 0
+    """With ``source = "torchtitan"``: its ChunkedLossWrapper with this many chunks (its llama3
+    configs' loss, 8), predicted with the engine setting ``loss_chunks``; 0: cross_entropy on the
+    whole logits."""
+    vocab: int = 0
+    """The vocabulary size in place of ``CONFIG``'s (0: CONFIG's), e.g. Llama 3's vocabulary/hidden
+    ratio (about 31) where the loss phase is the peak."""
+
+    @property
+    def config(self) -> dict:
+        return CONFIG | ({"vocab_size": self.vocab} if self.vocab else {})
 
     @property
     def vpp(self) -> int:
@@ -275,6 +293,17 @@ def _measured_peak(meter: StorageMeter, opt, step) -> int:
     return meter.peak
 
 
+def _states_base_peak(meter: StorageMeter, opt, step) -> tuple[int, int, int]:
+    """A first step and optimizer step, then (``states`` after it, ``base`` after zero_grad, the
+    smallest ``peak`` of MEASURED_STEPS more steps)."""
+    step()
+    opt.step()
+    states = meter.sample()
+    opt.zero_grad(set_to_none=True)
+    base = meter.sample()
+    return states, base, min(_measured_peak(meter, opt, step) for _ in range(MEASURED_STEPS))
+
+
 def _measure_pp(rank: int, case: Case) -> Measured:
     """The ``pp`` mode: a real pipeline schedule over (pp, dp) ranks (module docstring)."""
     import torch
@@ -307,12 +336,7 @@ def _measure_pp(rank: int, case: Case) -> Measured:
             kw = {"target": ids, "losses": []} if chunks - 1 in ours else {}
             sched.step(*args, return_outputs=False, **kw)
 
-        step()
-        opt.step()
-        states = meter.sample()
-        opt.zero_grad(set_to_none=True)
-        base = meter.sample()
-        peak = min(_measured_peak(meter, opt, step) for _ in range(MEASURED_STEPS))
+        states, base, peak = _states_base_peak(meter, opt, step)
     return Measured(case.name, rank, states, base, peak, stage=pp_rank)
 
 
@@ -327,7 +351,9 @@ def _measure(rank: int, case: Case) -> Measured:
     meter = StorageMeter()
     torch.manual_seed(0)
     b, s = case.tokens
-    ids = torch.randint(0, CONFIG["vocab_size"], (b, s))
+    ids = torch.randint(0, case.config["vocab_size"], (b, s))
+    if case.source == "torchtitan":
+        return _measure_titan(rank, case, mesh, meter, ids)
     with meter.mode:
         cfg = LlamaConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
@@ -350,6 +376,31 @@ def _measure(rank: int, case: Case) -> Measured:
         peak = min(_measured_peak(meter, opt, lambda: held.append(_step(model, ids, case, meter)))
                    for _ in range(MEASURED_STEPS))
     return Measured(case.name, rank, states, base, peak, held[-1] if case.mode == "fsdp-pp" else 0)
+
+
+def _measure_titan(rank: int, case: Case, mesh, meter: StorageMeter, ids) -> Measured:
+    """The ``fsdp`` mode on torchtitan's own model and parallelize code (trace.titan); its training
+    step's forward and backward (torchtitan trainer.py forward_backward_step: ``pred = model(inputs)``,
+    the loss, ``del pred``, ``loss.backward()``)."""
+    import torch
+    from ndplan.trace import titan
+    ac = "op" if case.op_sac else ("full" if case.ac_every == 1 else "none")
+    with meter.mode:
+        model = titan.parallelize(titan.build(case.config, ids.shape[1]), mesh["dp"], ac)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        if case.loss_chunks:
+            loss_fn = titan.chunked_loss(model, case.loss_chunks, case.config["vocab_size"])
+            tokens = torch.tensor(float(ids.numel()))
+
+        def step():
+            if case.loss_chunks:  # the model returns the hidden states; the loss runs the output layer
+                loss, _ = loss_fn(model(ids), ids, tokens)
+                loss.backward()
+            else:
+                _loss(model(ids), ids).backward()
+
+        states, base, peak = _states_base_peak(meter, opt, step)
+    return Measured(case.name, rank, states, base, peak)
 
 
 def _worker(rank: int, world: int, port: int, cases: list[Case], out_dir: str) -> None:
@@ -399,18 +450,23 @@ def predicted(case: Case) -> dict[str, int]:
     from ndplan.formulas import params as P
     from ndplan.formulas.fsdp_phases import pp_final_reduce, pp_group_grads
     from ndplan.formulas.local import device_params
-    from ndplan.formulas.memory import gather_term, loss_logits, static_terms
+    from ndplan.formulas.memory import gather_term, graph_constants_term, loss_logits, static_terms
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
     if case.mode == "pp":
         return _predicted_pp(case)
-    spec = model_from_config(dict(CONFIG), "runtime", "ndplan.trace.runtime")
-    engine = gloo_engine("hf", {"float8_all_gather": 1} if case.float8 and case.float8_all_gather else {})
+    spec = model_from_config(dict(case.config), "runtime", "ndplan.trace.runtime")
+    if case.source == "torchtitan":
+        engine = gloo_engine("fsdp", TITAN_SETTINGS | ({"loss_chunks": case.loss_chunks} if case.loss_chunks else {}))
+    else:
+        engine = gloo_engine("hf", {"float8_all_gather": 1} if case.float8 and case.float8_all_gather else {})
     M, eng = model_symbols(spec), ndplan.engines.profile(engine)
     b, s = case.tokens
     dp = case.world // case.tp
     wrapped = layer_sac_count(spec.num_hidden_layers, case.ac_every) if case.ac_every else 0
     rec = dict(recompute="full", recompute_layers=None if wrapped == spec.num_hidden_layers else wrapped) if wrapped else {}
+    if case.op_sac:
+        rec = dict(recompute="selective")
     strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine=engine, mbs=b, seq=s, gbs=dp * b * case.microbatches,
                             **rec)
     st = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat).per_stage[0]
@@ -422,7 +478,10 @@ def predicted(case: Case) -> dict[str, int]:
         return float(sp.sympify(expr).subs(strategy_point(at)).subs({S.stage: 0}))
 
     states = static_terms(spec, structure(spec, strat), eng, dense, expert, emb)
-    out = {"states": int(round(sum(value(t.expr, strat) for t in states if t.key != "mem.graph_constants"))),
+    if case.source == "torchtitan":  # its RoPE tables are buffers of the model (TITAN_SETTINGS)
+        states.append(graph_constants_term(spec, M, structure(spec, strat), eng))
+    out = {"states": int(round(sum(value(t.expr, strat) for t in states if t.key != "mem.graph_constants"
+                                   or case.source == "torchtitan"))),
            "peak": st["allocated_bytes"]}
     if case.mode == "fsdp-pp":
         # one micro-batch held at a time: the whole model's unsharded stage (the pipelined gather Term
@@ -438,6 +497,16 @@ def predicted(case: Case) -> dict[str, int]:
         out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] - transient
                           + value(term.expr, piped) + exclusive)
     return out
+
+
+TITAN_SETTINGS: dict = {"repeat_kv_always": 0, "fused_qkv": 1, "rope_table_per_layer": 1, "norm_input_bytes": 8}
+"""The fsdp profile's settings for torchtitan 0.3.0's modules as they run here (trace.titan): sdpa
+with enable_gqa (models/common/attention.py ``Attention.forward``), no repeat_kv; one fused wqkv
+linear; a RoPE table per layer; and nn.RMSNorm as torch 2.13 runs it on the CPU: the composite
+rms_norm (x.float(), pow, mean, rsqrt, two multiplies) saves the fp32 input and the fp32 normalized
+tensor, 8 B per element beside the fp32 1/rms per token (measured with saved_tensors_hooks; even
+``aten._fused_rms_norm`` decomposes so on the CPU), where CUDA runs the fused kernel the fsdp
+profile counts (2 B input, 4 B per token)."""
 
 
 def gloo_engine(name: str, settings: dict | None = None) -> str:
