@@ -158,7 +158,7 @@ now -0.02, -1.76, -0.73, -0.02 and -0.09 %."""
 @pytest.mark.parametrize("case", TITAN_CASES, ids=[c.name for c in TITAN_CASES])
 def test_torchtitans_own_code_matches_the_fsdp_profile_per_rank(case):
     """torchtitan's model, AC and FSDP2 code on gloo against the fsdp profile with torchtitan 0.3.0's
-    settings (runtime.TITAN_SETTINGS: fused wqkv, enable_gqa, a RoPE table per layer, the CPU's
+    settings (titan.TITAN_SETTINGS: fused wqkv, enable_gqa, a RoPE table per layer, the CPU's
     composite RMSNorm) and, with ChunkedLossWrapper, ``loss_chunks``: the states (its RoPE buffers
     included) within 1 %, the peak within 3 %. Under SelectiveAC each block's backward re-runs it,
     reading what it saved from its cache (fsdp_phases.rebuilt_layer); the chunked loss holds one

@@ -91,7 +91,7 @@ class Case:
     predicted with the engine setting ``float8_all_gather``; without it, as bf16."""
     source: str = "transformers"
     """``torchtitan``: torchtitan's own Llama 3 modules, AC and FSDP2 code (``trace.titan``, ``fsdp``
-    mode; needs torchtitan and triton), predicted with the fsdp profile (``TITAN_SETTINGS``);
+    mode; needs torchtitan and triton), predicted with the fsdp profile (``trace.titan.TITAN_SETTINGS``);
     ``ac_every = 1`` is its FullAC."""
     op_sac: bool = False
     """With ``source = "torchtitan"``: its op-level SelectiveAC on every block, predicted as the fsdp
@@ -353,7 +353,8 @@ def _measure(rank: int, case: Case) -> Measured:
     b, s = case.tokens
     ids = torch.randint(0, case.config["vocab_size"], (b, s))
     if case.source == "torchtitan":
-        return _measure_titan(rank, case, mesh, meter, ids)
+        from ndplan.trace import titan
+        return Measured(case.name, rank, *titan.measure(case, mesh, meter, ids))
     with meter.mode:
         cfg = LlamaConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
@@ -376,31 +377,6 @@ def _measure(rank: int, case: Case) -> Measured:
         peak = min(_measured_peak(meter, opt, lambda: held.append(_step(model, ids, case, meter)))
                    for _ in range(MEASURED_STEPS))
     return Measured(case.name, rank, states, base, peak, held[-1] if case.mode == "fsdp-pp" else 0)
-
-
-def _measure_titan(rank: int, case: Case, mesh, meter: StorageMeter, ids) -> Measured:
-    """The ``fsdp`` mode on torchtitan's own model and parallelize code (trace.titan); its training
-    step's forward and backward (torchtitan trainer.py forward_backward_step: ``pred = model(inputs)``,
-    the loss, ``del pred``, ``loss.backward()``)."""
-    import torch
-    from ndplan.trace import titan
-    ac = "op" if case.op_sac else ("full" if case.ac_every == 1 else "none")
-    with meter.mode:
-        model = titan.parallelize(titan.build(case.config, ids.shape[1]), mesh["dp"], ac)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-        if case.loss_chunks:
-            loss_fn = titan.chunked_loss(model, case.loss_chunks, case.config["vocab_size"])
-            tokens = torch.tensor(float(ids.numel()))
-
-        def step():
-            if case.loss_chunks:  # the model returns the hidden states; the loss runs the output layer
-                loss, _ = loss_fn(model(ids), ids, tokens)
-                loss.backward()
-            else:
-                _loss(model(ids), ids).backward()
-
-        states, base, peak = _states_base_peak(meter, opt, step)
-    return Measured(case.name, rank, states, base, peak)
 
 
 def _worker(rank: int, world: int, port: int, cases: list[Case], out_dir: str) -> None:
@@ -457,6 +433,7 @@ def predicted(case: Case) -> dict[str, int]:
         return _predicted_pp(case)
     spec = model_from_config(dict(case.config), "runtime", "ndplan.trace.runtime")
     if case.source == "torchtitan":
+        from ndplan.trace.titan import TITAN_SETTINGS
         engine = gloo_engine("fsdp", TITAN_SETTINGS | ({"loss_chunks": case.loss_chunks} if case.loss_chunks else {}))
     else:
         engine = gloo_engine("hf", {"float8_all_gather": 1} if case.float8 and case.float8_all_gather else {})
@@ -478,7 +455,7 @@ def predicted(case: Case) -> dict[str, int]:
         return float(sp.sympify(expr).subs(strategy_point(at)).subs({S.stage: 0}))
 
     states = static_terms(spec, structure(spec, strat), eng, dense, expert, emb)
-    if case.source == "torchtitan":  # its RoPE tables are buffers of the model (TITAN_SETTINGS)
+    if case.source == "torchtitan":  # its RoPE tables are buffers of the model (trace.titan.TITAN_SETTINGS)
         states.append(graph_constants_term(spec, M, structure(spec, strat), eng))
     out = {"states": int(round(sum(value(t.expr, strat) for t in states if t.key != "mem.graph_constants"
                                    or case.source == "torchtitan"))),
@@ -497,16 +474,6 @@ def predicted(case: Case) -> dict[str, int]:
         out["peak"] = int(st["allocated_bytes"] - st["terms"]["mem.zero3_gather"] - transient
                           + value(term.expr, piped) + exclusive)
     return out
-
-
-TITAN_SETTINGS: dict = {"repeat_kv_always": 0, "fused_qkv": 1, "rope_table_per_layer": 1, "norm_input_bytes": 8}
-"""The fsdp profile's settings for torchtitan 0.3.0's modules as they run here (trace.titan): sdpa
-with enable_gqa (models/common/attention.py ``Attention.forward``), no repeat_kv; one fused wqkv
-linear; a RoPE table per layer; and nn.RMSNorm as torch 2.13 runs it on the CPU: the composite
-rms_norm (x.float(), pow, mean, rsqrt, two multiplies) saves the fp32 input and the fp32 normalized
-tensor, 8 B per element beside the fp32 1/rms per token (measured with saved_tensors_hooks; even
-``aten._fused_rms_norm`` decomposes so on the CPU), where CUDA runs the fused kernel the fsdp
-profile counts (2 B input, 4 B per token)."""
 
 
 def gloo_engine(name: str, settings: dict | None = None) -> str:

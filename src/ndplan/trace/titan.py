@@ -32,6 +32,15 @@ import importlib.util
 TORCHTITAN_VERSION = "0.3.0"
 """The torchtitan release this module is written against (.ci/run installs it)."""
 
+TITAN_SETTINGS: dict = {"repeat_kv_always": 0, "fused_qkv": 1, "rope_table_per_layer": 1, "norm_input_bytes": 8}
+"""The fsdp profile's settings for torchtitan 0.3.0's modules as they run here (trace.titan): sdpa
+with enable_gqa (models/common/attention.py ``Attention.forward``), no repeat_kv; one fused wqkv
+linear; a RoPE table per layer; and nn.RMSNorm as torch 2.13 runs it on the CPU: the composite
+rms_norm (x.float(), pow, mean, rsqrt, two multiplies) saves the fp32 input and the fp32 normalized
+tensor, 8 B per element beside the fp32 1/rms per token (measured with saved_tensors_hooks; even
+``aten._fused_rms_norm`` decomposes so on the CPU), where CUDA runs the fused kernel the fsdp
+profile counts (2 B input, 4 B per token)."""
+
 
 def available() -> bool:
     """torchtitan (and the triton its imports need) is installed."""
@@ -109,3 +118,27 @@ def chunked_loss(model, chunks: int, vocab: int):
     loss_fn.set_lm_head(model.lm_head)
     model._skip_lm_head = True
     return loss_fn
+
+
+def measure(case, mesh, meter, ids) -> tuple[int, int, int]:
+    """(states, base, peak) of a ``runtime.Case`` in ``fsdp`` mode on torchtitan's own model and
+    parallelize code; its training step's forward and backward (torchtitan trainer.py forward_backward_step: ``pred = model(inputs)``,
+    the loss, ``del pred``, ``loss.backward()``)."""
+    import torch
+    from ndplan.trace.runtime import _loss, _states_base_peak
+    ac = "op" if case.op_sac else ("full" if case.ac_every == 1 else "none")
+    with meter.mode:
+        model = parallelize(build(case.config, ids.shape[1]), mesh["dp"], ac)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        if case.loss_chunks:
+            loss_fn = chunked_loss(model, case.loss_chunks, case.config["vocab_size"])
+            tokens = torch.tensor(float(ids.numel()))
+
+        def step():
+            if case.loss_chunks:  # the model returns the hidden states; the loss runs the output layer
+                loss, _ = loss_fn(model(ids), ids, tokens)
+                loss.backward()
+            else:
+                _loss(model(ids), ids).backward()
+
+        return _states_base_peak(meter, opt, step)
