@@ -256,7 +256,8 @@ def test_torchtitan_ddp_only_alone_and_zero0_replicates():
 
 @pytest.mark.parametrize("model,s", _cases("dense-dp-zero0", "dense-tp-pp-zero1-full")
                          + [pytest.param(DENSE, Strategy(dp=8, gbs=64, mbs=2, zero=3, offload_optimizer=True),
-                                         id="dense-zero3-offload")])
+                                         id="dense-zero3-offload"),
+                            pytest.param(DENSE, Strategy(dp=4, cp=2, gbs=16, zero=3, seq=8192), id="dense-ulysses")])
 def test_deepspeed_parses_back(model, s):
     doc = json.loads(emit("deepspeed", model, s))  # independent of ndplan: json reads it; values: the input
     assert doc["zero_optimization"]["stage"] == s.zero
@@ -267,10 +268,13 @@ def test_deepspeed_parses_back(model, s):
     assert doc["bf16"]["enabled"] is True
     assert doc.get("tensor_parallel", {}).get("autotp_size", 1) == s.tp
     assert doc.get("pipeline", {}).get("stages", 1) == s.pp
+    # DeepSpeed-Ulysses: DeepSpeedConfig's data-parallel world is world / sequence_parallel_size
+    # (deepspeed/runtime/config.py L719-723 at edaa7221), so the batch rule above uses dp = world/(tp*pp*cp)
+    assert doc.get("sequence_parallel_size", 1) == s.cp
     assert ("activation_checkpointing" in doc) == (s.recompute == "full")
 
 
-@pytest.mark.parametrize("name,field", [("dense-zero3-cp", "cp="), ("moe-ep-etp-zero1", "ep="),
+@pytest.mark.parametrize("name,field", [("moe-ep-etp-zero1", "ep="),
                                         ("dense-vpp-selective", "schedule="), ("dense-uneven-block", "layers_per_stage=")])
 def test_deepspeed_rejects_what_the_json_cannot_say(name, field):
     with pytest.raises(NdplanError, match=field):

@@ -11,8 +11,9 @@ with ``device``/``pin_memory``), deepspeed/runtime/activation_checkpointing/conf
 (``tensor_parallel.autotp_size``, AutoTP training).
 
 train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp
-= mbs x m x dp = gbs. Not expressible in the JSON (NdplanError, with the fix): context
-parallelism (DeepSpeed-Ulysses is set up in code), expert parallelism
+= mbs x m x dp = gbs; cp -> ``sequence_parallel_size`` (DeepSpeed-Ulysses: DeepSpeedConfig
+takes dp = world / sequence_parallel_size, runtime/config.py L709-727 at deepspeedai/
+DeepSpeed@edaa7221). Not expressible in the JSON (NdplanError, with the fix): expert parallelism
 (``deepspeed.moe.layer.MoE(ep_size=...)`` in code), interleaving (vpp > 1) and
 schedules other than 1F1B (the pipeline engine's TrainSchedule), ZeRO 2/3 with pp > 1
 (the pipeline engine allows stage 0 or 1), uneven layers (``PipelineModule
@@ -29,7 +30,7 @@ from ndplan.export.common import cannot, layers_per_chunk, nest, recompute_count
 from ndplan.strategy import Strategy
 
 TARGET = "DeepSpeed config JSON"
-KEY = {"gbs": "train_batch_size", "mbs": "train_micro_batch_size_per_gpu", "m": "gradient_accumulation_steps",
+KEY = {"cp": "sequence_parallel_size", "gbs": "train_batch_size", "mbs": "train_micro_batch_size_per_gpu", "m": "gradient_accumulation_steps",
        "bf16": "bf16.enabled", "zero": "zero_optimization.stage",
        "offload_device": "zero_optimization.offload_optimizer.device",
        "offload_pin": "zero_optimization.offload_optimizer.pin_memory", "tp": "tensor_parallel.autotp_size",
@@ -42,8 +43,6 @@ KEY = {"gbs": "train_batch_size", "mbs": "train_micro_batch_size_per_gpu", "m": 
 
 
 def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
-    if s.cp > 1:
-        raise cannot(TARGET, "cp", s.cp, "DeepSpeed-Ulysses sequence parallelism is set up in code; use cp=1")
     if s.ep > 1:
         raise cannot(TARGET, "ep", s.ep, "set deepspeed.moe.layer.MoE(ep_size=...) in the model code; use ep=1 here")
     if s.pp > 1 and (s.vpp > 1 or s.schedule != "1f1b"):
@@ -70,13 +69,19 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     doc = {KEY["gbs"]: s.gbs, KEY["mbs"]: s.mbs, KEY["m"]: s.m, KEY["bf16"]: True, KEY["zero"]: s.zero}
     if s.offload_optimizer:
         doc |= {KEY["offload_device"]: "cpu", KEY["offload_pin"]: True}
+    notes = []
     if s.tp > 1:
         doc[KEY["tp"]] = s.tp
+    if s.cp > 1:
+        doc[KEY["cp"]] = s.cp
+        notes.append("sequence_parallel_size: DeepSpeed divides the world by it (runtime/config.py, world_size); "
+                     "the model's attention must also be wrapped for Ulysses (runtime/sequence_parallel/"
+                     "ulysses_sp.py UlyssesSPAttentionHF.register_with_transformers)")
     if s.pp > 1:
         doc |= {KEY["pp"]: s.pp, KEY["ckpt_interval"]: 1 if max(full) else 0}
     if max(full):
         doc |= {KEY["ckpt_partition"]: s.tp > 1, KEY["ckpt_contiguous"]: False, KEY["ckpt_cpu"]: False}
-    return doc, []
+    return doc, notes
 
 
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:

@@ -41,6 +41,7 @@ KEY = {"zero": "parallel.enable_parallel_optimizer", "mbs": "runner_config.batch
        "pp": "parallel_config.pipeline_stage", "cp": "parallel_config.context_parallel",
        "cp_algo": "parallel_config.context_parallel_algo",
        "ep": "parallel_config.expert_parallel", "m": "parallel_config.micro_batch_num",
+       "seq_split": "parallel_config.seq_split_num", "etp": "moe_config.expert_model_parallel",
        "vocab_emb_dp": "parallel_config.vocab_emb_dp", "sp": "parallel_config.use_seq_parallel",
        "grad_group": "parallel_config.gradient_aggregation_group",
        "full": "recompute_config.recompute", "selective": "recompute_config.select_recompute",
@@ -104,7 +105,10 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         doc[KEY["grad_accum"]] = s.m
     doc |= {KEY["dp"]: s.dp, KEY["tp"]: s.tp, KEY["pp"]: s.pp, KEY["cp"]: s.cp}
     if model.is_moe:
-        doc[KEY["ep"]] = s.ep
+        if s.etp not in (1, s.tp):
+            raise cannot(TARGET, "etp", s.etp, f"MindFormers splits experts over 1 or model_parallel={s.tp} ranks "
+                                              "(moe_config.expert_model_parallel); use etp=1 or etp=tp")
+        doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
     doc |= {KEY["m"]: s.m, KEY["vocab_emb_dp"]: s.tp == 1, KEY["sp"]: s.sp and s.tp > 1,
             KEY["grad_group"]: GRADIENT_AGGREGATION_GROUP}
     doc |= {KEY["full"]: pipe[KEY["full"]], KEY["selective"]: pipe[KEY["selective"]]}

@@ -1,57 +1,61 @@
 """Megatron-LM arguments -> model + Strategy (the inverse of export/megatron.py, with
 its flag table ``FLAG``).
 
-Input: an argument file (flags one per line or on one line) or a bash launch script.
-Handled: ``\\`` continuations, ``#`` comments, ``;`` between statements, ``NAME=value``
-/ ``export NAME=value`` assignments (quoted values, bash arrays ``NAME=( ... )`` on one
-line or several) expanded where ``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` /
-``${NAME:-default}`` / ``${NAME:=default}`` appear, ``$(( ))`` integer arithmetic with
-spaces and variables (interop.arith: + - * / % **, no eval), ``--flag=value``, and the
-torchrun / python launcher around ``pretrain_gpt.py`` (tests/test_check.py holds the
-words to what bash itself passes). Not run: ``if``/``case``/loops, functions and
-``$( )`` command substitution; the script is read top to bottom, so a variable assigned
-twice takes its last value, with a warning. The words are parsed with argparse
-(``parse_known_args``): unknown flags are ignored and listed.
+Input: an argument file (flags one per line or on one line) or a bash launch script,
+read into words by interop.shell (arrays, ``${VAR:-default}`` with the environment or the
+default, said in a note, ``$(( ))``; not run: if/case/loops). The words are parsed with
+argparse (``parse_known_args``): unknown flags are ignored and listed.
 
-Mapping (Megatron-LM defaults where a flag is absent): tp / pp / cp / ep / etp <- the
-parallel sizes (1); dp = gpus / (tp pp cp), gpus <- ``--gpus`` or torchrun
-``--nproc_per_node`` x ``--nnodes``; vpp <- ``--num-virtual-stages-per-pipeline-rank``
-or L / (pp ``--num-layers-per-virtual-pipeline-stage``); sp <- ``--sequence-parallel``;
-zero <- 1 with ``--use-distributed-optimizer``, 3 with ``--use-torch-fsdp2``, else 0;
-mbs <- ``--micro-batch-size`` (1); gbs <- ``--global-batch-size`` (mbs dp); seq <-
-``--seq-length``; recompute <- ``--recompute-granularity`` (``--recompute-activations``
-= selective), ``--recompute-method block --recompute-num-layers N`` -> the first N layers
-of each chunk, ``uniform`` -> every layer; uneven layers <- ``--decoder-first/last-
-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``; schedule interleaved when
-vpp > 1; engine megatron.
+Mapping (Megatron-LM defaults where a flag is absent; arguments.py at
+NVIDIA/Megatron-LM@d98e8a64): tp / pp / cp / ep <- the parallel sizes (1), etp <-
+``--expert-tensor-parallel-size``, default tp (arguments.py:587-588); dp = gpus / (tp pp
+cp), gpus <- ``--gpus`` or torchrun ``--nproc_per_node`` x ``--nnodes``; vpp <-
+``--num-virtual-stages-per-pipeline-rank`` or L / (pp ``--num-layers-per-virtual-pipeline-
+stage``); sp <- ``--sequence-parallel``; zero <- 3 with ``--use-torch-fsdp2``, the
+Megatron-FSDP sharding strategy with ``--use-megatron-fsdp`` (``SHARDING_ZERO``), 1 with
+``--use-distributed-optimizer``, else 0; grad_dtype bf16 with ``--bf16
+--grad-reduce-in-bf16`` or Megatron-FSDP's main gradients in the parameters' dtype
+(``_grad_dtype``); weight_dtype fp8 with ``--fp8-param-gather``; mbs <-
+``--micro-batch-size`` (1); gbs <- ``--global-batch-size`` (mbs dp); seq <-
+``--seq-length``; recompute <- ``--recompute-granularity`` (``--recompute-activations`` =
+selective), ``--recompute-method block --recompute-num-layers N`` -> the first N layers of
+each chunk, ``uniform`` -> every layer; uneven layers <- ``--decoder-first/last-pipeline-
+num-layers`` or ``--pipeline-model-parallel-layout``; schedule interleaved when vpp > 1;
+engine megatron. Read and stated in a note, not modelled: ``--recompute-modules`` other
+than core_attn, the fp8 recipe's transient copies, the MoE dispatcher type and capacity.
 
-Architecture from the flags when ``--num-layers``, ``--hidden-size``,
-``--num-attention-heads`` and ``--vocab-size`` are all there (``--swiglu``: llama MLP,
-``--ffn-hidden-size`` default as Megatron-LM: 4h, or int(8h/3) rounded down to 64 with
-SwiGLU; ``--num-query-groups`` with ``--group-query-attention``; embeddings tied unless
-``--untie-embeddings-and-output-weights``); otherwise ``-m MODEL``.
+Architecture (dense, MoE, MLA, MTP, vocabulary) from the flags: interop.megatron_model;
+otherwise ``-m MODEL``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
 
-from ndplan.catalog.model import model_from_config
-from ndplan.errors import NdplanError, warn
+from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
-from ndplan.interop import arith
+from ndplan.interop import megatron_model as MM, shell
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
 
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
-MODEL_FLAGS = {"hidden": "--hidden-size", "heads": "--num-attention-heads", "ffn": "--ffn-hidden-size",
-               "groups": "--num-query-groups", "vocab": "--vocab-size", "positions": "--max-position-embeddings"}
-MODEL_SWITCHES = {"gqa": "--group-query-attention", "swiglu": "--swiglu",
-                  "untie": "--untie-embeddings-and-output-weights", "recompute_activations": "--recompute-activations"}
+MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
+MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
+                "fp8_format": "--fp8-format", "fp8_recipe": "--fp8-recipe", "dispatcher": "--moe-token-dispatcher-type",
+                "capacity": "--moe-expert-capacity-factor"}
+"""Flags with a value that change memory and are not parallel degrees (argparse dest -> flag)."""
+MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "grad_reduce_bf16": "--grad-reduce-in-bf16",
+                   "fp8_param_gather": "--fp8-param-gather", "bf16": "--bf16", "fp16": "--fp16"}
+SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+"""Megatron-FSDP ``--data-parallel-sharding-strategy`` -> ZeRO stage: megatron/core/distributed/fsdp/
+src/megatron_fsdp/fully_shard.py ``ShardingStrategy`` (NO_SHARD 0 "similar memory usage to DDP",
+OPTIM 1 optimizer states and main weights, OPTIM_GRADS 2 "ZeRO-2", OPTIM_GRADS_PARAMS 3 "ZeRO-3");
+the argument's default is optim_grads_params (arguments.py:3190-3192)."""
 LAUNCHER = {"nproc": ("--nproc_per_node", "--nproc-per-node"), "nnodes": ("--nnodes",)}
 _INT = {"layers", "tp", "pp", "cp", "ep", "etp", "layers_per_vstage", "vstages_per_rank", "first_layers",
         "last_layers", "mbs", "gbs", "seq", "recompute_num_layers"}
@@ -76,6 +80,11 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(flag, dest=name, type=str)
     for name, flag in MODEL_SWITCHES.items():
         p.add_argument(flag, dest=name, action="store_true")
+    for name, flag in MEMORY_FLAGS.items():
+        p.add_argument(flag, dest=name, type=str)
+    for name, flag in MEMORY_SWITCHES.items():
+        p.add_argument(flag, dest=name, action="store_true")
+    p.add_argument("--recompute-modules", dest="recompute_modules", nargs="+")
     for name, flags in LAUNCHER.items():
         p.add_argument(*flags, dest=name, type=str)
     return p
@@ -83,121 +92,9 @@ def parser() -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- words
 
-_VAR = re.compile(r"\$\{(\w+)(?:\[@\])?(?:(:?[-=])([^}]*))?\}|\$(\w+)")
-"""``${NAME}``, ``${NAME[@]}``, ``${NAME:-default}`` / ``${NAME:=default}`` (and without
-the colon), ``$NAME``."""
-_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
-
-
-def _substitute(word: str, env: dict, line: int) -> str:
-    """Variables replaced from the script's assignments; an unset one with a default
-    takes the default (``:=`` also assigns it); other unset ones stay as written."""
-    def sub(m: re.Match) -> str:
-        name = m.group(1) or m.group(4)
-        if name in env and not (m.group(2) and m.group(2).startswith(":") and env[name][0] == ""):
-            return env[name][0]
-        if m.group(2) is not None:
-            default = m.group(3)
-            if m.group(2).endswith("="):
-                env[name] = (default, line)
-            return default
-        return m.group(0)
-    return _VAR.sub(sub, word)
-
-
-def _arith(text: str, env: dict, line: int) -> str:
-    """``$(( ))`` integer arithmetic evaluated (interop.arith; no eval); ``line`` is 0-based."""
-    if "$((" not in text:
-        return text
-    try:
-        return arith.expand(text, lambda name: env[name][0] if name in env else None)
-    except NdplanError as e:
-        raise NdplanError(e.field, e.value, f"{e.problem} (line {line + 1})", e.fix) from None
-
-
-def _expand(word: str, env: dict, line: int) -> str:
-    """Arithmetic evaluated, then variables substituted."""
-    return _substitute(_arith(word, env, line), env, line)
-
-
-def _statements(line: str) -> list[str]:
-    """A shell line split at ``;`` outside quotes (comments removed first)."""
-    code, _ = _split_comment(line)
-    out, cur, quote = [], "", None
-    for ch in code:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == ";":
-            out.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    return out + [cur]
-
-
-def words(text: str) -> list[tuple[str, int]]:
-    """(word, 0-based line) of the script after variable expansion; a word that comes
-    from a variable carries the line of its assignment.
-
-    The script is read top to bottom without running it: ``if``/``case``/loops are not
-    evaluated, so a variable assigned twice takes its last value (a warning says so)."""
-    env: dict[str, tuple[str, int]] = {}
-    out: list[tuple[str, int]] = []
-    array: str | None = None
-    reassigned: list[str] = []
-
-    def add_array_word(tok: str, i: int) -> None:
-        nonlocal array
-        close = tok.endswith(")")
-        tok = tok[:-1] if close else tok
-        if tok:
-            w = _expand(tok, env, i)
-            env[array] = ((env[array][0] + " " + w).strip(), env[array][1])
-            out.append((w, i))
-        if close:
-            array = None
-
-    for i, raw in enumerate(text.splitlines()):
-        line = raw.rstrip()
-        if line.endswith("\\"):
-            line = line[:-1]
-        for stmt in _statements(line):
-            stmt = _arith(stmt, env, i)  # before splitting: $(( 16 * N )) holds spaces
-            try:
-                toks = shlex.split(stmt, comments=True)
-            except ValueError:
-                toks = stmt.split()
-            for tok in toks:
-                if array is not None:
-                    add_array_word(tok, i)
-                    continue
-                m = _ASSIGN.match(tok)
-                if m and not tok.startswith("-"):
-                    name, val = m.groups()
-                    if val.startswith("("):  # NAME=( ... ), on one line or several
-                        array, env[name] = name, ("", i)
-                        add_array_word(val[1:], i) if val[1:] else None
-                        continue
-                    val = _expand(val, env, i)
-                    if name in env and env[name][0] != val and env[name][0] and name not in reassigned:
-                        reassigned.append(name)
-                        warn(name, val, f"assigned again on line {i + 1} (first on line {env[name][1] + 1}); "
-                             "ndplan reads the script without running if/else or loops, so the last value counts",
-                             "check that it is the one your launch uses")
-                    env[name] = (val, i)
-                    if "--" in val:  # ARGS="--num-layers 32 ...": its flags sit on this line
-                        out += [(w, i) for w in val.split()]
-                    continue
-                if tok in ("export", "then", "else", "fi", "do", "done", "if"):
-                    continue
-                m = _VAR.fullmatch(tok)
-                name = m and (m.group(1) or m.group(4))
-                if name and name in env and " " in env[name][0]:
-                    continue  # $ARGS: its words were recorded at the assignment
-                out.append((_expand(tok, env, i), i))
-    return out
+def words(text: str, environ: dict | None = None) -> list[tuple[str, int]]:
+    """(word, 0-based line) of the script after variable expansion (interop.shell)."""
+    return [(w.text, w.line) for w in shell.read_words(text, environ)]
 
 
 def locate(text: str) -> dict[str, int]:
@@ -213,7 +110,7 @@ def locate(text: str) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- model, strategy
 
-def _int(args, name: str, flag: str, default=None):
+def _int(args, name: str, flag: str, default=None, lo: int = 1):
     v = getattr(args, name)
     if v is None:
         return default
@@ -221,21 +118,15 @@ def _int(args, name: str, flag: str, default=None):
         n = int(v)
     except ValueError:
         raise NdplanError(flag, v, "not an integer", "set the variable it uses in the script, or write the number") from None
+    if lo == 0 and n == 0:
+        return 0
     return positive(flag, n, "the Megatron-LM arguments")
 
 
-def _model(args, name: str):
-    L, h = _int(args, "layers", FLAG["layers"]), _int(args, "hidden", MODEL_FLAGS["hidden"])
-    a, V = _int(args, "heads", MODEL_FLAGS["heads"]), _int(args, "vocab", MODEL_FLAGS["vocab"])
-    if None in (L, h, a, V):
-        return None
-    ffn_default = (int(8 * h / 3) // 64) * 64 if args.swiglu else 4 * h  # Megatron-LM arguments.py
-    cfg = {"model_type": "llama" if args.swiglu else "gpt", "hidden_size": h, "num_hidden_layers": L,
-           "num_attention_heads": a, "intermediate_size": _int(args, "ffn", MODEL_FLAGS["ffn"], ffn_default),
-           "vocab_size": V, "num_key_value_heads": _int(args, "groups", MODEL_FLAGS["groups"], a) if args.gqa else a,
-           "tie_word_embeddings": not args.untie,
-           "max_position_embeddings": _int(args, "positions", MODEL_FLAGS["positions"], 0) or 0}
-    return model_from_config(cfg, name, f"Megatron-LM flags in {name}")
+def _getter(args):
+    """``get(dest, default=None, lo=1)``: an integer flag of ``args``."""
+    flags = FLAG | MODEL_FLAGS
+    return lambda dest, default=None, lo=1: _int(args, dest, flags[dest], default, lo)
 
 
 def _layers(args, L: int, pp: int, vpp: int):
@@ -270,15 +161,114 @@ def _recompute(args, notes: list) -> dict:
     return {"recompute": "full"}
 
 
+def _missing_model(args, name: str) -> str:
+    """What the script lacks to define the architecture (only the absent flags)."""
+    need = [(FLAG["layers"], args.layers), (MODEL_FLAGS["hidden"], args.hidden), (MODEL_FLAGS["heads"], args.heads)]
+    lacks = [f for f, v in need if v is None]
+    if args.vocab is None:
+        lacks.append(MM.missing_vocab_reason(args))
+    return f"{name} lacks {', '.join(lacks)} to define the architecture"
+
+
+def _zero(args) -> tuple[int, str]:
+    """(ZeRO stage, the flags it came from)."""
+    if args.fsdp2:
+        return 3, FLAG["fsdp2"]
+    if args.megatron_fsdp:
+        strategy = args.sharding or "optim_grads_params"
+        if strategy not in SHARDING_ZERO:
+            raise NdplanError(MEMORY_FLAGS["sharding"], strategy, "not a Megatron-FSDP sharding strategy",
+                              f"give one of {', '.join(SHARDING_ZERO)}")
+        return SHARDING_ZERO[strategy], f"--use-megatron-fsdp {MEMORY_FLAGS['sharding']} {strategy}"
+    if args.distributed_optimizer:
+        return 1, FLAG["distributed_optimizer"]
+    return 0, "no --use-distributed-optimizer / --use-torch-fsdp2 / --use-megatron-fsdp"
+
+
+def _grad_dtype(args, notes: list) -> tuple[str, str]:
+    """(grad_dtype, why). Under --bf16 the main gradients are fp32 unless
+    --grad-reduce-in-bf16 (arguments.py:1213-1217; param_and_grad_buffer.py:924
+    ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``); Megatron-FSDP's
+    main gradients default to the parameters' dtype (--megatron-fsdp-main-grads-dtype
+    auto: distributed_data_parallel_config.py:195-198)."""
+    if args.fp16:
+        notes.append("--fp16: fp16 weights and loss scaling; estimated with bf16 sizes (same bytes)")
+    low = args.bf16 or args.fp16
+    if args.megatron_fsdp:
+        d = args.fsdp_main_grads or "auto"
+        if d == "fp32" or (d == "auto" and not low):
+            return "fp32", f"{MEMORY_FLAGS['fsdp_main_grads']} {d}"
+        return "bf16", f"{MEMORY_FLAGS['fsdp_main_grads']} {d} (the parameters' dtype)"
+    if low and args.grad_reduce_bf16:
+        return "bf16", MEMORY_SWITCHES["grad_reduce_bf16"]
+    return "fp32", "Megatron-LM default (fp32 main gradients)"
+
+
+def _fp8(args, notes: list) -> str:
+    """weight_dtype: fp8 with --fp8-param-gather (Transformer Engine fp8 primary weights,
+    arguments.py:2016-2018; the distributed optimizer keeps an fp32 main copy,
+    distrib_optimizer.py:421-445), else the engine's."""
+    if args.fp8_param_gather and args.fp8_format:
+        notes.append("--fp8-param-gather: weights held in fp8 (ndplan counts every weight in fp8; Megatron keeps "
+                     "embeddings, norms and biases in bf16)")
+        return "fp8"
+    if args.fp8_format:
+        notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {args.fp8_recipe or 'delayed'}: fp8 GEMMs; "
+                     "their transient fp8 copies of weights and activations are not modelled")
+    return "auto"
+
+
+def _moe_notes(args, spec, notes: list) -> None:
+    if not spec.is_moe:
+        return
+    if args.capacity is not None:
+        notes.append(f"{MEMORY_FLAGS['capacity']} {args.capacity}: ndplan counts dropless routing "
+                     "(each token's top-k experts, no padding to capacity)")
+    if args.dispatcher and args.dispatcher != "alltoall":
+        notes.append(f"{MEMORY_FLAGS['dispatcher']} {args.dispatcher}: the dispatcher's buffers are estimated "
+                     "as the all-to-all's")
+
+
+def _recompute_modules(args, rec: dict, notes: list) -> None:
+    mods = args.recompute_modules
+    if rec.get("recompute") != "selective" or not mods or mods == ["core_attn"]:
+        return
+    notes.append(f"--recompute-modules {' '.join(mods)}: ndplan's selective recompute is core_attn only; "
+                 + ("" if "core_attn" in mods else "core_attn is not in the list but counted as recomputed; ")
+                 + f"the recompute of {', '.join(m for m in mods if m != 'core_attn')} is not modelled "
+                   "(their activations are counted as stored)")
+
+
+def _expansions(ws, notes: list) -> None:
+    """One note per value the script took from the environment or a default, for the
+    flags the reader uses."""
+    known = set(FLAG.values()) | set(MODEL_FLAGS.values()) | set(MEMORY_FLAGS.values()) | {
+        f for fl in LAUNCHER.values() for f in fl}
+    seen = set()
+    for k, w in enumerate(ws):
+        flag = w.text.split("=", 1)[0]
+        if flag not in known:
+            continue
+        val = w if "=" in w.text else (ws[k + 1] if k + 1 < len(ws) else None)
+        for src in (val.sources if val is not None else ()):
+            if (flag, src) not in seen:
+                seen.add((flag, src))
+                notes.append(f"{flag} {val.text.split('=', 1)[-1]}: {src}")
+
+
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
-    args, unknown = parser().parse_known_args([w for w, _ in words(text)])
+    ws = shell.read_words(text, os.environ)
+    args, unknown = parser().parse_known_args([w.text for w in ws])
     if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
         raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
                           "--tensor-model-parallel-size)", "give a Megatron launch script, or --format for another framework")
     notes: list[str] = []
-    spec, origin = resolve_model(model, _model(args, path.name), f"flags in {path.name}",
-                                 f"{path.name} lacks --num-layers/--hidden-size/--num-attention-heads/--vocab-size")
-    tp, pp, cp = (_int(args, n, FLAG[n], 1) for n in ("tp", "pp", "cp"))
+    _expansions(ws, notes)
+    get = _getter(args)
+    tp = get("tp", 1)
+    spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
+                                 f"flags in {path.name}", _missing_model(args, path.name))
+    pp, cp = get("pp", 1), get("cp", 1)
     launched = _int(args, "nproc", "--nproc_per_node") * _int(args, "nnodes", "--nnodes", 1) if args.nproc else None
     if gpus is None and launched is not None:
         gpus, gsrc = launched, "torchrun --nproc_per_node x --nnodes"
@@ -300,25 +290,33 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     seq_ = seq if seq is not None else _int(args, "seq", FLAG["seq"])
     if seq_ is None:
         raise NdplanError(FLAG["seq"], None, f"missing in {path.name}; add it or give --seq")
-    kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=_int(args, "ep", FLAG["ep"], 1), etp=_int(args, "etp", FLAG["etp"], 1),
-              vpp=vpp, mbs=mbs, gbs=gbs or _int(args, "gbs", FLAG["gbs"], mbs * dp), seq=seq_,
-              zero=3 if args.fsdp2 else 1 if args.distributed_optimizer else 0, sp=bool(args.sp) or tp == 1,
-              schedule=default_schedule(vpp), engine="megatron",
+    zero, zero_src = _zero(args)
+    grad_dtype, grad_src = _grad_dtype(args, notes)
+    moe = spec.is_moe
+    kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep", 1) if moe else 1,
+              etp=get("etp", tp) if moe else 1,  # ETP defaults to TP (arguments.py:587-588)
+              vpp=vpp, mbs=mbs, gbs=gbs or get("gbs", mbs * dp), seq=seq_, zero=zero, sp=bool(args.sp) or tp == 1,
+              schedule=default_schedule(vpp), engine="megatron", grad_dtype=grad_dtype, weight_dtype=_fp8(args, notes),
               offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp))
+    if not moe and (get("ep", 1) != 1 or args.experts):
+        notes.append(f"{FLAG['ep']} / --num-experts ignored: {spec.name} has no experts")
     kw |= _recompute(args, notes)
+    _recompute_modules(args, kw, notes)
+    _moe_notes(args, spec, notes)
     from ndplan.strategy import Strategy
     strat = Strategy(**kw)
     strat.check(spec, gpus)
     loc = locate(text)
     org = {f: f"line {loc[FLAG[f]] + 1}: {FLAG[f]}" if FLAG[f] in loc else "Megatron-LM default"
            for f in ("tp", "pp", "cp", "mbs", "gbs", "seq", "sp")}
-    org |= {"gpus": gsrc, "dp": "gpus / (tp*pp*cp)", "zero": "--use-distributed-optimizer / --use-torch-fsdp2",
+    org |= {"gpus": gsrc, "dp": "gpus / (tp*pp*cp)", "zero": zero_src, "grad_dtype": grad_src,
             "recompute": "--recompute-* flags"}
     if seq is not None:
         org["seq"] = "--seq"
     return CheckInput(path=path, fmt="megatron", text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=gpus, origin=org, lines={k: v + 1 for k, v in loc.items()},
-                      unknown=tuple(u for u in unknown if u.startswith("--")), notes=tuple(notes))
+                      unknown=tuple(dict.fromkeys(u for u in unknown if u.startswith("--") and not re.search(r"\s", u))),
+                      notes=tuple(notes))
 
 
 # --------------------------------------------------------------------------- edits
@@ -363,26 +361,12 @@ _LAUNCHER = re.compile(r"(?:^|\s)(?:torchrun|python3?|srun|deepspeed|mpirun)\s|p
 """A line that runs a command (its flags are arguments of that line, not of the next)."""
 
 
-def _split_comment(line: str) -> tuple[str, str]:
-    """(code, comment) of a shell line: a ``#`` outside quotes, at the start or after
-    blank space, starts a comment (bash's rule)."""
-    quote = None
-    for k, ch in enumerate(line):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == "#" and (k == 0 or line[k - 1] in " \t"):
-            return line[:k].rstrip(), line[k:]
-    return line, ""
-
-
 def _add(lines: list[str], loc: dict, words_: str) -> None:
     i = max(loc.values()) if loc else len(lines) - 1
-    line, comment = _split_comment(lines[i].rstrip())
+    line, comment = shell.split_comment(lines[i].rstrip())
     tail = f"  {comment}" if comment else ""  # the words go before a trailing comment
     indent = re.match(r"\s*", line).group(0) or ("    " if "\\" in "".join(lines) else "")
-    if _ASSIGN.match(line.strip()) and line.endswith(("'", '"')):  # ARGS="... --flag v"
+    if shell.ASSIGN.match(line.strip()) and line.endswith(("'", '"')):  # ARGS="... --flag v"
         lines[i] = line[:-1] + f" {words_}" + line[-1] + tail
     elif line.endswith(")"):  # last word of an array
         lines[i] = line[:-1].rstrip() + f" {words_} )" + tail

@@ -4,10 +4,16 @@ with the same key table ``KEY``).
 The rules, checked against the measured MindSpore peaks in
 shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc``):
 
-* model <- ``model.model_config``: hidden_size, num_layers, num_heads, n_kv_heads (absent:
+* model <- ``model.model_config``. mcore style (``use_legacy: False`` or HF keys such as
+  num_hidden_layers): the HF config.json keys it holds, with MindFormers' aliases
+  (``MCORE_ALIASES``). Legacy: hidden_size, num_layers, num_heads, n_kv_heads (absent:
   num_heads, MHA), intermediate_size, else MindFormers' LlamaFeedForward rule (x = 4h; if
   ffn_dim_multiplier: x = int((ffn_dim_multiplier + 0.01) x); x = int(2x/3); round up to
-  multiple_of), vocab_size; llama layout, untied embeddings unless tie_word_embeddings.
+  multiple_of), vocab_size; llama layout, untied embeddings unless tie_word_embeddings;
+  MoE from the top-level ``moe_config`` (``_legacy_moe``), MLA from its rank keys, MTP
+  from ``mtp_depth``.
+* ep <- ``parallel_config.expert_parallel``; etp <- ``expert_model_parallel``, else tp in
+  the legacy MoE and 1 in mcore (``_experts``).
 * dp / tp / pp / cp <- ``parallel_config`` data_parallel / model_parallel / pipeline_stage /
   context_parallel; sp <- ``use_seq_parallel`` (on when tp = 1, where it does nothing: the
   sweep's canonical form); vpp <- ``model_config.pp_interleave_num`` when
@@ -24,16 +30,20 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
   dealt over the chunks); ``select_recompute`` True -> selective, a list -> selective per
   stage (all zero -> none); ``select_comm_recompute`` alone -> none (not modelled).
 * layers_per_stage <- ``model_config.offset`` when non-zero: L/(pp vpp) + offset per
-  (chunk, stage), model order v = chunk*pp + stage.
+  (chunk, stage), model order v = chunk*pp + stage; the legacy DeepSeek model counts its
+  MTP layers in L and on the last stage (``_layers_per_stage``).
 * memory limit <- ``context.max_device_memory`` ("58GB": MindSpore reads GB as 2^30 bytes).
 
 Not modelled (a note each): the CP algorithm, vocab_emb_dp with tp > 1,
-fine_grain_interleave, micro_batch_interleave_num, optimizer_weight_shard_size; other
-pipeline schedulers (seqpipe, zero_bubble_v) are refused.
+fine_grain_interleave, micro_batch_interleave_num, optimizer_weight_shard_size, the MoE
+capacity factor, op-level ``select_recompute`` dicts; seqpipe is estimated as 1f1b with a
+note of what that leaves out; other pipeline schedulers (zero_bubble_v, seqvpp,
+seqsmartvpp, gpipe) are refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -74,20 +84,82 @@ def ffn_hidden_size(mc: dict, h: int) -> int:
     return mult * ((x + mult - 1) // mult)
 
 
+MOE = "moe_config"
+MCORE_ALIASES = {"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
+                 "shared_expert_num": "n_shared_experts", "mtp_num_layers": "num_nextn_predict_layers",
+                 "num_mtp_layers": "num_nextn_predict_layers"}
+"""MindFormers' own names for HF keys in an mcore ``model_config`` (mindformers/parallel_core/
+transformer_config_utils.py L239-248, L340-357 at mindspore-lab/mindformers@f52743ca)."""
+
+
+def is_mcore(doc: dict) -> bool:
+    """The mcore (parallel_core) model: ``use_legacy: False``, or an HF-style model_config
+    (``num_hidden_layers`` instead of the legacy ``num_layers``)."""
+    mc = get(doc, MC, {})
+    return doc.get("use_legacy") is False or ("num_hidden_layers" in mc and "num_layers" not in mc)
+
+
+def _mcore_model(mc: dict, name: str):
+    """An mcore model_config holds HF config.json keys (model_type, num_hidden_layers, ...)."""
+    if any(mc.get(k) is None for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")):
+        return None
+    cfg = {MCORE_ALIASES.get(k, k): v for k, v in mc.items()}
+    cfg.setdefault("model_type", "llama")
+    if "untie_embeddings_and_output_weights" in mc and "tie_word_embeddings" not in mc:
+        cfg["tie_word_embeddings"] = not mc["untie_embeddings_and_output_weights"]
+    spec = model_from_config(cfg, name, f"MindFormers mcore model_config in {name}")
+    return dataclasses.replace(spec, qk_norm=True) if mc.get("qk_layernorm") and not spec.qk_norm else spec
+
+
+def _deepseek(doc: dict) -> bool:
+    return "deepseek" in (str(get(doc, "model.arch.type", "")) + str(get(doc, MC + ".type", ""))).lower()
+
+
+def _legacy_moe(doc: dict, ffn: int) -> dict:
+    """HF MoE keys of a legacy ``moe_config`` (mindformers/modules/transformer/moe.py
+    ``MoEConfig``: expert_num 1 = dense, num_experts_chosen 1, moe_intermediate_size 1407,
+    shared_expert_num 0). The routed experts are ``model_config.intermediate_size`` wide in
+    the Llama path (llama_transformer.py L912-916: Mixtral) and ``moe_intermediate_size``
+    in DeepSeek's (research/deepseek3/deepseek2_model.py L1058/L1072, whose first
+    ``first_k_dense_replace`` layers are dense); shared experts are shared_expert_num x
+    moe_intermediate_size (llama_layer.py L821; deepseek2_model.py L283)."""
+    moe = doc.get(MOE) or {}
+    if not isinstance(moe, dict) or int(moe.get("expert_num") or 1) <= 1:
+        return {}
+    small = int(moe.get("moe_intermediate_size") or 1407)
+    deepseek = _deepseek(doc)
+    first_k = moe.get("first_k_dense_replace", 0) if deepseek else 0
+    return {"num_experts": int(moe["expert_num"]), "num_experts_per_tok": int(moe.get("num_experts_chosen") or 1),
+            "moe_intermediate_size": small if deepseek else ffn,
+            "n_shared_experts": int(moe.get("shared_expert_num") or 0),
+            "first_k_dense_replace": int(first_k) if not isinstance(first_k, bool) else int(first_k)}
+
+
 def model_of(doc: dict, name: str, where: str):
     mc = get(doc, MC)
     if not isinstance(mc, dict):
         return None
+    if is_mcore(doc):
+        return _mcore_model(mc, name)
     need = ("hidden_size", "num_layers", "num_heads", "vocab_size")
     if any(mc.get(k) is None for k in need):
         return None
     h = positive(f"{MC}.hidden_size", mc["hidden_size"], where)
     a = positive(f"{MC}.num_heads", mc["num_heads"], where)
-    return model_from_config({"model_type": "llama", "hidden_size": h,
+    ffn = ffn_hidden_size(mc, h)
+    moe = _legacy_moe(doc, ffn)
+    if moe and moe["n_shared_experts"] and not _deepseek(doc):
+        moe["shared_expert_intermediate_size"] = moe.pop("n_shared_experts") * int(doc[MOE].get("moe_intermediate_size") or 1407)
+    mla = {k: mc[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+           if mc.get(k) is not None}
+    qkv_bias = bool(mc.get("qkv_has_bias"))  # Qwen2-style biases on q, k, v only
+    model_type = "deepseek_v3" if mla else "mixtral" if moe else "qwen2" if qkv_bias else "llama"
+    return model_from_config({"model_type": model_type, "hidden_size": h,
                               "num_hidden_layers": positive(f"{MC}.num_layers", mc["num_layers"], where),
                               "num_attention_heads": a, "num_key_value_heads": mc.get("n_kv_heads") or a,
-                              "intermediate_size": ffn_hidden_size(mc, h), "vocab_size": mc["vocab_size"],
-                              "tie_word_embeddings": bool(mc.get("tie_word_embeddings"))},
+                              "intermediate_size": ffn, "vocab_size": mc["vocab_size"],
+                              "tie_word_embeddings": bool(mc.get("tie_word_embeddings")), "attention_bias": qkv_bias,
+                              "num_nextn_predict_layers": int(mc.get("mtp_depth") or 0)} | moe | mla,
                              name, f"MindFormers model_config in {name}")
 
 
@@ -123,6 +195,10 @@ def _per_stage(counts, pp: int, vpp: int, notes: list, layers: int) -> int | tup
 
 def _recompute(doc: dict, pp: int, vpp: int, L: int, notes: list) -> dict:
     full, sel = get(doc, KEY["full"], False), get(doc, KEY["selective"], False)
+    if isinstance(sel, dict):  # op regex -> True or per-stage counts (MindFormers' op-level form)
+        notes.append(f"select_recompute lists ops ({', '.join(map(str, sel))}): op-level recompute is not "
+                     "modelled; those activations are counted as stored")
+        sel = False
     full_list, sel_list = _flat_counts(full), _flat_counts(sel)
     for key, v, flat in ((KEY["full"], full, full_list), (KEY["selective"], sel, sel_list)):
         if v not in (None, True, False) and flat is None:  # MindFormers takes a bool or per-stage counts
@@ -141,26 +217,41 @@ def _recompute(doc: dict, pp: int, vpp: int, L: int, notes: list) -> dict:
     if sel_list is not None and any(sel_list):
         return {"recompute": "selective", "recompute_layers": _per_stage(sel, pp, vpp, notes, L)}
     if get(doc, KEY["selective_comm"]):
-        notes.append("select_comm_recompute only: comm recompute not modelled -> none")
+        notes.append("select_comm_recompute: communication recompute is not modelled")
     return {"recompute": "none"}
 
 
-def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int):
+def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int, notes: list):
+    """Decoder layers per (chunk, stage) from ``offset``. MindFormers builds
+    ``n // (pp*vpp) + offset`` layers per slice with sum(offset) = n % (pp*vpp)
+    (mindformers/models/utils.py ``LayerSetting``). The legacy DeepSeek model counts its
+    MTP layers in n (``LayerSetting(num_layers + mtp_depth)``, research/deepseek3/
+    deepseek2_model.py L1261-1265) and builds them on the last stage (L1311-1312): those
+    offsets sum to (L + mtp) % (pp*vpp), and the last slice's count includes the MTP layers."""
     off = get(doc, KEY["offset"], 0)
     flat = _flat_counts(off)
-    if flat is None:
-        if off not in (0, None):
-            raise NdplanError(KEY["offset"], off, "not an offset list", "give 0, a list of pp ints, or (VPP) a list of vpp lists")
+    if flat is None and off not in (0, None):
+        raise NdplanError(KEY["offset"], off, "not an offset list", "give 0, a list of pp ints, or (VPP) a list of vpp lists")
+    mtp = 0 if is_mcore(doc) else int(get(doc, MC + ".mtp_depth", 0) or 0)
+    if not (flat and any(flat)) and not mtp:
         return None
-    if not any(flat):
-        return None
-    rows = off if isinstance(off[0], list) else [off]
+    rows = (off if isinstance(off[0], list) else [off]) if flat else [[0] * pp] * vpp
     if len(rows) != vpp or any(len(x) != pp for x in rows):
         raise NdplanError(KEY["offset"], off, f"not vpp={vpp} x pp={pp} entries", "give one offset per stage and chunk")
-    lps = tuple(L // (pp * vpp) + int(rows[ch][s]) for ch in range(vpp) for s in range(pp))
-    if sum(lps) != L:
-        raise NdplanError(KEY["offset"], off, f"gives {sum(lps)} layers, the model has {L}", "make the offsets sum to 0")
-    return lps
+    n = L + mtp
+    lps = [n // (pp * vpp) + int(rows[ch][s]) for ch in range(vpp) for s in range(pp)]
+    if sum(lps) != n:
+        counted = f"{L} decoder + {mtp} MTP layers" if mtp else f"{L} layers"
+        raise NdplanError(KEY["offset"], off, f"gives {sum(lps)} layers, the model has {counted}",
+                          f"make the offsets sum to {n % (pp * vpp)}")
+    if mtp:
+        lps[-1] -= mtp
+        if lps[-1] < 0:
+            raise NdplanError(KEY["offset"], off, f"leaves the last slice fewer layers than its {mtp} MTP layers",
+                              "give the last stage at least the MTP layers")
+        notes.append(f"offset counts the {mtp} MTP layer(s) (mtp_depth) on the last stage: decoder layers "
+                     f"{lps}")
+    return tuple(lps)
 
 
 def memory_limit(doc: dict) -> int | None:
@@ -174,6 +265,39 @@ def memory_limit(doc: dict) -> int | None:
     return int(limits.gib(KEY["max_device_memory"], float(m.group(1))) * GIB)
 
 
+def _scheduler(doc: dict, notes: list) -> None:
+    """1f1b (interleaved with pp_interleave_num) is modelled; seqpipe is estimated as 1f1b
+    over whole sequences with a note of what that leaves out; others are refused."""
+    sched = str(get(doc, KEY["scheduler"], "1f1b"))
+    if sched == "seqpipe":
+        n = get(doc, KEY["seq_split"], 1)
+        notes.append(f"pipeline_scheduler seqpipe (seq_split_num={n}) estimated as 1f1b over whole sequences; "
+                     f"not modelled: each micro-batch runs as {n} sequence chunks (a smaller bubble, 1/{n} of the "
+                     "activations per chunk in flight) and every attention layer holds the whole sequence's K/V "
+                     "and their gradients (key_cache / value_cache, mindformers llama_transformer.py)")
+    elif sched != "1f1b":
+        raise NdplanError(KEY["scheduler"], sched, "not modelled",
+                          "ndplan models 1f1b and interleaved pipelines (and estimates seqpipe as 1f1b)")
+
+
+def _experts(doc: dict, spec, tp: int, notes: list) -> dict:
+    """ep <- parallel_config.expert_parallel; etp <- moe_config.expert_model_parallel, else
+    model_parallel in the legacy MoE (experts split over model_parallel: llama_layer.py
+    L322-325, moe.py L688-695) and 1 in mcore (``expert_tensor_parallel_size`` None -> 1,
+    parallel_core/training_graph/tensor_parallel/batched_layers.py L117)."""
+    if not spec.is_moe:
+        return {}
+    ep = positive(KEY["ep"], get(doc, KEY["ep"], 1), "parallel_config")
+    etp_key = "model.model_config.expert_model_parallel" if is_mcore(doc) else f"{MOE}.expert_model_parallel"
+    etp = get(doc, etp_key)
+    etp = positive(etp_key, etp, "the yaml") if etp is not None else (1 if is_mcore(doc) else tp)
+    cf = get(doc, f"{MOE}.capacity_factor")
+    if cf is not None and float(cf) > 0:
+        notes.append(f"capacity_factor {cf}: ndplan counts dropless routing (each token's top-k experts, "
+                     "no padding to capacity)")
+    return {"ep": ep, "etp": etp}
+
+
 def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int | None = None,
              gbs: int | None = None) -> tuple:
     """(model, model origin, strategy kwargs, notes) of a parsed MindFormers yaml."""
@@ -184,9 +308,7 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     spec, origin = resolve_model(model, model_of(doc, name, name), f"{MC} in {name}",
                                  f"{name} has no complete {MC} (hidden_size, num_layers, num_heads, "
                                  "vocab_size)")
-    sched = str(get(doc, KEY["scheduler"], "1f1b"))
-    if sched != "1f1b":
-        raise NdplanError(KEY["scheduler"], sched, "not modelled", "ndplan models 1f1b and interleaved pipelines only")
+    _scheduler(doc, notes)
     if (get(doc, KEY["ep"], 1) or 1) != 1 and not spec.is_moe:
         raise NdplanError(KEY["ep"], get(doc, KEY["ep"]), "expert parallelism on a dense model", "set 1")
     dp, tp, pp = (positive(KEY[k], get(doc, KEY[k], 1), name) for k in ("dp", "tp", "pp"))
@@ -203,13 +325,14 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
               seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
               engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
-              weight_dtype="fp32" if str(mc.get("param_init_type")) == "float32" else "bf16",
+              weight_dtype="fp32" if "float32" in (str(mc.get("param_init_type")), str(mc.get("params_dtype"))) else "bf16",
               schedule=default_schedule(vpp))
     L = spec.num_hidden_layers
-    lps = _layers_per_stage(doc, L, pp, vpp)
+    lps = _layers_per_stage(doc, L, pp, vpp, notes)
     if lps is not None:
         kw["layers_per_stage"] = lps
         notes.append(f"offset -> layers_per_stage={list(lps)}")
+    kw |= _experts(doc, spec, tp, notes)
     kw |= _recompute(doc, pp, vpp, L, notes)
     if cp > 1:
         notes.append(f"context_parallel_algo={get(doc, KEY['cp_algo'], 'colossalai_cp')}: "
@@ -236,7 +359,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if not isinstance(doc, dict) or not isinstance(doc.get("parallel_config"), dict):
         raise NdplanError("FILE", path.name, "has no parallel_config mapping",
                           "give a MindFormers training yaml, or --format for another framework")
-    name = f"{path.parent.name}/{path.stem}"
+    name = f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
     spec, origin, kw, notes = read_doc(doc, model=model, name=name, seq=seq, gbs=gbs)
     strat = make_strategy(kw, notes)
     world = strat.dp * strat.tp * strat.pp * strat.cp

@@ -1,0 +1,303 @@
+"""``ndplan check`` on recipes in the shape of the frameworks' own launch files.
+
+Each fixture in tests/data/recipes/ names the upstream file it imitates (repository, path,
+commit). The expected strategies are derived here from the frameworks' own rules, cited
+next to each assertion; the architectures are checked against the exact parameter counts
+Hugging Face transformers gives for the same models (tests/data/hf_param_counts.yaml),
+which are independent of every reader.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import ndplan
+from ndplan.errors import NdplanError
+from ndplan.export import emit
+from ndplan.formulas.params import params_total
+from ndplan.interop import megatron as mg
+from ndplan.interop import megatron_model as mm
+from ndplan.interop import read_config, shell
+from ndplan.symbols import model_symbols
+
+DATA = Path(__file__).parent / "data"
+RECIPES = DATA / "recipes"
+HF = {k: int(v["params"]) for k, v in yaml.safe_load((DATA / "hf_param_counts.yaml").read_text())["counts"].items()}
+
+
+def params(spec) -> int:
+    return int(params_total(spec, model_symbols(spec)))
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """The variables the fixtures default; unset so that the defaults apply."""
+    for name in ("SLURM_NNODES", "SHARDING_STRATEGY", "NUM_NODES", "TP", "EP", "MBS", "GBS", "DTYPE", "RANK",
+                 "MASTER_ADDR", "USE_MEGATRON_FSDP"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+# --------------------------------------------------------------------------- Megatron-LM
+
+def test_megatron_mixtral_moe_flags_define_the_model(clean_env):
+    """examples/mixtral: ${SLURM_NNODES:-"1"} nodes of 8; --num-experts 8 --moe-router-topk 2
+    on a Llama-like dense part. Megatron's parallel_state (world % (etp*ep*pp) == 0,
+    parallel_state.py:871-884) refuses ep=8 x pp=4 on one node of 8, and so does ndplan."""
+    with pytest.raises(NdplanError) as e:
+        read_config(RECIPES / "megatron_mixtral_8x7b.sh")
+    assert e.value.field == "ep"
+    clean_env.setenv("SLURM_NNODES", "4")
+    ci = read_config(RECIPES / "megatron_mixtral_8x7b.sh")
+    s = ci.strategy
+    assert ci.gpus == 32  # torchrun --nproc_per_node 8 x --nnodes 4
+    # dp = world / (tp pp cp) (arguments.py:424-448); ETP defaults to TP (arguments.py:587-588)
+    assert (s.dp, s.tp, s.pp, s.ep, s.etp, s.zero, s.mbs, s.gbs, s.m) == (8, 1, 4, 8, 1, 1, 1, 256, 32)
+    assert params(ci.model) == HF["mixtral-8x7b"]  # 46,702,792,704: Mixtral's vocabulary is 32,000
+    assert ci.model.num_experts == 8 and ci.model.experts_per_token == 2
+    assert any("SLURM_NNODES=4 from the environment" in n for n in ci.notes)
+    assert any("Llama2Tokenizer" in n for n in ci.notes)
+
+
+def test_megatron_llama3_fp8_quoted_array_elements(clean_env):
+    """examples/llama/train_llama3_8b_h100_fp8.sh: "--vocab-size 128256" is one array
+    element, split again by the unquoted ${ARR[@]}; --fp8-param-gather keeps the weights in
+    fp8 (arguments.py:2016-2018); --bf16 --grad-reduce-in-bf16 turns
+    accumulate_allreduce_grads_in_fp32 off (arguments.py:1213-1217), so the gradient buffer
+    takes the bf16 parameter dtype (param_and_grad_buffer.py:924)."""
+    ci = read_config(RECIPES / "megatron_llama3_8b_fp8.sh")
+    s = ci.strategy
+    assert ci.gpus == 8 and (s.dp, s.tp, s.zero, s.seq, s.gbs) == (8, 1, 1, 8192, 128)
+    assert (s.weight_dtype, s.grad_dtype) == ("fp8", "bf16")
+    # 128256 = 1002 x 128: already a multiple of --make-vocab-size-divisible-by 128 x tp 1
+    assert params(ci.model) == HF["llama3-8b"]
+
+
+def test_megatron_script_words_equal_what_bash_passes(clean_env):
+    """bash runs the fp8 recipe (its if-block, DTYPE's default fp8, the += arrays) with
+    torchrun as a function printing its arguments: the reader's words are bash's."""
+    text = (RECIPES / "megatron_llama3_8b_fp8.sh").read_text()
+    r = subprocess.run(["bash", "-c", "torchrun() { printf '%s\\n' \"$@\"; }\n" + text], capture_output=True,
+                       text=True, timeout=20, env={"PATH": os.environ.get("PATH", "")})
+    assert r.returncode == 0, r.stderr
+    ours, _ = mg.parser().parse_known_args([w.text for w in shell.read_words(text, {})])
+    theirs, _ = mg.parser().parse_known_args(r.stdout.splitlines())
+    assert vars(ours) == vars(theirs)
+
+
+BASH = {  # the constructs of NVIDIA's scripts, each checked against bash itself
+    "quoted-elements": 'A=(\n  "--tensor-model-parallel-size 2"\n  "--seq-length 8"\n)\ntorchrun x.py ${A[@]}\n',
+    "append-array": "A=(--micro-batch-size 1)\nA+=(\n  --seq-length 16\n)\ntorchrun x.py ${A[@]}\n",
+    "self-extended": 'A=(--micro-batch-size 2)\nA=(\n  "${A[@]}"\n  --seq-length 32\n)\ntorchrun x.py ${A[@]}\n',
+    "default-unset": 'S=${S:-"optim"}\ntorchrun x.py --data-parallel-sharding-strategy ${S}\n',
+    "default-positional": 'P=${1:-"2"}\ntorchrun x.py --pipeline-model-parallel-size $P\n',
+    "default-empty": 'T=""\nT2=${T:-4}\ntorchrun x.py --tensor-model-parallel-size $T2\n',
+}
+
+
+@pytest.mark.parametrize("env", [{}, {"S": "optim_grads", "TP": "8"}], ids=["unset", "set"])
+@pytest.mark.parametrize("name", sorted(BASH))
+def test_megatron_shell_constructs_match_bash(name, env):
+    text = BASH[name]
+    r = subprocess.run(["bash", "-c", "torchrun() { printf '%s\\n' \"$@\"; }\n" + text], capture_output=True,
+                       text=True, timeout=10, env={"PATH": os.environ.get("PATH", "")} | env)
+    assert r.returncode == 0, r.stderr
+    ours, _ = mg.parser().parse_known_args([w.text for w in shell.read_words(text, env)])
+    theirs, _ = mg.parser().parse_known_args(r.stdout.splitlines())
+    assert vars(ours) == vars(theirs)
+
+
+def test_megatron_fsdp_sharding_strategy_is_the_zero_stage(clean_env):
+    """--use-megatron-fsdp --data-parallel-sharding-strategy: ShardingStrategy NO_SHARD 0,
+    OPTIM 1, OPTIM_GRADS 2, OPTIM_GRADS_PARAMS 3 (megatron_fsdp/fully_shard.py:43-60); the
+    script's default is optim_grads_params. Its main gradients take the parameters' dtype
+    (--megatron-fsdp-main-grads-dtype auto: distributed_data_parallel_config.py:195-198)."""
+    ci = read_config(RECIPES / "megatron_llama3_8b_fsdp.sh")
+    assert (ci.strategy.zero, ci.strategy.grad_dtype) == (3, "bf16")
+    assert any("SHARDING_STRATEGY unset: its default 'optim_grads_params'" in n for n in ci.notes)
+    for strategy, zero in (("no_shard", 0), ("optim", 1), ("optim_grads", 2)):
+        clean_env.setenv("SHARDING_STRATEGY", strategy)
+        ci = read_config(RECIPES / "megatron_llama3_8b_fsdp.sh")
+        assert ci.strategy.zero == zero
+        assert any(f"SHARDING_STRATEGY={strategy} from the environment" in n for n in ci.notes)
+    clean_env.setenv("SHARDING_STRATEGY", "zero3")
+    with pytest.raises(NdplanError, match="sharding strategy"):
+        read_config(RECIPES / "megatron_llama3_8b_fsdp.sh")
+
+
+def test_megatron_deepseek_v3_mla_moe_mtp(clean_env):
+    """examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh: MLA ranks, --moe-layer-freq
+    [0]*3+[1]*58 (3 dense layers), one shared expert of 2048, MTP 1, the vocabulary of the
+    HuggingFaceTokenizer deepseek-ai/DeepSeek-V3 (129,280 = 40 x 3232, no padding)."""
+    ci = read_config(RECIPES / "megatron_deepseek_v3.sh", gpus=256)
+    s, m = ci.strategy, ci.model
+    assert params(m) == HF["deepseek-v3"]  # 671,026,404,352 (main model, MTP not counted)
+    assert m.mtp_layers == 1 and m.layer_kinds[:4] == ("dense", "dense", "dense", "moe")
+    assert (s.dp, s.tp, s.ep, s.etp, s.zero, s.grad_dtype, s.mbs, s.gbs) == (256, 1, 8, 1, 3, "bf16", 4, 2048)
+    assert s.recompute == "selective"
+    assert any("--recompute-modules mlp moe mla_up_proj layernorm" in n and "not modelled" in n for n in ci.notes)
+
+
+def test_megatron_gpt3_vocab_padding_and_vpp(clean_env):
+    """GPT-2 BPE (50,257 tokens) padded to a multiple of 128 x tp=8 = 1024: 51,200, the
+    vocabulary of Narayanan et al. 2021 Table 1; vpp = 96 / (pp 16 x 3 layers per virtual
+    stage) = 2; ${NUM_NODES:-16} x 8 = 128 GPUs, so dp = 128 / (8 x 16) = 1."""
+    ci = read_config(RECIPES / "megatron_gpt3_175b.sh")
+    s = ci.strategy
+    assert ci.model.vocab_size == 51200 and ci.gpus == 128
+    assert (s.dp, s.tp, s.pp, s.vpp, s.schedule, s.recompute, s.zero) == (1, 8, 16, 2, "interleaved", "selective", 1)
+    assert ci.model.tie_word_embeddings and ci.model.num_hidden_layers == 96
+
+
+@pytest.mark.parametrize("text,want", [
+    ("1", [1] * 8), ("2", [1, 0] * 4), ("[0]*2+[1]*6", [0, 0] + [1] * 6), ("([0]*2+[1]*6)", [0, 0] + [1] * 6),
+    ("[0,1]*4", [0, 1] * 4), ("[1,1,0,0,1,1,0,0]", [1, 1, 0, 0] * 2), ("([0]+[1]*3)*2", ([0] + [1] * 3) * 2)])
+def test_moe_layer_freq_patterns(text, want):
+    """The forms Megatron-LM's moe_freq_type accepts (arguments.py:245-253, 327-350),
+    expected lists written out by hand."""
+    assert mm.moe_pattern(text, 8) == want
+
+
+@pytest.mark.parametrize("text", ["[0]*3", "__import__('os')", "[2]*8", "([0]*8", "0"])
+def test_moe_layer_freq_bad_is_one_error(text):
+    with pytest.raises(NdplanError, match="--moe-layer-freq"):
+        mm.moe_pattern(text, 8)
+
+
+def test_megatron_lacks_names_only_the_missing_flags(tmp_path):
+    f = tmp_path / "run.sh"
+    f.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+                 "--tensor-model-parallel-size 2 --seq-length 4096\n")
+    with pytest.raises(NdplanError) as e:
+        read_config(f, gpus=8)
+    assert "lacks --vocab-size" in e.value.problem and "--num-layers" not in e.value.problem
+
+
+# --------------------------------------------------------------------------- MindFormers
+
+def test_mindformers_mixtral_moe_config_and_expert_parallel():
+    """Legacy MoE: experts of intermediate_size (llama_transformer.py L912-916), ep from
+    parallel_config.expert_parallel carved from dp ((dp*cp) % ep == 0, moe.py L240-266),
+    the experts split over model_parallel when moe_config has no expert_model_parallel."""
+    ci = read_config(RECIPES / "mindformers_mixtral_8x7b.yaml")
+    s = ci.strategy
+    assert params(ci.model) == HF["mixtral-8x7b"]
+    assert (s.dp, s.tp, s.pp, s.ep, s.etp, s.m, s.recompute) == (2, 4, 2, 2, 4, 16, "full")
+    assert ci.mem_limit_bytes == 58 * 2 ** 30
+
+
+def test_mindformers_mixtral_with_catalog_model_keeps_ep():
+    ci = read_config(RECIPES / "mindformers_mixtral_8x7b.yaml", model="mixtral-8x7b")
+    assert (ci.strategy.ep, ci.strategy.etp) == (2, 4)
+
+
+def test_mindformers_deepseek3_offsets_count_the_mtp_layer(tmp_path):
+    """LayerSetting(num_layers + mtp_depth) (deepseek2_model.py L1261-1265): 62 layers over
+    16 stages = 3 each + offsets summing to 62 % 16 = 14: 4 on stages 0-14 and 2 on the last,
+    which holds the MTP layer (L1311-1312): 1 decoder layer there."""
+    ci = read_config(RECIPES / "mindformers_deepseek3_671b.yaml")
+    s = ci.strategy
+    assert s.layers_per_stage == (4,) * 15 + (1,)
+    assert params(ci.model) == HF["deepseek-v3"] and ci.model.mtp_layers == 1
+    assert ci.model.layer_kinds[:4] == ("dense", "dense", "dense", "moe")  # first_k_dense_replace 3
+    assert (s.dp, s.tp, s.pp, s.ep, s.etp) == (16, 4, 16, 8, 1)
+    assert s.recompute_layers == (3,) + (4,) * 12 + (3, 2, 0)
+    bad = tmp_path / "ds.yaml"
+    bad.write_text((RECIPES / "mindformers_deepseek3_671b.yaml").read_text().replace(
+        "offset: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1]", "offset: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, -1]"))
+    with pytest.raises(NdplanError, match="sum to 14"):
+        read_config(bad)
+
+
+def test_mindformers_mcore_model_config_is_an_hf_config():
+    """mcore model_config (use_legacy: False) holds HF config.json keys."""
+    ci = read_config(RECIPES / "mindformers_qwen3_32b_mcore.yaml")
+    assert params(ci.model) == HF["qwen3-32b"] and ci.model.qk_norm
+    # offset [-1, -1, 1, 1] on 64 // 4 = 16: LayerSetting
+    assert ci.strategy.layers_per_stage == (15, 15, 17, 17)
+
+
+def test_mindformers_mcore_moe_expert_parallel_spans_tp():
+    """mcore: ep must divide dp x tp (parallel_core/.../moe/ffn.py L189-195); etp None -> 1
+    (batched_layers.py L117)."""
+    ci = read_config(RECIPES / "mindformers_qwen3_30b_a3b_mcore.yaml")
+    s = ci.strategy
+    assert params(ci.model) == HF["qwen3-30b-a3b"]
+    assert (s.dp, s.tp, s.pp, s.ep, s.etp) == (1, 4, 4, 4, 1)
+
+
+def test_mindformers_seqpipe_is_estimated_and_says_what_is_not():
+    ci = read_config(RECIPES / "mindformers_qwen25_72b_seqpipe.yaml")
+    assert params(ci.model) == HF["qwen2.5-72b"]
+    assert (ci.strategy.tp, ci.strategy.pp, ci.strategy.schedule) == (8, 8, "1f1b")
+    assert any("seqpipe (seq_split_num=8)" in n and "not modelled" in n for n in ci.notes)
+    assert any("op-level recompute is not modelled" in n for n in ci.notes)
+
+
+@pytest.mark.parametrize("etp", [1, 2])
+def test_mindformers_emit_check_round_trip_keeps_ep(tmp_path, etp):
+    model = ndplan.load_model("mixtral-8x7b")
+    s = ndplan.Strategy(dp=4, tp=2, pp=2, ep=4, etp=etp, gbs=32, zero=1, engine="mindspore", flash_attention=False,
+                        weight_dtype="bf16")
+    f = tmp_path / "moe.yaml"
+    f.write_text(emit("mindformers", model, s))
+    assert read_config(f, model=model).strategy == s
+
+
+def test_mindformers_emit_refuses_an_etp_it_cannot_say():
+    model = ndplan.load_model("mixtral-8x7b")
+    with pytest.raises(NdplanError, match="etp"):
+        emit("mindformers", model, ndplan.Strategy(dp=4, tp=4, ep=2, etp=2, gbs=32, engine="mindspore"))
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+def test_deepspeed_batch_rule_and_origins():
+    """train_batch_size = micro x gas x dp (runtime/config.py _batch_assertion L937-940)."""
+    ci = read_config(RECIPES / "deepspeed_zero2_gas3.json", model="llama3-8b", gpus=8, seq=2048)
+    s = ci.strategy
+    assert (s.mbs, s.m, s.gbs, s.zero, s.recompute) == (8, 3, 192, 2, "full")
+    assert "DeepSpeed's rule" in ci.origin["gbs"] and ci.origin["zero"].startswith("line 7")
+
+
+def test_deepspeed_origins_inside_one_line_objects():
+    ci = read_config(RECIPES / "deepspeed_autotp_zero2.json", model="llama3-8b", gpus=16, seq=4096)
+    assert ci.origin["tp"] == "line 7: tensor_parallel.autotp_size" and ci.origin["zero"].startswith("line 5")
+    assert (ci.strategy.tp, ci.strategy.dp, ci.strategy.m) == (4, 4, 4)  # 32 = 2 x gas x 4
+
+
+def test_deepspeed_ulysses_divides_the_world():
+    """sequence_parallel_size 4 on 16 ranks: DeepSpeedConfig's world is 16 / 4 = 4
+    (runtime/config.py L719-723), so train_batch_size = 1 x 1 x 4."""
+    ci = read_config(RECIPES / "deepspeed_ulysses.json", model="llama3-8b", gpus=16, seq=8192)
+    s = ci.strategy
+    assert (s.dp, s.cp, s.gbs, s.zero) == (4, 4, 4, 3)
+
+
+def test_deepspeed_hf_auto_resolved_or_asks_for_one_value():
+    """The HF Trainer fills the batch 'auto's (integrations/deepspeed.py trainer_config_process
+    L145-157): with the global batch given, micro = gbs / (dp x gas), gas = 1 by default."""
+    with pytest.raises(NdplanError) as e:
+        read_config(RECIPES / "deepspeed_hf_auto_zero3.json", model="llama3-8b", gpus=8, seq=4096)
+    assert e.value.field == "train_micro_batch_size_per_gpu" and "--gbs" in e.value.fix
+    ci = read_config(RECIPES / "deepspeed_hf_auto_zero3.json", model="llama3-8b", gpus=8, seq=4096, gbs=64)
+    assert (ci.strategy.mbs, ci.strategy.m, ci.strategy.gbs, ci.strategy.zero) == (8, 1, 64, 3)
+
+
+def test_deepspeed_offload_and_derived_accumulation():
+    ci = read_config(RECIPES / "deepspeed_zero3_offload.json", model="llama3-8b", gpus=16, seq=4096)
+    s = ci.strategy
+    assert (s.zero, s.offload_optimizer, s.mbs, s.m) == (3, True, 2, 2)  # 64 = 2 x gas x 16
+
+
+def test_deepspeed_emit_ulysses_reads_back(tmp_path):
+    model = ndplan.load_model("llama3-8b")
+    s = ndplan.Strategy(dp=4, cp=2, gbs=16, zero=3, seq=8192, sp=True, engine="deepspeed")
+    f = tmp_path / "ds.json"
+    f.write_text(emit("deepspeed", model, s))
+    assert read_config(f, model=model, gpus=8, seq=8192).strategy == s
