@@ -77,6 +77,16 @@ MEGATRON_SWITCHES = {  # flag: line (action="store_true")
     "--optimizer-cpu-offload": 2248,
 }
 
+# The precision / overlap flags, transcribed from arguments.py at d98e8a64ddf34856e74b24714e3bedb2f5a39553
+# (--bf16 and --fp8-format are generated from ModelParallelConfig.bf16 / TransformerConfig.fp8 by
+# ArgumentGroupFactory, argument_utils.py:95-107 and :312; fp8: Literal['e4m3', 'hybrid'],
+# transformer_config.py:587-589).
+MEGATRON_SWITCHES_D98 = {
+    "--fp8-param-gather": 2016, "--untie-embeddings-and-output-weights": 2460,
+    "--no-gradient-accumulation-fusion": 2944, "--grad-reduce-in-bf16": 3053, "--overlap-grad-reduce": 3121,
+    "--overlap-param-gather": 3148, "--bf16": 0,
+}
+
 
 def megatron_parser() -> argparse.ArgumentParser:
     """The flags above as Megatron defines them (line 93: ``allow_abbrev=False``; defaults
@@ -91,6 +101,9 @@ def megatron_parser() -> argparse.ArgumentParser:
         p.add_argument(f, type=str, default=None, choices=choices)
     for f in MEGATRON_SWITCHES:
         p.add_argument(f, action="store_true")
+    for f in MEGATRON_SWITCHES_D98:
+        p.add_argument(f, action="store_true")
+    p.add_argument("--fp8-format", type=str, default=None, choices=["e4m3", "hybrid"])
     return p
 
 
@@ -160,6 +173,14 @@ def megatron_validate(a):
         assert a.pipeline_model_parallel_size == 1, "--use-torch-fsdp2 is not supported with pipeline parallelism"
         assert a.expert_model_parallel_size == 1, "--use-torch-fsdp2 is not supported with expert parallelism"
         assert not a.use_distributed_optimizer, "--use-torch-fsdp2 is not supported with MCore's distributed optimizer"
+        # d98e8a64 lines 1031-1048 (gradient accumulation fusion is on unless --no-gradient-accumulation-fusion)
+        assert a.no_gradient_accumulation_fusion, "--use-torch-fsdp2 is not supported with gradient accumulation fusion"
+        assert a.untie_embeddings_and_output_weights, "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights"
+    if a.overlap_param_gather:  # d98e8a64 lines 1024-1027
+        assert a.use_distributed_optimizer or a.use_torch_fsdp2, "--overlap-param-gather only supported with distributed optimizer"
+    if a.fp8_param_gather:  # d98e8a64 lines 1095-1097; fp8_param requires fp8 (transformer_config.py:1566-1567)
+        assert a.use_distributed_optimizer or a.use_torch_fsdp2, "--fp8-param-gather only supported with distributed optimizer"
+        assert a.fp8_format is not None
 
 
 def test_megatron_layer_rules_reject_what_megatron_rejects():
@@ -227,11 +248,15 @@ def test_torchtitan_parses_back(name):
         assert t["local_batch_size"] // p["pipeline_parallel_microbatch_size"] == s.m
         assert p["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                                                    "zbv": "ZBVZeroBubble"}[s.schedule]
-        # torchtitan (pipeline_llama_manual_split): a stage keeps layers.[start, stop) between
-        # consecutive split points; without them layers_per_stage layers each
-        if "pipeline_parallel_split_points" in p:
-            cuts = [0] + [int(x.split(".")[1]) for x in p["pipeline_parallel_split_points"]] + [model.num_hidden_layers]
-            got = [b - a for a, b in zip(cuts, cuts[1:])]
+        # torchtitan (generate_llm_fqn_per_model_part): the embedding and the output weigh
+        # first/last_stage_less_layers (default 1) in the split; 0 makes layers_per_stage exact
+        assert (p["pipeline_parallel_first_stage_less_layers"], p["pipeline_parallel_last_stage_less_layers"]) == (0, 0)
+        if "module_fqns_per_model_part" in p:
+            parts = p["module_fqns_per_model_part"]
+            got = [sum(m.startswith("layers.") for m in part) for part in parts]
+            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+            names = [m for part in parts for m in part if m.startswith("layers.")]
+            assert names == [f"layers.{i}" for i in range(model.num_hidden_layers)]
         else:
             per = p["pipeline_parallel_layers_per_stage"]
             got = [per] * (model.num_hidden_layers // per)
@@ -370,7 +395,9 @@ def test_balance_gives_offsets_and_per_stage_recompute():
     assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "block", 1)
     tt = tomllib.loads(emit("torchtitan", model, s, balance=bal))
     # torchtitan: a stage starts at each split point; cumulative 1, 1+3, 1+3+3
-    assert tt["parallelism"]["pipeline_parallel_split_points"] == ["layers.1", "layers.4", "layers.7"]
+    parts = tt["parallelism"]["module_fqns_per_model_part"]  # the layers 1, 3, 3, 1 by name, embedding first
+    assert parts == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "layers.3"],
+                     ["layers.4", "layers.5", "layers.6"], ["layers.7", "norm", "output"]]
 
 
 # ------------------------------------------------------------------ DeviceMesh
@@ -398,6 +425,8 @@ def test_devicemesh_builds_under_fake_process_group(model, s):
         mesh = ns["build_mesh"]("cpu")
         assert tuple(mesh.shape) == ns["MESH_SHAPE"] and mesh.mesh_dim_names == ns["MESH_DIM_NAMES"]
         assert (mesh["tp"].size(), mesh["pp"].size(), mesh["cp"].size()) == (s.tp, s.pp, s.cp)
+        # gradients are reduced over dp x cp (torchtitan's dp_shard_cp): a cp rank's are partial
+        assert ns["data_mesh"](mesh).size() == s.dp * s.cp
     finally:
         dist.destroy_process_group()
     assert torch.__version__

@@ -301,3 +301,45 @@ def test_deepspeed_emit_ulysses_reads_back(tmp_path):
     f = tmp_path / "ds.json"
     f.write_text(emit("deepspeed", model, s))
     assert read_config(f, model=model, gpus=8, seq=8192).strategy == s
+
+
+# --------------------------------------------------------------------------- torchtitan
+
+def _titan_generate():
+    pytest.importorskip("triton")
+    pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
+    return pp._generate_llm_fqn_per_model_part
+
+
+@pytest.mark.parametrize("layers", [3, 8, 27, 61, 80, 126])
+def test_titan_split_is_torchtitans(layers):
+    """export.torchtitan.titan_split against torchtitan 0.3.0's own module assignment, for
+    every stage count and embedding/output weight it accepts."""
+    from ndplan.export.torchtitan import titan_split
+    generate = _titan_generate()
+    for stages in range(1, min(layers, 33) + 1):
+        for first, last in ((1, 1), (0, 0), (2, 1), (0, 1)):
+            try:
+                parts = generate(stages, layers, first, last)
+            except ValueError:
+                with pytest.raises(ValueError):
+                    titan_split(layers, stages, first, last)
+                continue
+            assert titan_split(layers, stages, first, last) == [
+                sum(m.startswith("layers.") for m in p) for p in parts], (stages, first, last)
+
+
+def test_torchtitan_default_split_counts_embedding_and_output(tmp_path):
+    """80 layers over pp=4 with 1F1B and no layers_per_stage: torchtitan weighs the embedding
+    and the output as one layer each (82 // 4 = 20, the first 2 stages one more, less 1 on the
+    first and last): 20, 21, 20, 19 -- not an even split."""
+    f = tmp_path / "llama3_70b.toml"
+    f.write_text('[model]\nname = "llama3"\nflavor = "70B"\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+                 'tensor_parallel_degree = 8\npipeline_parallel_degree = 4\n[training]\nlocal_batch_size = 8\n'
+                 'seq_len = 8192\n')
+    ci = read_config(f, model="llama3-70b", gpus=64)
+    assert ci.strategy.layers_per_stage == (20, 21, 20, 19)
+    f.write_text(f.read_text().replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 4\n"
+                                       "pipeline_parallel_layers_per_stage = 20"))
+    with pytest.raises(NdplanError, match="ceil"):  # ceil(82 / 20) = 5 stages on 4 ranks: torchtitan raises
+        read_config(f, model="llama3-70b", gpus=64)

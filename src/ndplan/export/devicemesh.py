@@ -10,7 +10,9 @@ instead; pytorch/torchtitan:torchtitan/distributed/parallel_dims.py). Names:
 ``reshard_after_forward=False``, zero 3 as True; see export/torchtitan.py). Order:
 ``Strategy.order`` read outermost first (ep is carved from dp*cp*tp, not a mesh dim),
 dp_replicate outside dp_shard; the default tp-cp-ep-dp-pp gives
-(pp, dp_replicate, dp_shard, cp, tp), torchtitan's order.
+(pp, dp_replicate, dp_shard, cp, tp), torchtitan's order. FSDP2 (and DDP) run over dp x cp
+flattened (``data_mesh``): CP ranks hold parts of one sequence, so their gradients must be
+reduced together, as torchtitan's ``dp_shard_cp`` mesh does.
 
 APIs: pytorch/pytorch:torch/distributed/device_mesh.py (``init_device_mesh``,
 ``mesh_dim_names``), torch/distributed/fsdp/_fully_shard/_fully_shard.py
@@ -58,6 +60,12 @@ def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
              f"MICRO_BATCH_SIZE = {s.mbs}", f"MICRO_BATCHES = {s.m}", f"SEQ_LEN = {s.seq}", "", "",
              'def build_mesh(device_type="cuda"):',
              "    return init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)", "", "",
+             "def data_mesh(mesh):",
+             '    """The ranks that reduce gradients: data parallel and context parallel together (each CP',
+             '    rank holds a slice of the sequence, so its gradients are partial; torchtitan flattens',
+             '    dp_shard and cp, distributed/parallel_dims.py "dp_shard_cp")."""',
+             f'    dims = ("{"dp_shard" if s.zero >= 1 else "dp_replicate"}", "cp")',
+             '    return mesh[dims]._flatten(mesh_dim_name="_".join(dims))', "", "",
              "def parallelize(model, mesh):",
              '    """Apply TP/SP, CP, PP and FSDP2 on the user\'s model (module names are model-specific)."""']
     if s.tp > 1:
@@ -79,13 +87,13 @@ def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     if s.zero >= 1:
         rs = "True" if s.zero == 3 else "False"
         lines += ["    from torch.distributed.fsdp import fully_shard",
-                  '    dp_mesh = mesh["dp_shard"]',
+                  '    dp_mesh = data_mesh(mesh)  # dp_shard x cp',
                   '    for block in getattr(model, "layers", []):',
                   f"        fully_shard(block, mesh=dp_mesh, reshard_after_forward={rs})",
                   f"    fully_shard(model, mesh=dp_mesh, reshard_after_forward={rs})"]
     elif s.dp > 1:
-        lines += ['    # DDP over mesh["dp_replicate"]: torch.distributed._composable.replicate(model, '
-                  'device_mesh=mesh["dp_replicate"])']
+        lines += ['    # DDP over dp_replicate x cp: torch.distributed._composable.replicate(model, '
+                  'device_mesh=data_mesh(mesh))']
     if s.recompute != "none":
         lines += [f"    # recompute {s.recompute}: torch.distributed.algorithms._checkpoint.checkpoint_wrapper on "
                   "each block (full), or a selective policy"]

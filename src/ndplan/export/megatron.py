@@ -55,11 +55,15 @@ FLAG = {
     "offload_optimizer": "--optimizer-cpu-offload", "mbs": "--micro-batch-size", "gbs": "--global-batch-size",
     "seq": "--seq-length", "recompute_granularity": "--recompute-granularity",
     "recompute_method": "--recompute-method", "recompute_num_layers": "--recompute-num-layers",
-    "mtp_layers": "--mtp-num-layers",
+    "mtp_layers": "--mtp-num-layers", "bf16": "--bf16", "grad_bf16": "--grad-reduce-in-bf16",
+    "no_grad_fusion": "--no-gradient-accumulation-fusion", "untie": "--untie-embeddings-and-output-weights",
+    "overlap_grad": "--overlap-grad-reduce", "overlap_param": "--overlap-param-gather",
+    "fp8_format": "--fp8-format", "fp8_param_gather": "--fp8-param-gather",
 }
 """Strategy knob -> Megatron-LM flag: the one table the exporter and the reader
 (interop/megatron.py) use."""
-SWITCHES = ("sp", "distributed_optimizer", "fsdp2", "offload_optimizer")
+SWITCHES = ("sp", "distributed_optimizer", "fsdp2", "offload_optimizer", "bf16", "grad_bf16", "no_grad_fusion",
+            "untie", "overlap_grad", "overlap_param", "fp8_param_gather")
 """Flags without a value (``store_true``)."""
 
 
@@ -75,6 +79,15 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
     if strat.zero == 3 and strat.pp > 1:
         raise cannot(TARGET, "zero", 3, "FSDP2 (--use-torch-fsdp2) does not run with pipeline parallelism; "
                                         "use zero<=2 or pp=1")
+    if strat.zero == 3 and model.tie_word_embeddings:
+        raise cannot(TARGET, "zero", 3, "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights "
+                                        "(arguments.py validate_args), which a tied model cannot take; use zero<=2")
+    if strat.zero == 3 and model.is_moe and strat.ep > 1:
+        raise cannot(TARGET, "ep", strat.ep, "--use-torch-fsdp2 is not supported with expert parallelism "
+                                             "(arguments.py validate_args); use zero<=2 or ep=1")
+    if strat.weight_dtype == "fp8" and strat.zero == 0:
+        raise cannot(TARGET, "weight_dtype", "fp8", "--fp8-param-gather needs the distributed optimizer or FSDP "
+                                                   "(arguments.py validate_args); use zero>=1")
     if strat.offload_optimizer and strat.zero not in (1, 2):
         raise cannot(TARGET, "offload_optimizer", True, "--optimizer-cpu-offload needs the distributed "
                                                         "optimizer; use zero 1 or 2")
@@ -141,6 +154,30 @@ def _recompute(layers, full, sel, uniform: bool) -> tuple[dict, list[str]]:
     return args, notes
 
 
+def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
+    """The precision and overlap flags the estimate assumes (arguments.py at
+    NVIDIA/Megatron-LM@d98e8a64): bf16 weights; main gradients in bf16 only with
+    --grad-reduce-in-bf16 (L1213-1217); gradient reduce overlapped with backward and, with
+    the distributed optimizer, the parameter all-gather with forward (--overlap-param-gather
+    requires it, L1024-1027); FSDP2 asserts no gradient-accumulation fusion and untied
+    embeddings (L1031-1048); fp8 weights as --fp8-format hybrid --fp8-param-gather
+    (L2016-2018, which needs the distributed optimizer or FSDP, L1095-1097)."""
+    out = {FLAG["bf16"]: True}
+    if s.grad_dtype == "bf16":
+        out[FLAG["grad_bf16"]] = True
+    if s.dp * s.cp > 1:
+        out[FLAG["overlap_grad"]] = True
+        if s.zero in (1, 2):
+            out[FLAG["overlap_param"]] = True
+    if s.zero == 3:
+        out[FLAG["no_grad_fusion"]] = True
+    if not model.tie_word_embeddings:
+        out[FLAG["untie"]] = True
+    if s.weight_dtype == "fp8":
+        out |= {FLAG["fp8_format"]: "hybrid", FLAG["fp8_param_gather"]: True}
+    return out
+
+
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
     """(flag -> value, True for a switch; notes) expressing ``strat``."""
     _check(model, strat)
@@ -161,6 +198,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         args[FLAG["fsdp2"]] = True
     if s.offload_optimizer:
         args[FLAG["offload_optimizer"]] = True
+    args |= _memory_flags(model, s)
     args |= {FLAG["mbs"]: s.mbs, FLAG["gbs"]: s.gbs, FLAG["seq"]: s.seq}
     rec, notes = _recompute(layers, full, sel, uniform=s.recompute_layers is None and balance is None)
     args |= rec

@@ -1,11 +1,14 @@
-"""torchtitan job config TOML (``--emit torchtitan``).
+"""torchtitan job config TOML (``--emit torchtitan``), the form of torchtitan 0.2.x
+(v0.2.0 .. v0.2.2 read ``--job.config_file X.toml``; 0.3 replaced it by Python configs).
 
 Key names are those of pytorch/torchtitan:torchtitan/config/job_config.py
 (``Parallelism``: ``data_parallel_replicate_degree``, ``data_parallel_shard_degree``,
 ``fsdp_reshard_after_forward``, ``tensor_parallel_degree``, ``context_parallel_degree``,
 ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``,
 ``pipeline_parallel_microbatch_size``, ``pipeline_parallel_layers_per_stage``,
-``pipeline_parallel_split_points``, ``expert_parallel_degree``,
+``pipeline_parallel_first/last_stage_less_layers`` (written 0, so that torchtitan's split
+is ndplan's: ``titan_split``), ``module_fqns_per_model_part`` (uneven layers),
+``expert_parallel_degree``,
 ``expert_tensor_parallel_degree`` (1 or tp only); ``Training``: ``local_batch_size``
 (was ``batch_size`` in older versions), ``global_batch_size``, ``seq_len``,
 ``enable_cpu_offload``; ``ActivationCheckpoint``: ``mode`` none|selective|full,
@@ -53,9 +56,62 @@ KEY = {"dp_replicate": "parallelism.data_parallel_replicate_degree",
        "local_batch": "training.local_batch_size", "gbs": "training.global_batch_size", "seq": "training.seq_len",
        "param_dtype": "training.mixed_precision_param", "offload": "training.enable_cpu_offload",
        "ac_mode": "activation_checkpoint.mode", "ac_option": "activation_checkpoint.selective_ac_option",
-       "model_name": "model.name", "model_flavor": "model.flavor"}
+       "model_name": "model.name", "model_flavor": "model.flavor",
+       "first_less": "parallelism.pipeline_parallel_first_stage_less_layers",
+       "last_less": "parallelism.pipeline_parallel_last_stage_less_layers",
+       "fqns": "parallelism.module_fqns_per_model_part"}
 """Strategy knob -> dotted TOML key: the one table the exporter and the reader
 (interop/torchtitan.py) use."""
+
+
+LESS_LAYERS_DEFAULT = 1
+"""``pipeline_parallel_first/last_stage_less_layers`` default (config/job_config.py L335/341 at
+v0.2.0; config/configs.py L191/197 in 0.3.0): the embedding and the output count as a layer."""
+OUTPUT_FQNS = {"0.2": ["norm", "output"], "0.3": ["norm", "lm_head"]}
+"""The modules after the last decoder layer (v0.2.0 ``generate_llm_fqn_per_model_part``: "output";
+0.3.0 ``_generate_llm_fqn_per_model_part``: "lm_head")."""
+TARGET_VERSION = "0.2"
+"""The TOML job config is torchtitan 0.2.x's (v0.2.0 .. v0.2.2); 0.3 reads Python configs."""
+
+
+def titan_split(layers: int, stages: int, first_less: int = LESS_LAYERS_DEFAULT,
+                last_less: int = LESS_LAYERS_DEFAULT) -> list[int]:
+    """Decoder layers per pipeline stage as torchtitan assigns them (v0.2.0
+    distributed/pipeline_parallel.py ``generate_llm_fqn_per_model_part`` L226-330; 0.3.0
+    ``_generate_llm_fqn_per_model_part``): the embedding counts ``first_less`` layers and the
+    output ``last_less``; (layers + both) // stages each, the first (layers + both) % stages
+    stages one more, the first and last stage less their weight; ValueError as torchtitan raises."""
+    if stages == 1:
+        return [layers]
+    effective = layers + first_less + last_less
+    base, extra = divmod(effective, stages)
+    if stages > effective or base == 0 or first_less > base or last_less > base:
+        raise ValueError(f"{stages} stages over {layers} layers + {first_less} + {last_less}: torchtitan refuses")
+    out, left = [], layers
+    for i in range(stages):
+        n = base + (1 if i < extra else 0) - (first_less if i == 0 else last_less if i == stages - 1 else 0)
+        n = min(max(n, 0), left)
+        out.append(n)
+        left -= n
+    return out
+
+
+def stage_count(layers: int, per_stage: int, first_less: int = LESS_LAYERS_DEFAULT,
+                last_less: int = LESS_LAYERS_DEFAULT) -> int:
+    """ceil((layers + first_less + last_less) / pipeline_parallel_layers_per_stage)
+    (``_get_pipeline_metadata`` / v0.2.0 ``pipeline_llm`` L41-113)."""
+    return -(-(layers + first_less + last_less) // per_stage)
+
+
+def fqns(layers: list[int], version: str = TARGET_VERSION) -> list[list[str]]:
+    """``module_fqns_per_model_part`` of decoder ``layers`` per stage: the embedding first,
+    the norm and output last."""
+    out, k = [], 0
+    for i, n in enumerate(layers):
+        part = (["tok_embeddings"] if i == 0 else []) + [f"layers.{j}" for j in range(k, k + n)]
+        out.append(part + (OUTPUT_FQNS[version] if i == len(layers) - 1 else []))
+        k += n
+    return out
 
 
 def layer_sac_count(layers: int, every: int) -> int:
@@ -108,14 +164,12 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     notes = []
     if s.pp > 1:
         doc |= {KEY["schedule"]: SCHEDULES[s.schedule], KEY["mbs"]: s.mbs}
+        # the split is ndplan's only when the embedding and output weigh nothing (titan_split)
+        doc |= {KEY["first_less"]: 0, KEY["last_less"]: 0}
         if len(set(layers)) == 1:
             doc[KEY["layers_per_stage"]] = layers[0]
         else:
-            cuts, acc = [], 0
-            for n in layers[:-1]:
-                acc += n
-                cuts.append(f"layers.{acc}")
-            doc[KEY["split_points"]] = cuts
+            doc[KEY["fqns"]] = fqns(layers)
     if model.is_moe:
         doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
     if s.zero == 1 and s.dp > 1:

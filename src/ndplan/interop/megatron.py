@@ -46,11 +46,11 @@ from ndplan.points import default_schedule
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
 MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
-                "fp8_format": "--fp8-format", "fp8_recipe": "--fp8-recipe", "dispatcher": "--moe-token-dispatcher-type",
+                "fp8_recipe": "--fp8-recipe", "dispatcher": "--moe-token-dispatcher-type",
                 "capacity": "--moe-expert-capacity-factor"}
 """Flags with a value that change memory and are not parallel degrees (argparse dest -> flag)."""
-MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "grad_reduce_bf16": "--grad-reduce-in-bf16",
-                   "fp8_param_gather": "--fp8-param-gather", "bf16": "--bf16", "fp16": "--fp16"}
+MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"}
+"""(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
 SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron-FSDP ``--data-parallel-sharding-strategy`` -> ZeRO stage: megatron/core/distributed/fsdp/
 src/megatron_fsdp/fully_shard.py ``ShardingStrategy`` (NO_SHARD 0 "similar memory usage to DDP",
@@ -79,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
     for name, flag in MODEL_FLAGS.items():
         p.add_argument(flag, dest=name, type=str)
     for name, flag in MODEL_SWITCHES.items():
-        p.add_argument(flag, dest=name, action="store_true")
+        if flag not in FLAG.values():  # --untie-embeddings-and-output-weights: the exporter writes it too
+            p.add_argument(flag, dest=name, action="store_true")
     for name, flag in MEMORY_FLAGS.items():
         p.add_argument(flag, dest=name, type=str)
     for name, flag in MEMORY_SWITCHES.items():
@@ -199,8 +200,8 @@ def _grad_dtype(args, notes: list) -> tuple[str, str]:
         if d == "fp32" or (d == "auto" and not low):
             return "fp32", f"{MEMORY_FLAGS['fsdp_main_grads']} {d}"
         return "bf16", f"{MEMORY_FLAGS['fsdp_main_grads']} {d} (the parameters' dtype)"
-    if low and args.grad_reduce_bf16:
-        return "bf16", MEMORY_SWITCHES["grad_reduce_bf16"]
+    if low and args.grad_bf16:
+        return "bf16", FLAG["grad_bf16"]
     return "fp32", "Megatron-LM default (fp32 main gradients)"
 
 

@@ -125,21 +125,49 @@ def _pipeline(get, flat: dict, path: Path, L: int, pp: int, notes: list[str]):
         raise NdplanError(KEY["schedule"], sched_name, "not a schedule ndplan models",
                           f"use one of {', '.join(SCHEDULE_OF)}")
     schedule = SCHEDULE_OF.get(sched_name, "1f1b") if pp > 1 else "1f1b"
-    if pp > 1 and KEY["split_points"] in flat:
+    if pp == 1:
+        return schedule, None, 1
+    first_less, last_less = (positive(KEY[k], flat.get(KEY[k], X.LESS_LAYERS_DEFAULT), path.name)
+                             if flat.get(KEY[k], 1) != 0 else 0 for k in ("first_less", "last_less"))
+    if KEY["fqns"] in flat:
+        parts = flat[KEY["fqns"]]
+        if not isinstance(parts, list) or not all(isinstance(p, list) for p in parts):
+            raise NdplanError(KEY["fqns"], parts, "not a list of module-name lists", 'write e.g. [["tok_embeddings", '
+                              '"layers.0"], ["layers.1", "norm", "output"]]')
+        lps = tuple(sum(1 for m in p if str(m).startswith("layers.")) for p in parts)
+        return schedule, lps, _vpp(len(lps), pp, KEY["fqns"], parts)
+    if KEY["split_points"] in flat:  # torchtitan before 0.2
         cuts = [int(str(c).rsplit(".", 1)[-1]) for c in flat[KEY["split_points"]]]
         bounds = [0] + cuts + [L]
         lps = tuple(b - a for a, b in zip(bounds, bounds[1:]))
         return schedule, lps, len(lps) // pp
-    if pp > 1 and KEY["layers_per_stage"] in flat:
+    if KEY["layers_per_stage"] in flat:
         per = positive(KEY["layers_per_stage"], flat[KEY["layers_per_stage"]], path.name)
-        if L % (per * pp):
-            raise NdplanError(KEY["layers_per_stage"], per, f"pp*{per} does not divide the {L} layers",
-                              "change it or pipeline_parallel_degree")
-        return schedule, None, L // (per * pp)
-    if schedule in ("interleaved", "zbv"):
-        notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank assumed")
-        return schedule, None, 2
-    return schedule, None, 1
+        stages = X.stage_count(L, per, first_less, last_less)
+        if stages % pp:  # torchtitan's ValueError in _get_pipeline_metadata
+            raise NdplanError(KEY["layers_per_stage"], per, f"torchtitan makes ceil(({L} layers + {first_less} + "
+                              f"{last_less}) / {per}) = {stages} stages, not a multiple of pp={pp}",
+                              "change it, or set the first/last_stage_less_layers to 0")
+    else:
+        stages = pp * (2 if schedule in ("interleaved", "zbv") else 1)
+        if stages > pp:
+            notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank "
+                         "(torchtitan's default)")
+    try:
+        lps = tuple(X.titan_split(L, stages, first_less, last_less))
+    except ValueError as e:
+        raise NdplanError(KEY["layers_per_stage"], flat.get(KEY["layers_per_stage"]), str(e),
+                          "use fewer stages or lower the first/last_stage_less_layers") from None
+    if first_less or last_less:
+        notes.append(f"torchtitan counts the embedding as {first_less} and the output as {last_less} layer(s): "
+                     f"decoder layers per stage {list(lps)}")
+    return schedule, lps, stages // pp
+
+
+def _vpp(stages: int, pp: int, key: str, value) -> int:
+    if stages % pp:
+        raise NdplanError(key, value, f"{stages} model parts, not a multiple of pp={pp}", "give pp x vpp parts")
+    return stages // pp
 
 
 def _layer_sac(mode: str, option: str, L: int, pp: int, vpp: int, schedule: str, lps,
