@@ -52,13 +52,32 @@ def build_config(spec: dict):
         )
     if spec["model_type"] == "qwen2":
         fields.pop("attention_bias", None)  # not a Qwen2Config field: q/k/v biases are hard-wired
+    if spec["model_type"] == "llama4_text":
+        return _llama4_config(fields)
     return AutoConfig.for_model(spec["model_type"], **fields)
+
+
+def _llama4_config(f: dict):
+    """The catalog's names back to Llama4TextConfig's: HF intermediate_size is the expert
+    width (the catalog's moe_intermediate_size), intermediate_size_mlp the dense one, and
+    interleave_moe_layer_step the MoE layer step (the catalog's decoder_sparse_step)."""
+    from transformers import Llama4TextConfig
+    keep = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "vocab_size", "num_local_experts", "num_experts_per_tok", "max_position_embeddings", "rms_norm_eps",
+            "rope_theta", "attention_bias", "hidden_act", "tie_word_embeddings")
+    return Llama4TextConfig(**{k: f[k] for k in keep if k in f}, intermediate_size=f["moe_intermediate_size"],
+                            intermediate_size_mlp=f["intermediate_size"],
+                            interleave_moe_layer_step=f.get("decoder_sparse_step", 1))
 
 
 def count(spec: dict):
     cfg = build_config(spec)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+        if spec["model_type"] == "llama4_text":
+            from transformers import Llama4ForCausalLM
+            model = Llama4ForCausalLM(cfg)
+        else:
+            model = AutoModelForCausalLM.from_config(cfg)
     n = sum(p.numel() for p in model.parameters())
     return n, type(model).__name__, model
 

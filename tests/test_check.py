@@ -360,7 +360,7 @@ def test_torchtitan_parsed_and_fits(tmp_path):
     f.write_text(TORCHTITAN_8B)
     ci = read_config(f, gpus=16)
     s = ci.strategy
-    assert ci.model.name == "llama3-8b"  # [model] name/flavor -> catalog
+    assert ci.model.name == "llama3.1-8b"  # [model] name/flavor -> catalog (torchtitan 8B is Llama 3.1 8B)
     assert (s.dp, s.tp, s.pp, s.cp, s.mbs, s.gbs, s.seq, s.recompute, s.zero, s.engine) == \
         (8, 2, 1, 1, 2, 16, 8192, "selective", 3, "fsdp")
     r = CliRunner().invoke(main, ["check", str(f), "--gpus", "16"])

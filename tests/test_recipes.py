@@ -343,3 +343,64 @@ def test_torchtitan_default_split_counts_embedding_and_output(tmp_path):
                                        "pipeline_parallel_layers_per_stage = 20"))
     with pytest.raises(NdplanError, match="ceil"):  # ceil(82 / 20) = 5 stages on 4 ranks: torchtitan raises
         read_config(f, model="llama3-70b", gpus=64)
+
+
+# --------------------------------------------------------------------------- proposals on more devices
+
+def test_check_proposes_the_smallest_device_count_that_fits(tmp_path):
+    """Llama-3-70B on 8 H100s cannot fit (16 bytes/parameter of weights, gradients and Adam
+    states over 8 devices is 141 GB before activations): check proposes on a multiple of the
+    file's devices, the smallest that fits (none fits on half of it), as a diff that reads
+    back on that count."""
+    from ndplan.check import check, nearest
+    from tests.test_check import apply_unified_diff
+    f = tmp_path / "run.sh"
+    f.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8 "
+                 "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16\n")
+    ci = read_config(f, model="llama3-70b")
+    assert 16 * 70.55e9 / 8 > 80 * 2 ** 30
+    res = check(ci, "h100-sxm", top=2)
+    assert not res.fits and res.scaled_gpus and res.proposals
+    assert res.proposals[0].changed["gpus"] == (8, res.scaled_gpus)
+    half = res.scaled_gpus // 2
+    if half > ci.gpus:
+        import dataclasses
+        assert not nearest(dataclasses.replace(ci, gpus=half), res.hardware, res.limit_bytes, 1)
+    text = apply_unified_diff(ci.text, res.proposals[0].diff)
+    f.write_text(text)
+    back = read_config(f, model="llama3-70b", gpus=res.scaled_gpus).strategy
+    assert back == res.proposals[0].strategy
+
+
+@pytest.mark.parametrize("key", sorted(__import__("ndplan.export.torchtitan", fromlist=["FLAVORS"]).FLAVORS))
+def test_torchtitan_flavor_is_the_catalog_model(key):
+    """torchtitan 0.3.0 builds each flavor (on the meta device): its parameter count equals the
+    catalog model's, which equals the Hugging Face count (test_params.py). llama4 is 0.2.x's
+    only (removed before 0.3.0): checked against the HF count of the catalog model."""
+    from ndplan.export.torchtitan import FLAVORS
+    module, flavor = key
+    spec = ndplan.load_model(FLAVORS[key])
+    assert params(spec) == HF[spec.name]
+    if module == "llama4":
+        return
+    pytest.importorskip("triton")
+    torch = pytest.importorskip("torch")
+    registry = pytest.importorskip(f"torchtitan.models.{module}").model_registry
+    with torch.device("meta"):
+        model = registry(flavor).model.build()
+    assert sum(p.numel() for p in model.parameters()) == params(spec)
+
+
+def test_torchtitan_emit_records_the_model(tmp_path):
+    """check reads an emitted file without -m: [model] name/flavor for torchtitan, the header
+    for the others."""
+    s = ndplan.Strategy(dp=4, tp=4, pp=4, gbs=64, zero=2, engine="fsdp", seq=8192)
+    f = tmp_path / "job.toml"
+    f.write_text(emit("torchtitan", ndplan.load_model("llama3.1-70b"), s))
+    ci = read_config(f, gpus=64)
+    assert ci.model.name == "llama3.1-70b" and ci.strategy == s
+    doc = __import__("tomllib").loads(f.read_text())
+    assert (doc["model"]["name"], doc["model"]["flavor"]) == ("llama3", "70B")
+    m = tmp_path / "run.sh"
+    m.write_text(emit("megatron", ndplan.load_model("qwen3-8b"), ndplan.Strategy(dp=2, tp=4, gbs=16)))
+    assert read_config(m, gpus=8).model.name == "qwen3-8b"

@@ -21,6 +21,8 @@ shorter step time. The k nearest that the file's format can express are kept.
 
 from __future__ import annotations
 
+import dataclasses
+
 import difflib
 from dataclasses import dataclass, field
 
@@ -97,6 +99,8 @@ class CheckResult:
     causes: list[dict] = field(default_factory=list)
     """OOM causes: {key, bytes, share} on the peak stage (empty when it fits)."""
     proposals: list[Proposal] = field(default_factory=list)
+    scaled_gpus: int | None = None
+    """When nothing fits on the file's devices: the device count the proposals run on."""
 
     @property
     def fits(self) -> bool:
@@ -108,7 +112,8 @@ class CheckResult:
                 "origin": ci.origin, "unknown": list(ci.unknown), "notes": list(ci.notes),
                 "estimate": self.estimate.to_json(),
                 "limit": {"bytes": self.limit_bytes, "source": self.limit_source},
-                "fits": self.fits, "oom_causes": self.causes, "proposals": [p.to_json() for p in self.proposals]}
+                "fits": self.fits, "oom_causes": self.causes, "proposals": [p.to_json() for p in self.proposals],
+                "proposals_gpus": self.scaled_gpus or ci.gpus}
 
 
 def limit_of(ci: CheckInput, hw: Hardware, mem_limit_gib: float | None = None,
@@ -180,6 +185,11 @@ def _space(ci: CheckInput) -> dict:
     return space
 
 
+MAX_TRIED = 200
+"""Fitting candidates tried as edits of the file, nearest first (a format that cannot
+express most of them must not make ``check`` re-read the file for every candidate)."""
+
+
 def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     u = ci.strategy
     base = {f: getattr(u, f) for f in ("engine", "flash_attention", "order", "grad_dtype", "weight_dtype",
@@ -201,7 +211,7 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     dist += (g["recompute"] != u.recompute) | (u.recompute_layers is not None)
     dist += u.layers_per_stage is not None
     out: list[Proposal] = []
-    for i in fit[np.lexsort((t.step_s[fit], dist))]:
+    for i in fit[np.lexsort((t.step_s[fit], dist))][:MAX_TRIED]:
         s = res.strategy(int(i))
         changed = changed_fields(u, s)
         if any(_adds_to(changed, p.changed) and t.step_s[i] >= p.estimate.step_s for p in out):
@@ -214,6 +224,26 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
         if len(out) == k:
             break
     return out
+
+
+DEVICE_MULTIPLES = (2, 4, 8, 16, 32)
+"""Device counts tried when nothing fits on the file's: these multiples of it, smallest first."""
+
+
+def nearest_scaled(ci: CheckInput, hw: Hardware, limit: int, k: int) -> tuple[int | None, list[Proposal]]:
+    """(device count, proposals) at the smallest of ``DEVICE_MULTIPLES`` x the file's device
+    count where a strategy fits, with the sequence length and global batch kept; each
+    proposal's ``changed`` starts with ``gpus``."""
+    for f in DEVICE_MULTIPLES:
+        n = ci.gpus * f
+        if n > limits.MAX_DEVICES:
+            break
+        props = nearest(dataclasses.replace(ci, gpus=n), hw, limit, k)
+        if props:
+            for p in props:
+                p.changed = {"gpus": (ci.gpus, n)} | p.changed
+            return n, props
+    return None, []
 
 
 def _adds_to(changed: dict, earlier: dict) -> bool:
@@ -234,4 +264,6 @@ def check(ci: CheckInput, hardware: str | Hardware | None = None, *, mem_limit_g
         res.causes = oom_causes(est, limit)
         if top:
             res.proposals = nearest(ci, hw, limit, top)
+            if not res.proposals:
+                res.scaled_gpus, res.proposals = nearest_scaled(ci, hw, limit, top)
     return res

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ndplan.cli_format import stage_table, time_summary
 from ndplan.cli_options import ACTIVATIONS_OPTION, with_activations
+from ndplan.check import DEVICE_MULTIPLES
 from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.interop import FORMATS
 from ndplan.labels import label, recompute_text
@@ -53,7 +54,13 @@ def _oom_text(res) -> str:
     lines = ["OOM caused by (largest terms of the peak stage covering the excess): " + ", ".join(
         f"{c['key']} {fmt_bytes(c['bytes'])} ({c['share']:.0%} of the peak)" for c in res.causes)]
     if not res.proposals:
-        return "\n".join(lines + ["no fitting strategy at these devices, sequence length and global batch", ""])
+        return "\n".join(lines + ["no fitting strategy at these devices, sequence length and global batch, nor on "
+                                  f"up to {max(DEVICE_MULTIPLES)}x the devices", ""])
+    if res.scaled_gpus:
+        lines.append(f"nothing fits on {res.input.gpus} devices at this sequence length and global batch; "
+                     f"the smallest device count tried that fits is {res.scaled_gpus} "
+                     f"({res.scaled_gpus // res.input.gpus}x; tried {', '.join(f'{m}x' for m in DEVICE_MULTIPLES)}); "
+                     "the sequence length and global batch are kept")
     lines.append(f"nearest fitting strategies (fewest changed fields, then step time), as diffs of {name}:")
     text = "\n".join(lines)
     for i, p in enumerate(res.proposals, 1):

@@ -64,6 +64,25 @@ KEY = {"dp_replicate": "parallelism.data_parallel_replicate_degree",
 (interop/torchtitan.py) use."""
 
 
+FLAVORS = {
+    ("llama3", "1B"): "llama3.2-1b", ("llama3", "3B"): "llama3.2-3b", ("llama3", "8B"): "llama3.1-8b",
+    ("llama3", "70B"): "llama3.1-70b", ("llama3", "405B"): "llama3.1-405b",
+    ("qwen3", "0.6B"): "qwen3-0.6b", ("qwen3", "1.7B"): "qwen3-1.7b", ("qwen3", "4B"): "qwen3-4b",
+    ("qwen3", "8B"): "qwen3-8b", ("qwen3", "14B"): "qwen3-14b", ("qwen3", "32B"): "qwen3-32b",
+    ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
+    ("deepseek_v3", "16B"): "deepseek-v2-lite", ("deepseek_v3", "236B"): "deepseek-v2",
+    ("deepseek_v3", "671B"): "deepseek-v3",
+    ("llama4", "17bx16e"): "llama4-scout", ("llama4", "17bx128e"): "llama4-maverick",
+}
+"""torchtitan ([model] name, flavor) -> catalog model. The flavors of torchtitan v0.2.0 and
+0.3.0 for the catalog's families (models/<name>/__init__.py ``*_args`` / ``*_configs``; 1B
+and 3B are 0.3.0's, llama4 is 0.2.x's only: removed by d92336fee). Each 0.3.0 flavor's
+torchtitan-built parameter count equals the catalog model's Hugging Face count
+(tests/test_recipes.py); llama3 8B/70B/405B are Llama 3.1's (hf_assets_path
+Llama-3.1-*), deepseek_v3 16B and 236B DeepSeek-V2-Lite's and DeepSeek-V2's
+architectures."""
+CATALOG_FLAVOR = {v: k for k, v in FLAVORS.items()} | {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")}
+"""Catalog model -> the flavor that builds it (Llama 3 8B/70B have Llama 3.1's architecture)."""
 LESS_LAYERS_DEFAULT = 1
 """``pipeline_parallel_first/last_stage_less_layers`` default (config/job_config.py L335/341 at
 v0.2.0; config/configs.py L191/197 in 0.3.0): the embedding and the output count as a layer."""
@@ -157,7 +176,10 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     _check(model, s)
     layers = layers_per_chunk(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
-    doc = {KEY["dp_replicate"]: s.dp if s.zero == 0 else 1, KEY["dp_shard"]: 1 if s.zero == 0 else s.dp}
+    doc = {}
+    if model.name in CATALOG_FLAVOR:
+        doc |= dict(zip((KEY["model_name"], KEY["model_flavor"]), CATALOG_FLAVOR[model.name]))
+    doc |= {KEY["dp_replicate"]: s.dp if s.zero == 0 else 1, KEY["dp_shard"]: 1 if s.zero == 0 else s.dp}
     if s.zero:
         doc[KEY["reshard"]] = RESHARD[s.zero]
     doc |= {KEY["tp"]: s.tp, KEY["cp"]: s.cp, KEY["pp"]: s.pp}
@@ -209,5 +231,7 @@ def _layer_sac_every(full, sel, layers, vpp: int) -> int:
 
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     doc, notes = fields(model, strat, balance=balance)
-    head = header(TARGET, model, strat) + [f"# note: {n}" for n in notes]
+    head = header(TARGET, model, strat) + [
+        f"# torchtitan {TARGET_VERSION}.x job config (--job.config_file); torchtitan 0.3 takes Python configs with "
+        "CLI overrides instead"] + [f"# note: {n}" for n in notes]
     return "\n".join(head + _toml(nest(doc))) + "\n"

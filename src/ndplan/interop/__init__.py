@@ -44,6 +44,17 @@ def detect(path: Path, text: str) -> str:
                       f"give --format {'|'.join(FORMATS)}")
 
 
+_EMITTED = re.compile(r"^(?:# |\"\"\")?.* form of an ndplan strategy for (\S+)$", re.M)
+"""The first header line every ``--emit`` output carries (export/common.py ``header``)."""
+
+
+def emitted_model(text: str) -> str | None:
+    """The catalog model a file emitted by ndplan names in its header, if any."""
+    from ndplan.catalog.files import catalog_names
+    m = _EMITTED.search(text[:2000])
+    return m.group(1) if m and m.group(1) in catalog_names("models") else None
+
+
 def read_config(path, fmt: str = "auto", *, model=None, gpus: int | None = None, seq: int | None = None,
                 gbs: int | None = None) -> CheckInput:
     """Model, Strategy, device count and the origin of each value of a framework config.
@@ -57,8 +68,12 @@ def read_config(path, fmt: str = "auto", *, model=None, gpus: int | None = None,
         fmt = detect(path, text)
     if fmt not in READERS:
         raise NdplanError("--format", fmt, "unknown format", f"choose one of {', '.join(FORMATS)} or auto")
+    named = emitted_model(text) if model is None else None
+    model = model if named is None else named
     try:
         ci = READERS[fmt].read(path, text, model=model, gpus=gpus, seq=seq, gbs=gbs)
     except RecursionError:
         raise NdplanError("FILE", str(path), "nested too deeply to read", f"give a {fmt} config") from None
+    if named is not None:
+        ci = dataclasses.replace(ci, model_origin=f"{named}, named in the header ndplan wrote")
     return dataclasses.replace(ci, overrides={"seq": seq, "gbs": gbs})

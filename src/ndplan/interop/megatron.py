@@ -325,6 +325,16 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
 fields = X.fields
 
 
+def follow_up(ci: CheckInput, strat) -> dict:
+    """A file that runs Megatron-FSDP keeps it: the ZeRO stage is its sharding strategy
+    (``SHARDING_ZERO``), not the distributed optimizer / torch FSDP2 flags the exporter writes."""
+    if "--use-megatron-fsdp" not in {w for w, _ in words(ci.text)}:
+        return {}
+    name = {z: n for n, z in SHARDING_ZERO.items()}[strat.zero]
+    return {MEMORY_FLAGS["sharding"]: name, FLAG["fsdp2"]: REMOVE, FLAG["no_grad_fusion"]: True,
+            FLAG["distributed_optimizer"]: True}
+
+
 def _flag_re(flag: str, switch: bool) -> re.Pattern:
     val = "" if switch else r"(?:=|[ \t]+)(\"[^\"]*\"|'[^']*'|[^\s\\;)\"']+)"
     return re.compile(r"(?<![\w-])" + re.escape(flag) + val + r"(?![\w-])")

@@ -46,7 +46,11 @@ DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "cp": 1, "pp": 1, "ep": 
 
 
 def _catalog_model(flat: dict):
+    """The catalog model of ``[model] name/flavor``: torchtitan's flavor table (X.FLAVORS),
+    else ``<name>-<flavor>`` when the catalog has it."""
     name, flavor = flat.get(KEY["model_name"]), flat.get(KEY["model_flavor"])
+    if (name, flavor) in X.FLAVORS:
+        return X.FLAVORS[(name, flavor)]
     if name and flavor and f"{name}-{str(flavor).lower()}" in catalog_names("models"):
         return f"{name}-{str(flavor).lower()}"
     return None
