@@ -435,7 +435,7 @@ def test_devicemesh_builds_under_fake_process_group(model, s):
 # ------------------------------------------------------------------ registry and CLI
 
 def test_registry_and_unknown_format():
-    assert set(EMITTERS) == {"megatron", "torchtitan", "deepspeed", "mindformers", "devicemesh"}
+    assert set(EMITTERS) == {"megatron", "torchtitan", "torchtitan-0.3", "deepspeed", "mindformers", "devicemesh"}
     with pytest.raises(NdplanError, match="--emit='nemo'"):
         emit("nemo", *CASES["dense-dp-zero0"])
 

@@ -37,7 +37,7 @@ def params(spec) -> int:
 @pytest.fixture
 def clean_env(monkeypatch):
     """The variables the fixtures default; unset so that the defaults apply."""
-    for name in ("SLURM_NNODES", "SHARDING_STRATEGY", "NUM_NODES", "TP", "EP", "MBS", "GBS", "DTYPE", "RANK",
+    for name in ("MODULE", "CONFIG", "NGPU", "SLURM_NNODES", "SHARDING_STRATEGY", "NUM_NODES", "TP", "EP", "MBS", "GBS", "DTYPE", "RANK",
                  "MASTER_ADDR", "USE_MEGATRON_FSDP"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
@@ -404,3 +404,100 @@ def test_torchtitan_emit_records_the_model(tmp_path):
     m = tmp_path / "run.sh"
     m.write_text(emit("megatron", ndplan.load_model("qwen3-8b"), ndplan.Strategy(dp=2, tp=4, gbs=16)))
     assert read_config(m, gpus=8).model.name == "qwen3-8b"
+
+
+# --------------------------------------------------------------------------- torchtitan 0.3 launches
+
+def _config_manager():
+    """torchtitan 0.3.0's own ConfigManager; its config registries import tensorboard, datasets
+    and wandb too (installed by .ci/run)."""
+    pytest.importorskip("triton")
+    pytest.importorskip("torchtitan.models.llama3.config_registry")
+    from torchtitan.config.manager import ConfigManager
+    return ConfigManager()
+
+
+def test_torchtitan03_base_values_are_the_registry_s():
+    """export.torchtitan03.BASE against torchtitan 0.3.0's registered config functions."""
+    import importlib
+    from ndplan.export.torchtitan03 import BASE
+    _config_manager()
+    for (module, fn), want in BASE.items():
+        c = getattr(importlib.import_module(f"torchtitan.models.{module}.config_registry"), fn)()
+        ac = {"SelectiveAC.Config": "selective", "FullAC.Config": "full"}.get(
+            type(c.activation_checkpoint).__qualname__, "none")
+        got = {"flavor": c.model_spec.flavor, "activation_checkpoint.mode": ac, "training.seq_len": c.training.seq_len,
+               "training.local_batch_size": c.training.local_batch_size,
+               "parallelism.tensor_parallel_degree": c.parallelism.tensor_parallel_degree,
+               "parallelism.expert_parallel_degree": c.parallelism.expert_parallel_degree,
+               "loss_chunks": getattr(c.loss, "num_chunks", None)}
+        assert {k: v for k, v in got.items() if k in want} == want, fn
+        assert got["parallelism.expert_parallel_degree"] == want.get("parallelism.expert_parallel_degree", 1), fn
+
+
+TITAN03 = {
+    "fsdp-tp": ("llama3.1-8b", ndplan.Strategy(dp=4, tp=2, gbs=32, zero=3, seq=8192, engine="fsdp")),
+    "pp-full": ("llama3.1-70b", ndplan.Strategy(dp=4, tp=4, pp=2, gbs=64, zero=2, seq=8192, recompute="full",
+                                                 engine="fsdp")),
+    "interleaved-op": ("qwen3-32b", ndplan.Strategy(dp=2, tp=4, pp=2, vpp=2, gbs=16, zero=2, seq=4096,
+                                                     schedule="interleaved", recompute="selective", engine="fsdp")),
+    "moe-ep": ("qwen3-30b-a3b", ndplan.Strategy(dp=8, ep=4, gbs=16, zero=3, seq=4096, engine="fsdp")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TITAN03))
+def test_torchtitan03_emit_parses_in_torchtitan_and_reads_back(name, tmp_path):
+    """The emitted words through torchtitan 0.3.0's ConfigManager give the asked degrees,
+    batch, sequence and policy; torchtitan's split of them (titan_split on its parsed
+    values) is ndplan's; and check reads the launch back to the same strategy."""
+    import dataclasses
+    from ndplan.export import torchtitan03 as T3
+    from ndplan.export.torchtitan import stage_count, titan_split
+    name_, s = TITAN03[name]
+    model = ndplan.load_model(name_)
+    text = emit("torchtitan-0.3", model, s)
+    f = tmp_path / "run.sh"
+    f.write_text(text)
+    back = read_config(f).strategy
+    assert dataclasses.replace(back, engine="fsdp") == s
+    words, _ = T3.fields(model, s)
+    bash_words = subprocess.run(["bash", "-c", "torchrun() { printf '%s\\n' \"$@\"; }\n" + text], capture_output=True,
+                                text=True, timeout=10).stdout.splitlines()
+    assert bash_words[-len(words):] == words  # the words bash passes are the ones checked below
+    c = _config_manager().parse_args(words)
+    p, t = c.parallelism, c.training
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree) == (s.tp, s.pp, s.cp)
+    assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == s.dp
+    assert (t.global_batch_size, t.seq_len) == (s.gbs, s.seq)
+    assert type(c.activation_checkpoint).__qualname__ == {"none": "NoneType", "full": "FullAC.Config",
+                                                          "selective": "SelectiveAC.Config"}[s.recompute]
+    assert c.model_spec.flavor == T3.BASE[T3.REGISTRY[name_]]["flavor"]
+    if model.is_moe:
+        assert p.expert_parallel_degree == s.ep
+    if s.pp > 1:
+        L = model.num_hidden_layers
+        fl, ll = p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers
+        stages = stage_count(L, p.pipeline_parallel_layers_per_stage, fl, ll)
+        assert stages == s.pp * s.vpp and titan_split(L, stages, fl, ll) == [L // stages] * stages
+
+
+def test_torchtitan03_run_train_script(clean_env):
+    """torchtitan's run_train.sh form: MODULE/CONFIG from their defaults, NGPU 8, the
+    registered llama3_8b's values (seq 8192, local batch 1) under the overrides."""
+    ci = read_config(RECIPES / "torchtitan03_run_train.sh")
+    s = ci.strategy
+    assert ci.fmt == "torchtitan-0.3" and ci.gpus == 8 and ci.model.name == "llama3.1-8b"
+    assert (s.dp, s.tp, s.gbs, s.seq, s.mbs, s.m, s.recompute, s.zero) == (4, 2, 32, 8192, 1, 8, "full", 3)
+    assert "loss_chunks=8" in s.engine and "fused_qkv=1" in s.engine
+    clean_env.setenv("MODULE", "qwen3")
+    clean_env.setenv("CONFIG", "qwen3_14b")
+    assert read_config(RECIPES / "torchtitan03_run_train.sh").model.name == "qwen3-14b"
+    clean_env.setenv("CONFIG", "llama3_405b_nvfp4")
+    with pytest.raises(NdplanError, match="--config"):
+        read_config(RECIPES / "torchtitan03_run_train.sh")
+
+
+def test_torchtitan_toml_recipe_split_and_flavor():
+    ci = read_config(RECIPES / "torchtitan_llama3_70b.toml", gpus=64)
+    assert ci.model.name == "llama3.1-70b" and ci.strategy.layers_per_stage == (20, 21, 20, 19)
+    assert (ci.strategy.dp, ci.strategy.tp, ci.strategy.pp, ci.strategy.recompute) == (2, 8, 4, "full")

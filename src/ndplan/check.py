@@ -153,6 +153,11 @@ def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
     such key if that is enough, else all of them). A file
     that still does not read back as ``strat`` raises NdplanError (not expressible)."""
     mod = READERS[ci.fmt]
+    if hasattr(mod, "rewrite"):  # formats proposed as a new file (torchtitan 0.3 launches)
+        text = mod.rewrite(ci, strat)
+        name = ci.path.name
+        return "".join(difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}",
+                                            f"b/{name}")), text
     try:
         old, _ = mod.fields(ci.model, ci.strategy)
     except NdplanError:

@@ -95,21 +95,25 @@ def register(main):
     @ACTIVATIONS_OPTION
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
     def check_cmd(file, fmt, model, hardware, gpus, seq, gbs, mem_limit_gib, mem_fraction, top, activations, as_json):
-        """Estimate an existing Megatron-LM script / argument file, torchtitan TOML,
+        """Estimate an existing Megatron-LM script / argument file, torchtitan TOML (0.2.x)
+        or 0.3 launch script (torchrun -m torchtitan.train --module M --config F ...),
         DeepSpeed JSON or MindFormers YAML; on OOM name the terms that cause it and
-        propose the nearest strategies that fit, each as a diff of FILE.
+        propose the nearest strategies that fit, each as a diff of FILE. When nothing fits
+        on the file's devices, the proposals run on the smallest of 2, 4, 8, 16 or 32 times
+        as many (sequence length and global batch kept).
 
         Exit code: 0 fits, 1 does not fit, 2 bad input (one line naming field, value, fix).
 
         Nearest = fewest changed fields among dp, tp, pp, cp, ep, etp, vpp, mbs, zero, sp,
-        recompute, schedule, layers_per_stage (same devices, seq and global batch), then the
-        shorter step time. Each diff is checked: the edited file reads back as the proposal.
+        recompute, schedule, layers_per_stage (same seq and global batch), then the shorter
+        step time. Each diff is checked: the edited file reads back as the proposal.
 
         \b
         Examples (files in the repository's examples/ folder):
           ndplan check examples/megatron/pretrain_llama2_7b.sh --top 3   # exits 1
           ndplan check examples/megatron/pretrain_llama2_7b.sh -H h200 --mem-limit-gib 120
           ndplan check examples/torchtitan/llama3_8b.toml --gpus 16
+          ndplan check examples/torchtitan/run_train_llama3_8b.sh
           ndplan check examples/deepspeed/ds_config_zero3.json -m llama3-8b --gpus 16 --seq 8192 --json
           ndplan check examples/mindformers/pretrain_llama3_8b.yaml --top 5   # exits 1
         """

@@ -9,14 +9,15 @@ the fix (CLI: one line, exit 2).
 from __future__ import annotations
 
 
-from ndplan.export import deepspeed, devicemesh, megatron, mindformers, torchtitan
+from ndplan.export import deepspeed, devicemesh, megatron, mindformers, torchtitan, torchtitan03
 from ndplan.export.balance import Balance
 from ndplan.errors import NdplanError
 from ndplan.paths import output_file
 
-EMITTERS = {"megatron": megatron.emit, "torchtitan": torchtitan.emit, "deepspeed": deepspeed.emit,
+EMITTERS = {"megatron": megatron.emit, "torchtitan": torchtitan.emit, "torchtitan-0.3": torchtitan03.emit,
+            "deepspeed": deepspeed.emit,
             "mindformers": mindformers.emit, "devicemesh": devicemesh.emit}
-SUFFIX = {"megatron": ".sh", "torchtitan": ".toml", "deepspeed": ".json", "mindformers": ".yaml",
+SUFFIX = {"megatron": ".sh", "torchtitan": ".toml", "torchtitan-0.3": ".titan.sh", "deepspeed": ".json", "mindformers": ".yaml",
           "devicemesh": ".py"}
 """File suffix of each form (``sweep --emit-all``)."""
 

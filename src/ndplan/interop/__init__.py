@@ -14,12 +14,13 @@ import re
 from pathlib import Path
 
 from ndplan.errors import NdplanError
-from ndplan.interop import deepspeed, megatron, mindformers, torchtitan
+from ndplan.interop import deepspeed, megatron, mindformers, torchtitan, torchtitan03
 from ndplan.interop.base import CheckInput
 from ndplan.interop.textedit import REMOVE
 from ndplan.paths import read_text
 
-READERS = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "mindformers": mindformers}
+READERS = {"megatron": megatron, "torchtitan": torchtitan, "torchtitan-0.3": torchtitan03, "deepspeed": deepspeed,
+           "mindformers": mindformers}
 FORMATS = tuple(READERS)
 SUFFIXES = {".json": "deepspeed", ".toml": "torchtitan", ".yaml": "mindformers", ".yml": "mindformers",
             ".sh": "megatron", ".bash": "megatron", ".args": "megatron", ".txt": "megatron"}
@@ -28,10 +29,15 @@ __all__ = ["CheckInput", "FORMATS", "READERS", "REMOVE", "detect", "read_config"
 
 
 def detect(path: Path, text: str) -> str:
-    """The format by suffix, else by content."""
+    """The format by suffix, else by content (a shell script running torchtitan.train is a
+    torchtitan 0.3 launch)."""
+    if SUFFIXES.get(path.suffix.lower()) == "megatron" and torchtitan03.detect(text):
+        return "torchtitan-0.3"
     if path.suffix.lower() in SUFFIXES:
         return SUFFIXES[path.suffix.lower()]
     s = text.lstrip()
+    if torchtitan03.detect(text):
+        return "torchtitan-0.3"
     if s.startswith("{"):
         return "deepspeed"
     if re.search(r"^\s*\[parallelism\]", text, re.M):

@@ -199,9 +199,8 @@ def _layer_sac(mode: str, option: str, L: int, pp: int, vpp: int, schedule: str,
     return ("full", None) if per_chunk * vpp >= n else ("full", per_chunk) if per_chunk else ("none", None)
 
 
-def _origins(text: str, pp: int, gsrc: str, reshard: str) -> tuple[dict, dict]:
-    """(where each strategy field came from, line of each key)."""
-    loc = toml_locate(text)
+def _origins(loc: dict, pp: int, gsrc: str, reshard: str) -> tuple[dict, dict]:
+    """(where each strategy field came from, line of each key); ``loc``: key -> 0-based line."""
     org = {f: (f"line {loc[KEY[k]] + 1}: {KEY[k]}" if KEY[k] in loc else f"torchtitan default ({KEY[k]})")
            for f, k in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("seq", "seq"), ("recompute", "ac_mode"),
                         ("gbs", "gbs"), ("schedule", "schedule"))}
@@ -211,7 +210,14 @@ def _origins(text: str, pp: int, gsrc: str, reshard: str) -> tuple[dict, dict]:
 
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
-    flat = _parse(path, text)
+    return read_flat(path, text, _parse(path, text), model=model, gpus=gpus, seq=seq, gbs=gbs)
+
+
+def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=None, gbs=None, settings=None,
+              fmt: str = "torchtitan", notes=(), lines: dict | None = None,
+              gpus_origin: str | None = None) -> CheckInput:
+    """``read`` of the dotted keys ``flat`` (a TOML job config, or torchtitan 0.3's registered
+    config with overrides: interop/torchtitan03.py, which gives its engine ``settings``)."""
 
     def get(k):
         return flat.get(KEY[k], DEFAULTS.get(k))
@@ -222,7 +228,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                                  f"({flat.get(KEY['model_name'])!r}/{flat.get(KEY['model_flavor'])!r}), not a catalog model")
     if guess:
         origin = f"[model] name/flavor -> catalog {guess}"
-    notes: list[str] = []
+    notes: list[str] = list(notes)
     tp, cp, pp = (positive(KEY[k], get(k), path.name) for k in ("tp", "cp", "pp"))
     rep, shard, gpus, gsrc = _data_parallel(get, path, gpus, tp, pp, cp)
     dp = rep * shard
@@ -241,12 +247,12 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                                   schedule, lps, notes)
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
-                     recompute=mode, recompute_layers=rec_layers, schedule=schedule, engine=derive("fsdp", _engine_settings(flat, shard)),
+                     recompute=mode, recompute_layers=rec_layers, schedule=schedule, engine=derive("fsdp", (settings or {}) | _engine_settings(flat, shard)),
                      offload_optimizer=bool(get("offload")),
                      layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
     strat.check(spec, gpus)
-    org, lines = _origins(text, pp, gsrc, reshard)
-    return CheckInput(path=path, fmt="torchtitan", text=text, model=spec, model_origin=origin, strategy=strat,
+    org, lines = _origins(toml_locate(text) if lines is None else lines, pp, gpus_origin or gsrc, reshard)
+    return CheckInput(path=path, fmt=fmt, text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=gpus, origin=org, lines=lines, notes=tuple(notes))
 
 
