@@ -501,3 +501,26 @@ def test_torchtitan_toml_recipe_split_and_flavor():
     ci = read_config(RECIPES / "torchtitan_llama3_70b.toml", gpus=64)
     assert ci.model.name == "llama3.1-70b" and ci.strategy.layers_per_stage == (20, 21, 20, 19)
     assert (ci.strategy.dp, ci.strategy.tp, ci.strategy.pp, ci.strategy.recompute) == (2, 8, 4, "full")
+
+
+# --------------------------------------------------------------------------- DeepSpeed's own config class
+
+@pytest.mark.parametrize("s", [
+    ndplan.Strategy(dp=8, gbs=64, mbs=2, zero=3, offload_optimizer=True, engine="deepspeed"),
+    ndplan.Strategy(dp=16, gbs=256, mbs=4, zero=2, engine="deepspeed", recompute="full"),
+    ndplan.Strategy(dp=4, cp=2, gbs=16, zero=3, seq=8192, engine="deepspeed"),
+    ndplan.Strategy(dp=8, gbs=32, zero=0, engine="deepspeed")], ids=["zero3-offload", "zero2-ckpt", "ulysses", "ddp"])
+def test_deepspeed_emit_passes_deepspeeds_config_class(s, monkeypatch):
+    """deepspeed.runtime.config.DeepSpeedConfig parses the emitted JSON (its pydantic ZeRO and
+    offload classes refuse unknown keys) and runs its batch assertion with the ranks the
+    launch has: dist.get_world_size() = dp x cp, divided by sequence_parallel_size (config.py
+    ``__init__``, HF zero.init branch without an mpu)."""
+    import json
+    C = pytest.importorskip("deepspeed.runtime.config")
+    monkeypatch.setattr(C.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(C.dist, "get_world_size", lambda *a, **k: s.dp * s.cp)
+    c = C.DeepSpeedConfig(json.loads(emit("deepspeed", ndplan.load_model("llama3-8b"), s)))
+    assert c.world_size == s.dp
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (s.gbs, s.mbs, s.m)
+    assert c.zero_optimization_stage == s.zero
+    assert (c.zero_config.offload_optimizer is not None) == s.offload_optimizer
