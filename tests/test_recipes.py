@@ -524,3 +524,38 @@ def test_deepspeed_emit_passes_deepspeeds_config_class(s, monkeypatch):
     assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (s.gbs, s.mbs, s.m)
     assert c.zero_optimization_stage == s.zero
     assert (c.zero_config.offload_optimizer is not None) == s.offload_optimizer
+
+
+BAD_RECIPES = {  # name: (fixture, old text, new text, extra CLI args, field named)
+    "moe-expert-num": ("mindformers_mixtral_8x7b.yaml", "expert_num: 8", 'expert_num: "abc"', [],
+                       "moe_config.expert_num"),
+    "mtp-depth": ("mindformers_deepseek3_671b.yaml", "mtp_depth: &mtp_depth 1", "mtp_depth: two", [],
+                  "model.model_config.mtp_depth"),
+    "moe-layer-freq": ("megatron_deepseek_v3.sh", "[0]*3+[1]*58", "[0]*3+[1]*57", ["--gpus", "256"],
+                       "--moe-layer-freq"),
+    "sharding": ("megatron_llama3_8b_fsdp.sh", '"optim_grads_params"', '"zero3"', [],
+                 "--data-parallel-sharding-strategy"),
+    "titan03-degree": ("torchtitan03_run_train.sh", "tensor_parallel_degree 2", "tensor_parallel_degree abc", [],
+                       "parallelism.tensor_parallel_degree"),
+    "titan03-policy": ("torchtitan03_run_train.sh", "activation_checkpoint:full", "activation_checkpoint:memory-budget",
+                       [], "activation_checkpoint"),
+    "ds-auto": ("deepspeed_hf_auto_zero3.json", '"stage": 3', '"stage": 3', ["-m", "llama3-8b", "--gpus", "8",
+                                                                            "--seq", "4096"],
+                "train_micro_batch_size_per_gpu"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_RECIPES))
+def test_bad_recipe_is_one_line_exit_2(name, tmp_path, clean_env):
+    from click.testing import CliRunner
+    from ndplan.cli import main
+    fixture, old, new, extra, field = BAD_RECIPES[name]
+    text = (RECIPES / fixture).read_text()
+    assert old in text
+    f = tmp_path / fixture
+    f.write_text(text.replace(old, new))
+    r = CliRunner().invoke(main, ["check", str(f)] + extra)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and f"error: {field}=" in lines[0], r.output
+    assert "Traceback" not in r.output

@@ -124,15 +124,35 @@ def _legacy_moe(doc: dict, ffn: int) -> dict:
     ``first_k_dense_replace`` layers are dense); shared experts are shared_expert_num x
     moe_intermediate_size (llama_layer.py L821; deepseek2_model.py L283)."""
     moe = doc.get(MOE) or {}
-    if not isinstance(moe, dict) or int(moe.get("expert_num") or 1) <= 1:
+    if not isinstance(moe, dict):
+        raise NdplanError(MOE, moe, "not a mapping", "write moe_config as keys (expert_num, num_experts_chosen, ...)")
+    experts = _whole(moe, "expert_num", 1)
+    if experts <= 1:
         return {}
-    small = int(moe.get("moe_intermediate_size") or 1407)
+    small = _whole(moe, "moe_intermediate_size", 1407)
     deepseek = _deepseek(doc)
     first_k = moe.get("first_k_dense_replace", 0) if deepseek else 0
-    return {"num_experts": int(moe["expert_num"]), "num_experts_per_tok": int(moe.get("num_experts_chosen") or 1),
+    first_k = int(first_k) if isinstance(first_k, bool) else _whole(moe, "first_k_dense_replace", 0)
+    return {"num_experts": experts, "num_experts_per_tok": _whole(moe, "num_experts_chosen", 1),
             "moe_intermediate_size": small if deepseek else ffn,
-            "n_shared_experts": int(moe.get("shared_expert_num") or 0),
-            "first_k_dense_replace": int(first_k) if not isinstance(first_k, bool) else int(first_k)}
+            "n_shared_experts": _whole(moe, "shared_expert_num", 0), "first_k_dense_replace": first_k}
+
+
+def _mtp_depth(mc: dict) -> int:
+    mtp = mc.get("mtp_depth") or 0
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
+        raise NdplanError(MC + ".mtp_depth", mtp, "not a whole number", "write the MTP depth as an integer >= 0")
+    return mtp
+
+
+def _whole(table: dict, key: str, default: int) -> int:
+    """A whole number >= 0 of a yaml table, or NdplanError naming the key."""
+    v = table.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise NdplanError(f"{MOE}.{key}", v, "not a whole number", "write an integer >= 0")
+    return v
 
 
 def model_of(doc: dict, name: str, where: str):
@@ -149,7 +169,7 @@ def model_of(doc: dict, name: str, where: str):
     ffn = ffn_hidden_size(mc, h)
     moe = _legacy_moe(doc, ffn)
     if moe and moe["n_shared_experts"] and not _deepseek(doc):
-        moe["shared_expert_intermediate_size"] = moe.pop("n_shared_experts") * int(doc[MOE].get("moe_intermediate_size") or 1407)
+        moe["shared_expert_intermediate_size"] = moe.pop("n_shared_experts") * _whole(doc[MOE], "moe_intermediate_size", 1407)
     mla = {k: mc[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
            if mc.get(k) is not None}
     qkv_bias = bool(mc.get("qkv_has_bias"))  # Qwen2-style biases on q, k, v only
@@ -159,7 +179,7 @@ def model_of(doc: dict, name: str, where: str):
                               "num_attention_heads": a, "num_key_value_heads": mc.get("n_kv_heads") or a,
                               "intermediate_size": ffn, "vocab_size": mc["vocab_size"],
                               "tie_word_embeddings": bool(mc.get("tie_word_embeddings")), "attention_bias": qkv_bias,
-                              "num_nextn_predict_layers": int(mc.get("mtp_depth") or 0)} | moe | mla,
+                              "num_nextn_predict_layers": _mtp_depth(mc)} | moe | mla,
                              name, f"MindFormers model_config in {name}")
 
 
@@ -232,7 +252,7 @@ def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int, notes: list):
     flat = _flat_counts(off)
     if flat is None and off not in (0, None):
         raise NdplanError(KEY["offset"], off, "not an offset list", "give 0, a list of pp ints, or (VPP) a list of vpp lists")
-    mtp = 0 if is_mcore(doc) else int(get(doc, MC + ".mtp_depth", 0) or 0)
+    mtp = 0 if is_mcore(doc) else _mtp_depth(get(doc, MC, {}))
     if not (flat and any(flat)) and not mtp:
         return None
     rows = (off if isinstance(off[0], list) else [off]) if flat else [[0] * pp] * vpp
