@@ -160,10 +160,10 @@ def file_diff(ci: CheckInput, strat: Strategy) -> tuple[str, str]:
                                             f"b/{name}")), text
     try:
         old, _ = mod.fields(ci.model, ci.strategy)
-    except NdplanError:
-        old = {}
+    except NdplanError:  # the exporter cannot write the file's own strategy: the values the file holds
+        old = mod.current(ci) if hasattr(mod, "current") else {}
     new, _ = mod.fields(ci.model, strat)  # NdplanError: the format cannot express it
-    changes = {k: v for k, v in new.items() if old.get(k) != v} | {k: REMOVE for k in old if k not in new}
+    changes = {k: v for k, v in new.items() if str(old.get(k)) != str(v)} | {k: REMOVE for k in old if k not in new}
     if hasattr(mod, "follow_up"):  # keys the format ties to the changed ones (mindformers)
         changes |= mod.follow_up(ci, strat)
     absent = {k: v for k, v in new.items() if k not in ci.lines}

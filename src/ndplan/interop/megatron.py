@@ -325,6 +325,18 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
 fields = X.fields
 
 
+def current(ci: CheckInput) -> dict:
+    """The exporter's flags as the file sets them (its words after expansion): the values a
+    proposal compares with when the exporter cannot write the file's own strategy."""
+    args, _ = parser().parse_known_args([w.text for w in shell.read_words(ci.text, os.environ)])
+    out = {}
+    for name, flag in FLAG.items():
+        v = getattr(args, name, None)
+        if v is not None and v is not False:
+            out[flag] = v
+    return out
+
+
 def follow_up(ci: CheckInput, strat) -> dict:
     """A file that runs Megatron-FSDP keeps it: the ZeRO stage is its sharding strategy
     (``SHARDING_ZERO``), not the distributed optimizer / torch FSDP2 flags the exporter writes."""
