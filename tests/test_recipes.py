@@ -559,3 +559,29 @@ def test_bad_recipe_is_one_line_exit_2(name, tmp_path, clean_env):
     lines = [x for x in r.output.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and f"error: {field}=" in lines[0], r.output
     assert "Traceback" not in r.output
+
+
+def test_torchtitan_toml_moe_recipes():
+    """deepseek_v3 16B: EP 8 borrows from the 64 FSDP ranks (dp_shard = -1 fills the world),
+    zero 3 ("default" reshard without a pipeline); llama4 17bx16e: ETP 8 = TP (torchtitan
+    0.2 allows ETP 1 or TP), compile on for model and loss."""
+    ci = read_config(RECIPES / "torchtitan_deepseek_v3_16b.toml", gpus=64)
+    s = ci.strategy
+    assert ci.model.name == "deepseek-v2-lite" and params(ci.model) == HF["deepseek-v2-lite"]
+    assert (s.dp, s.ep, s.etp, s.zero, s.mbs, s.gbs, s.recompute) == (64, 8, 1, 3, 4, 256, "selective")
+    ci = read_config(RECIPES / "torchtitan_llama4_17bx16e.toml", gpus=64)
+    s = ci.strategy
+    assert ci.model.name == "llama4-scout" and params(ci.model) == HF["llama4-scout"]
+    assert (s.dp, s.tp, s.ep, s.etp, s.recompute) == (8, 8, 1, 8, "full")
+    assert "compiled_blocks=1" in s.engine and "compiled_loss=1" in s.engine
+
+
+def test_torchtitan_toml_interleaved_layers_per_stage():
+    """126 layers + the embedding and output weights (1 + 1) over 8 layers per stage:
+    ceil(128 / 8) = 16 stages on pp 8 (vpp 2); each stage 8, the first and last 8 - 1 = 7
+    decoder layers (generate_llm_fqn_per_model_part); local batch 16 in microbatches of 1."""
+    ci = read_config(RECIPES / "torchtitan_llama3_405b_pp.toml", gpus=512)
+    s = ci.strategy
+    assert (s.dp, s.tp, s.pp, s.vpp, s.schedule) == (8, 8, 8, 2, "interleaved")
+    assert s.layers_per_stage == (7,) + (8,) * 14 + (7,)
+    assert (s.mbs, s.m, s.gbs) == (1, 16, 128)
