@@ -75,8 +75,13 @@ def cannot(target: str, field: str, value, fix: str) -> NdplanError:
     return NdplanError(field, value, f"{target} cannot express this; {fix}")
 
 
+HEADER_PHRASE = "form of an ndplan strategy for"
+"""The first header line of every emitted file ends in this phrase and the model's name
+(interop.emitted_model reads the model back from it)."""
+
+
 def header(target: str, model: ModelSpec, strat: Strategy, prefix: str = "# ") -> list[str]:
-    return [f"{prefix}{target} form of an ndplan strategy for {model.name}", prefix + label(strat, full=True)]
+    return [f"{prefix}{target} {HEADER_PHRASE} {model.name}", prefix + label(strat, full=True)]
 
 
 def nest(flat: dict) -> dict:

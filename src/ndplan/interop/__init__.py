@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from ndplan.errors import NdplanError
+from ndplan.export.common import HEADER_PHRASE
 from ndplan.interop import deepspeed, megatron, mindformers, torchtitan, torchtitan03
 from ndplan.interop.base import CheckInput
 from ndplan.interop.textedit import REMOVE
@@ -50,7 +51,7 @@ def detect(path: Path, text: str) -> str:
                       f"give --format {'|'.join(FORMATS)}")
 
 
-_EMITTED = re.compile(r"^(?:# |\"\"\")?.* form of an ndplan strategy for (\S+)$", re.M)
+_EMITTED = re.compile(r"^(?:# |\"\"\")?.* " + re.escape(HEADER_PHRASE) + r" (\S+)$", re.M)
 """The first header line every ``--emit`` output carries (export/common.py ``header``)."""
 
 

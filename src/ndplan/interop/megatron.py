@@ -51,6 +51,10 @@ MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grad
 """Flags with a value that change memory and are not parallel degrees (argparse dest -> flag)."""
 MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"}
 """(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
+FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
+"""--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
+FP8_FORMATS = ("e4m3", "hybrid")
+"""--fp8-format: TransformerConfig.fp8 Literal['e4m3', 'hybrid'] (transformer_config.py:587-589)."""
 SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron-FSDP ``--data-parallel-sharding-strategy`` -> ZeRO stage: megatron/core/distributed/fsdp/
 src/megatron_fsdp/fully_shard.py ``ShardingStrategy`` (NO_SHARD 0 "similar memory usage to DDP",
@@ -197,6 +201,9 @@ def _grad_dtype(args, notes: list) -> tuple[str, str]:
     low = args.bf16 or args.fp16
     if args.megatron_fsdp:
         d = args.fsdp_main_grads or "auto"
+        if d not in FSDP_GRAD_DTYPES:
+            raise NdplanError(MEMORY_FLAGS["fsdp_main_grads"], d, "not a dtype Megatron accepts",
+                              f"give one of {', '.join(FSDP_GRAD_DTYPES)}")
         if d == "fp32" or (d == "auto" and not low):
             return "fp32", f"{MEMORY_FLAGS['fsdp_main_grads']} {d}"
         return "bf16", f"{MEMORY_FLAGS['fsdp_main_grads']} {d} (the parameters' dtype)"
@@ -209,6 +216,8 @@ def _fp8(args, notes: list) -> str:
     """weight_dtype: fp8 with --fp8-param-gather (Transformer Engine fp8 primary weights,
     arguments.py:2016-2018; the distributed optimizer keeps an fp32 main copy,
     distrib_optimizer.py:421-445), else the engine's."""
+    if args.fp8_format is not None and args.fp8_format not in FP8_FORMATS:
+        raise NdplanError(FLAG["fp8_format"], args.fp8_format, "not an fp8 format", f"give one of {', '.join(FP8_FORMATS)}")
     if args.fp8_param_gather and args.fp8_format:
         notes.append("--fp8-param-gather: weights held in fp8 (ndplan counts every weight in fp8; Megatron keeps "
                      "embeddings, norms and biases in bf16)")

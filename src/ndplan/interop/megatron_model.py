@@ -91,6 +91,9 @@ def moe_pattern(text: str, layers: int) -> list[int]:
                                   "write e.g. [0]*3+[1]*58")
             pos += 1 + len(m.group(0))
             out = out * int(m.group(0))
+            if len(out) > layers:  # nested repeats must not build more than one entry per layer
+                raise NdplanError(flag, text, f"gives more than {layers} entries, one per layer",
+                                  "give one 0/1 entry per layer")
         return out
 
     def atom() -> list[int]:

@@ -95,7 +95,7 @@ transformer_config_utils.py L239-248, L340-357 at mindspore-lab/mindformers@f527
 def is_mcore(doc: dict) -> bool:
     """The mcore (parallel_core) model: ``use_legacy: False``, or an HF-style model_config
     (``num_hidden_layers`` instead of the legacy ``num_layers``)."""
-    mc = get(doc, MC, {})
+    mc = model_config(doc)
     return doc.get("use_legacy") is False or ("num_hidden_layers" in mc and "num_layers" not in mc)
 
 
@@ -139,25 +139,30 @@ def _legacy_moe(doc: dict, ffn: int) -> dict:
 
 
 def _mtp_depth(mc: dict) -> int:
-    mtp = mc.get("mtp_depth") or 0
-    if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
-        raise NdplanError(MC + ".mtp_depth", mtp, "not a whole number", "write the MTP depth as an integer >= 0")
-    return mtp
+    return _whole(mc, "mtp_depth", 0, MC)
 
 
-def _whole(table: dict, key: str, default: int) -> int:
-    """A whole number >= 0 of a yaml table, or NdplanError naming the key."""
+def _whole(table: dict, key: str, default: int, where: str = MOE) -> int:
+    """A whole number >= 0 of the yaml table at ``where``, or NdplanError naming the key."""
     v = table.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise NdplanError(f"{MOE}.{key}", v, "not a whole number", "write an integer >= 0")
+        raise NdplanError(f"{where}.{key}", v, "not a whole number", "write an integer >= 0")
     return v
 
 
-def model_of(doc: dict, name: str, where: str):
-    mc = get(doc, MC)
+def model_config(doc: dict) -> dict:
+    """``model.model_config`` ({} when absent), or NdplanError when it is not a mapping."""
+    mc = get(doc, MC, {})
     if not isinstance(mc, dict):
+        raise NdplanError(MC, mc, "not a mapping", "write model_config as keys (hidden_size, num_layers, ...)")
+    return mc
+
+
+def model_of(doc: dict, name: str, where: str):
+    mc = model_config(doc)
+    if not mc:
         return None
     if is_mcore(doc):
         return _mcore_model(mc, name)
@@ -252,7 +257,7 @@ def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int, notes: list):
     flat = _flat_counts(off)
     if flat is None and off not in (0, None):
         raise NdplanError(KEY["offset"], off, "not an offset list", "give 0, a list of pp ints, or (VPP) a list of vpp lists")
-    mtp = 0 if is_mcore(doc) else _mtp_depth(get(doc, MC, {}))
+    mtp = 0 if is_mcore(doc) else _mtp_depth(model_config(doc))
     if not (flat and any(flat)) and not mtp:
         return None
     rows = (off if isinstance(off[0], list) else [off]) if flat else [[0] * pp] * vpp
@@ -340,7 +345,7 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     else:
         m = positive(KEY["grad_accum"], get(doc, KEY["grad_accum"], 1), name)
         notes.append(f"pp=1: micro-batches = gradient_accumulation_steps = {m} (micro_batch_num ignored)")
-    mc = get(doc, MC, {})
+    mc = model_config(doc)
     seq_ = seq if seq is not None else positive(KEY["seq"], mc.get("seq_length"), name)
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
               seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
