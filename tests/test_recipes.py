@@ -140,7 +140,9 @@ def test_megatron_deepseek_v3_mla_moe_mtp(clean_env):
     assert m.mtp_layers == 1 and m.layer_kinds[:4] == ("dense", "dense", "dense", "moe")
     assert (s.dp, s.tp, s.ep, s.etp, s.zero, s.grad_dtype, s.mbs, s.gbs) == (256, 1, 8, 1, 3, "bf16", 4, 2048)
     assert s.recompute == "selective"
-    assert any("--recompute-modules mlp moe mla_up_proj layernorm" in n and "not modelled" in n for n in ci.notes)
+    # --recompute-modules mlp moe mla_up_proj layernorm, without core_attn (transformer_config.py:1943-1962)
+    assert s.engine == ("megatron[keep_core_attn=1,recompute_layernorm=1,recompute_mla_up_proj=1,recompute_mlp=1,"
+                        "recompute_moe=1]")
 
 
 def test_megatron_gpt3_vocab_padding_and_vpp(clean_env):

@@ -18,7 +18,12 @@ class EngineProfile:
     master_bytes: int
     """Separate fp32 master copy per parameter (0 if the weights are the master)."""
     optimizer_bytes: int
-    """Adam first and second moments, fp32: 2 x 4 bytes."""
+    """Optimizer states per parameter: Adam's first and second moments in fp32, 2 x 4 bytes, in
+    every profile; a reader sets the recipe's optimizer from ndplan.optimizers (SGD with momentum 4,
+    16-bit moments 4, ...)."""
+    non_matrix_optimizer_bytes: int = 0
+    """Optimizer states per parameter of the input embedding and the output layer when the
+    optimizer treats them apart (Muon: AdamW's two fp32 moments, 8); 0: ``optimizer_bytes``."""
     grad_bytes_fp32: int
     """Gradient bytes per parameter when grad_dtype=fp32."""
     weights_sharded_from: int
@@ -171,6 +176,45 @@ class EngineProfile:
     False: the components in ``selective_drops`` are recomputed (Megatron)."""
     selective_drops: tuple[str, ...] = ("core",)
     """Activation components the engine's selective recompute does not store."""
+    moe_capacity_permille: int = 0
+    """Token-expert rows per routed token-expert pair, in thousandths (0: dropless routing, each
+    token's top-k experts, 1000). Megatron with ``--moe-expert-capacity-factor cf``: capacity =
+    ceil(tokens x topk / experts x cf) per expert (megatron/core/transformer/moe/moe_utils.py:248-266,
+    1049-1055); with ``--moe-pad-expert-input-to-capacity`` every local expert receives its
+    capacity (token_dispatcher.py:517-539), cf x 1000, else the tokens over capacity are dropped
+    (moe_utils.py:1077-1081), min(cf, 1) x 1000 under balanced routing. MindFormers' MoE pads every
+    expert to capacity_factor x its share. Scales the expert activations, FLOPs and all-to-all
+    bytes (ActContext.capacity)."""
+    keep_core_attn: bool = False
+    """Selective recompute without the attention core (Megatron ``--recompute-modules`` lists
+    that omit core_attn): the core's tensors stay stored."""
+    recompute_layernorm: bool = False
+    """Megatron ``--recompute-modules layernorm``: the norms that are modules of their own are
+    wrapped in CheckpointWithoutOutput, whose output (the next linear's saved input) is freed and
+    rebuilt in backward (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/transformer_layer.py:
+    712-721, 820-828, freed at 683-688, 1088-1093). With Transformer Engine specs the dense input and
+    pre-MLP norms are fused into TELayerNormColumnParallelLinear (the pre-MLP norm is an IdentityOp
+    unless num_experts is set, models/gpt/gpt_layer_specs.py:318-336; an IdentityOp is never wrapped,
+    transformer_layer.py:476, 523-527), so it acts on a MoE layer's pre-MLP norm and MLA's input norm."""
+    recompute_mla_up_proj: bool = False
+    """Megatron ``mla_up_proj``: CheckpointWithoutOutput over qkv_up_proj_and_rope_apply frees the
+    full-head q, k, v after core attention has saved them; the compressed latents stay
+    (transformer/multi_latent_attention.py:171-174, 455-458, 983-988)."""
+    recompute_mlp: bool = False
+    """Megatron ``mlp``: tensor_parallel.checkpoint over a dense layer's MLP, which keeps only its
+    input (transformer_layer.py:537-539, 992-1010); under TE the pre-MLP norm is fused into fc1, so
+    the checkpoint's input is the residual stream (the norm's input) and the norm output goes too."""
+    recompute_moe: bool = False
+    """Megatron ``moe``: the whole MoE layer (router, dispatch, experts, combine) in one
+    tensor_parallel.checkpoint that keeps its hidden_states input (transformer/moe/moe_layer.py:
+    247-251, 701-717)."""
+    recompute_moe_act: bool = False
+    """Megatron ``moe_act``: CheckpointWithoutOutput over the experts' activation function frees the
+    fc2 input; the fc1 output and the probs stay (transformer/moe/experts.py:269-276, 1013-1030;
+    needs --moe-grouped-gemm, transformer_config.py:1964-1967)."""
+    recompute_shared_experts: bool = False
+    """Megatron ``shared_experts``: tensor_parallel.checkpoint over the shared experts, which keeps
+    their input (transformer/moe/moe_layer.py:252-255, 517-531)."""
     comm_recompute_keeps_shard: bool = False
     """When selective recompute drops a kept all-gathered linear input (``gathered_inputs_kept``),
     the all-gather is re-run in backward, so its SP-sharded input (2*s*b*h/tp) stays stored."""

@@ -193,8 +193,35 @@ def _dropped(c: ActContext, name: str) -> bool:
     """Does the engine's selective recompute drop component ``name``?"""
     base = name.split("_", 1)[1] if name.startswith(("expert_", "shared_")) else name
     if base == "core":
-        return "core" in c.eng.selective_drops
+        return "core" in c.eng.selective_drops and not c.eng.keep_core_attn
     return base in c.eng.selective_drops
+
+
+_CHECKPOINT_INPUTS = ("ffn.norm_input", "ffn.fc1_input", "ffn.dropout_mask")
+"""What stays of a checkpointed MoE layer: the pre-MLP norm's input and output (the
+checkpoint's input, hidden_states) and the hidden dropout that follows the layer."""
+
+
+def module_drops(spec: ModelSpec, eng: EngineProfile, kind: str, parts: dict) -> set[str]:
+    """Components (keys of ``parts``, one layer of ``kind``) that Megatron's per-module
+    recompute frees (EngineProfile.recompute_layernorm ... recompute_shared_experts, each
+    citing the Megatron-LM lines that wrap the module)."""
+    ffn = [k for k in parts if k.startswith("ffn.")]
+    out: set[str] = set()
+    if eng.recompute_layernorm:
+        out |= {"ffn.fc1_input"} if kind == "moe" else set()
+        out |= {"qkv_input"} if spec.is_mla else set()
+    if eng.recompute_mla_up_proj and spec.is_mla:
+        out.add("qkv")
+    if eng.recompute_mlp and kind == "dense":
+        out |= {k for k in ffn if k not in ("ffn.norm_input", "ffn.dropout_mask")}
+    if eng.recompute_moe and kind == "moe":
+        out |= {k for k in ffn if k not in _CHECKPOINT_INPUTS}
+    if eng.recompute_moe_act and kind == "moe":
+        out |= {k for k in ffn if k in ("ffn.expert_down_input", "ffn.expert_act_out")}
+    if eng.recompute_shared_experts and kind == "moe":
+        out |= {k for k in ffn if k.startswith("ffn.shared_")}
+    return out
 
 
 def mm_outputs(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> list[sp.Expr]:
@@ -277,7 +304,8 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
     parts = attention_parts(spec, M, c)
     parts |= {f"ffn.{k}": v for k, v in (moe_parts(spec, M, c) if kind == "moe" else mlp_parts(spec, M, c)).items()}
     if mode == "selective":
-        keep = {k: v for k, v in parts.items() if not _dropped(c, k.removeprefix("ffn."))}
+        modules = module_drops(spec, c.eng, kind, parts)
+        keep = {k: v for k, v in parts.items() if not _dropped(c, k.removeprefix("ffn.")) and k not in modules}
         if c.eng.comm_recompute_keeps_shard and c.eng.gathered_inputs_kept and c.sp:
             # the all-gather re-run in backward needs its SP-sharded input (the norm output)
             for k in ("qkv_input", "ffn.fc1_input"):

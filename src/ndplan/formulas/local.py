@@ -47,6 +47,17 @@ def stage_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tu
     return dense, expert, first * emb_d
 
 
+def vocab_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tuple[sp.Expr, sp.Expr]:
+    """(vocabulary matrices, of them the input embedding) on one device of ``stage``: the
+    input embedding on stage 0 and the output layer (or a tied model's head copy) on the
+    head's device, V*h/tp each; what optimizers that treat them apart see (Muon)."""
+    pp = pp_expr(spec, view)
+    first, last = is_first(stage), head_device_flag(view.schedule, stage, pp)
+    one = M.V * M.h / S.tp
+    head = G.tied_head_copy(spec, first, last) if spec.tie_word_embeddings else last
+    return (first + head) * one, first * one
+
+
 def device_params(pieces: list[P.Piece]) -> tuple[sp.Expr, sp.Expr]:
     """(non-expert, expert) parameters of ``pieces`` on one device (TP/EP-split, not ZeRO-sharded)."""
     return _per_device(pieces, S.tp, S.ep * S.etp)
@@ -58,9 +69,10 @@ def layer_params(spec: ModelSpec, M: ModelSymbols, kind: str) -> sp.Expr:
     return d + e
 
 
-def act_context(spec: ModelSpec, view: Structure, capacity=1) -> A.ActContext:
+def act_context(spec: ModelSpec, view: Structure) -> A.ActContext:
     view = structure(spec, view)
     eng = view.engine
+    capacity = sp.Rational(eng.moe_capacity_permille, 1000) if eng.moe_capacity_permille else 1
     seq_par = view.seq_parallel
     t_sp = S.tp if seq_par else sp.Integer(1)
     return A.ActContext(s=S.seq / S.cp, b=S.mbs, t=S.tp, t_sp=t_sp, etp=S.etp,

@@ -24,7 +24,7 @@ from ndplan.formulas import groups as G
 from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving, fsdp_backward_reduce,
                                          gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads,
                                          loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
-from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params
+from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params, vocab_params
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
 from ndplan.structure import Structure, peaks_over_held_vectors, structure
@@ -78,10 +78,24 @@ def _sharding(view: Structure, eng: EngineProfile, dense, expert, emb):
     return lambda level: G.optimizer_shard(view, eng, dense, expert, emb, level)
 
 
-def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, expert, emb=0) -> list[Term]:
+def optimizer_state_bytes(view: Structure, eng: EngineProfile, dense, expert, emb=0, vocab=(0, 0)) -> sp.Expr:
+    """Optimizer-state bytes of one device: ``optimizer_bytes`` per parameter it keeps a state
+    for (ZeRO level 1 and above shard them), and ``non_matrix_optimizer_bytes`` for the
+    ``vocab`` = (vocabulary matrices, of them the input embedding) among them where the
+    optimizer treats them apart (ndplan.optimizers: Muon's AdamW part)."""
+    out = eng.optimizer_bytes * _sharding(view, eng, dense, expert, emb)(1)
+    if eng.non_matrix_optimizer_bytes and vocab[0] != 0:
+        out += ((eng.non_matrix_optimizer_bytes - eng.optimizer_bytes)
+                * G.optimizer_shard(view, eng, vocab[0], 0, vocab[1], 1))
+    return out
+
+
+def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, expert, emb=0,
+                 vocab=(0, 0)) -> list[Term]:
     """Weights, gradients, fp32 master and optimizer-state Terms (bytes) of ``dense``
     non-expert and ``expert`` parameters on one device (``emb`` of them the input
-    embedding). stage_memory uses it for a stage; PPB's layer export for one layer."""
+    embedding; ``vocab``: local.vocab_params). stage_memory uses it for a stage; PPB's
+    layer export for one layer."""
     shard = _sharding(view, eng, dense, expert, emb)
     weight_b, master_b, grad_b = G.weight_bytes(view, eng), G.master_bytes(view, eng), G.grad_bytes(view, eng)
     if eng.grads_shard_tp_only:
@@ -103,10 +117,17 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
         Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
              source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
-        Term(key="mem.optimizer", expr=off * eng.optimizer_bytes * shard(1), unit="bytes",
-             source=f"Adam m and v in fp32, {eng.optimizer_bytes} bytes/param; {_SRC_STATES}",
+        Term(key="mem.optimizer", expr=off * optimizer_state_bytes(view, eng, dense, expert, emb, vocab), unit="bytes",
+             source=f"{_optimizer_source(eng)}; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
     ]
+
+
+def _optimizer_source(eng: EngineProfile) -> str:
+    src = f"optimizer states {eng.optimizer_bytes} bytes/param (8: Adam m and v in fp32; ndplan.optimizers)"
+    if eng.non_matrix_optimizer_bytes:
+        src += f", {eng.non_matrix_optimizer_bytes} for the embedding and output layer"
+    return src
 
 
 def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage,
@@ -118,7 +139,7 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     view = structure(spec, view, engine)
     eng = view.engine
     dense, expert, emb = stage_params(spec, M, view, stage)
-    terms = static_terms(spec, view, eng, dense, expert, emb)
+    terms = static_terms(spec, view, eng, dense, expert, emb, vocab_params(spec, M, view, stage))
     terms.append(graph_constants_term(spec, M, view, eng, stage))
     acts = activation_term(spec, M, view, stage)
     gather = gather_term(spec, M, view, eng, dense, expert, stage, acts.expr)
@@ -433,4 +454,5 @@ def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage
     dense, expert, emb = stage_params(spec, M, view, stage)
     # the states that left HBM: mem.master and mem.optimizer of static_terms, same sharding
     shard = _sharding(view, eng, dense, expert, emb)
-    return G.master_bytes(view, eng) * shard(eng.master_sharded_from) + eng.optimizer_bytes * shard(1)
+    return (G.master_bytes(view, eng) * shard(eng.master_sharded_from)
+            + optimizer_state_bytes(view, eng, dense, expert, emb, vocab_params(spec, M, view, stage)))

@@ -21,8 +21,11 @@ Megatron-FSDP sharding strategy with ``--use-megatron-fsdp`` (``SHARDING_ZERO``)
 selective), ``--recompute-method block --recompute-num-layers N`` -> the first N layers of
 each chunk, ``uniform`` -> every layer; uneven layers <- ``--decoder-first/last-pipeline-
 num-layers`` or ``--pipeline-model-parallel-layout``; schedule interleaved when vpp > 1;
-engine megatron. Read and stated in a note, not modelled: ``--recompute-modules`` other
-than core_attn, the fp8 recipe's transient copies, the MoE dispatcher type and capacity.
+engine megatron, with the optimizer (``--optimizer``, ``--sgd-momentum``, the
+precision-aware optimizer's state dtypes), ``--recompute-modules`` and the MoE capacity
+(``--moe-expert-capacity-factor``, ``--moe-pad-expert-input-to-capacity``) as its settings
+(interop.megatron_memory). Read and stated in a note, not modelled: the fp8 recipe's
+transient copies, the MoE dispatcher type.
 
 Architecture (dense, MoE, MLA, MTP, vocabulary) from the flags: interop.megatron_model;
 otherwise ``-m MODEL``.
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
-from ndplan.interop import megatron_model as MM, shell
+from ndplan.interop import megatron_memory as MX, megatron_model as MM, shell
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
@@ -46,10 +49,9 @@ from ndplan.points import default_schedule
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
 MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
-                "fp8_recipe": "--fp8-recipe", "dispatcher": "--moe-token-dispatcher-type",
-                "capacity": "--moe-expert-capacity-factor"}
+                "fp8_recipe": "--fp8-recipe", "dispatcher": "--moe-token-dispatcher-type"} | MX.FLAGS
 """Flags with a value that change memory and are not parallel degrees (argparse dest -> flag)."""
-MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"}
+MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"} | MX.SWITCHES
 """(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
 FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
@@ -209,6 +211,8 @@ def _grad_dtype(args, notes: list) -> tuple[str, str]:
         return "bf16", f"{MEMORY_FLAGS['fsdp_main_grads']} {d} (the parameters' dtype)"
     if low and args.grad_bf16:
         return "bf16", FLAG["grad_bf16"]
+    if low and args.precision_aware and args.main_grads_dtype == "bf16":
+        return "bf16", "--main-grads-dtype bf16 with --use-precision-aware-optimizer (arguments.py:1204-1213)"
     return "fp32", "Megatron-LM default (fp32 main gradients)"
 
 
@@ -231,22 +235,9 @@ def _fp8(args, notes: list) -> str:
 def _moe_notes(args, spec, notes: list) -> None:
     if not spec.is_moe:
         return
-    if args.capacity is not None:
-        notes.append(f"{MEMORY_FLAGS['capacity']} {args.capacity}: ndplan counts dropless routing "
-                     "(each token's top-k experts, no padding to capacity)")
     if args.dispatcher and args.dispatcher != "alltoall":
         notes.append(f"{MEMORY_FLAGS['dispatcher']} {args.dispatcher}: the dispatcher's buffers are estimated "
                      "as the all-to-all's")
-
-
-def _recompute_modules(args, rec: dict, notes: list) -> None:
-    mods = args.recompute_modules
-    if rec.get("recompute") != "selective" or not mods or mods == ["core_attn"]:
-        return
-    notes.append(f"--recompute-modules {' '.join(mods)}: ndplan's selective recompute is core_attn only; "
-                 + ("" if "core_attn" in mods else "core_attn is not in the list but counted as recomputed; ")
-                 + f"the recompute of {', '.join(m for m in mods if m != 'core_attn')} is not modelled "
-                   "(their activations are counted as stored)")
 
 
 def _expansions(ws, notes: list) -> None:
@@ -306,12 +297,12 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep", 1) if moe else 1,
               etp=get("etp", tp) if moe else 1,  # ETP defaults to TP (arguments.py:587-588)
               vpp=vpp, mbs=mbs, gbs=gbs or get("gbs", mbs * dp), seq=seq_, zero=zero, sp=bool(args.sp) or tp == 1,
-              schedule=default_schedule(vpp), engine="megatron", grad_dtype=grad_dtype, weight_dtype=_fp8(args, notes),
+              schedule=default_schedule(vpp), grad_dtype=grad_dtype, weight_dtype=_fp8(args, notes),
               offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp))
     if not moe and (get("ep", 1) != 1 or args.experts):
         notes.append(f"{FLAG['ep']} / --num-experts ignored: {spec.name} has no experts")
     kw |= _recompute(args, notes)
-    _recompute_modules(args, kw, notes)
+    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes)
     _moe_notes(args, spec, notes)
     from ndplan.strategy import Strategy
     strat = Strategy(**kw)

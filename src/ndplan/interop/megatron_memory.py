@@ -1,0 +1,150 @@
+"""Megatron-LM flags that change memory without changing the parallel degrees, read into
+engine settings (engines.derive on the megatron profile): the optimizer and its state
+dtypes, the per-module recompute list and the MoE capacity. Sources are at
+NVIDIA/Megatron-LM@d98e8a64 (arguments.py, transformer_config.py, optimizer/).
+"""
+
+from __future__ import annotations
+
+from ndplan import optimizers as O
+from ndplan.errors import NdplanError
+
+FLAGS = {"optimizer": "--optimizer", "sgd_momentum": "--sgd-momentum", "muon_scalar": "--muon-scalar-optimizer",
+         "main_params_dtype": "--main-params-dtype", "exp_avg_dtype": "--exp-avg-dtype",
+         "exp_avg_sq_dtype": "--exp-avg-sq-dtype", "main_grads_dtype": "--main-grads-dtype",
+         "capacity": "--moe-expert-capacity-factor"}
+"""Flags with a value (argparse dest -> flag)."""
+SWITCHES = {"precision_aware": "--use-precision-aware-optimizer", "pad_capacity": "--moe-pad-expert-input-to-capacity",
+            "grouped_gemm": "--moe-grouped-gemm"}
+
+OPTIMIZER_CHOICES = ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")
+"""--optimizer choices (arguments.py:2913-2917)."""
+STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+"""--exp-avg-dtype / --exp-avg-sq-dtype choices (arguments.py:3675-3684) in bytes."""
+MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+           "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
+"""--recompute-modules names TransformerConfig accepts (transformer_config.py:1943-1962)."""
+MODULE_SETTING = {"layernorm": "recompute_layernorm", "mla_up_proj": "recompute_mla_up_proj", "mlp": "recompute_mlp",
+                  "moe": "recompute_moe", "moe_act": "recompute_moe_act", "shared_experts": "recompute_shared_experts"}
+"""Modules ndplan models, each an EngineProfile setting citing the lines that wrap it."""
+
+
+def _float(args, name: str):
+    v = getattr(args, name)
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise NdplanError(FLAGS[name], v, "not a number", "write the number, or set the variable it uses") from None
+    if x != x or abs(x) > 1e6:
+        raise NdplanError(FLAGS[name], v, "not a usable number", "give a finite value such as 1.0")
+    return x
+
+
+def _choice(args, name: str, choices, default: str) -> str:
+    v = getattr(args, name) or default
+    if v not in choices:
+        raise NdplanError(FLAGS[name], v, "not a value Megatron-LM accepts", f"give one of {', '.join(choices)}")
+    return v
+
+
+def optimizer_settings(args, notes: list) -> dict:
+    """optimizer_bytes / master_bytes / non_matrix_optimizer_bytes of the recipe's optimizer.
+    Megatron keeps fp32 main params (distrib_optimizer.py:445) and the optimizer's states on
+    them; --use-precision-aware-optimizer (adam only, optimizer_config.py:433-436) hands TE's
+    FusedAdam the moment dtypes and its own master weights: int16 remainders beside bf16
+    parameters (store_param_remainders, default True, optimizer_config.py:192;
+    distrib_optimizer.py:1007-1013) or --main-params-dtype fp16, 2 bytes either way."""
+    name = _choice(args, "optimizer", OPTIMIZER_CHOICES, "adam")
+    out: dict = {}
+    if name == "adam":
+        opt = O.states("adam")
+    elif name == "sgd":
+        momentum = _float(args, "sgd_momentum")
+        momentum = 0.9 if momentum is None else momentum  # --sgd-momentum default (arguments.py:2626)
+        opt = O.states("sgd_momentum" if momentum else "sgd")
+    elif name == "lion":
+        opt = O.states("lion")  # one exp_avg (optimizer/__init__.py:602-619)
+    elif name in ("muon", "dist_muon"):
+        # momentum on 2-D non-embedding weights; the rest with --muon-scalar-optimizer, adam by
+        # default (optimizer/emerging_optimizers.py:140-147, 579-590; arguments.py:2661)
+        scalar = getattr(args, "muon_scalar") or "adam"
+        opt = O.states("muon")
+        if scalar != "adam":
+            notes.append(f"--muon-scalar-optimizer {scalar}: the embedding and output layer are counted with "
+                         "Adam's two moments")
+    else:
+        opt = O.states("adam")
+        notes.append(f"--optimizer {name}: its states are counted as Adam's two fp32 moments (not modelled)")
+    state = 4
+    if args.precision_aware:
+        if name != "adam":
+            raise NdplanError(SWITCHES["precision_aware"], name, "needs --optimizer adam (optimizer_config.py:433-436)",
+                              "drop it or use adam")
+        avg = STATE_BYTES[_choice(args, "exp_avg_dtype", tuple(STATE_BYTES), "fp32")]
+        avg_sq = STATE_BYTES[_choice(args, "exp_avg_sq_dtype", tuple(STATE_BYTES), "fp32")]
+        _choice(args, "main_params_dtype", ("fp32", "fp16"), "fp32")
+        out["optimizer_bytes"] = avg + avg_sq
+        out["master_bytes"] = 2
+        notes.append(f"--use-precision-aware-optimizer: TE FusedAdam keeps moments of {avg} + {avg_sq} bytes and "
+                     "2-byte master weights (bf16 parameters + int16 remainders, or fp16)")
+        return out
+    for f in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype"):
+        if (getattr(args, f) or "fp32") != "fp32":
+            raise NdplanError(FLAGS[f], getattr(args, f), "needs --use-precision-aware-optimizer "
+                              "(optimizer_config.py:468-479)", f"add it or drop {FLAGS[f]}")
+    return out | O.engine_settings(opt, state)
+
+
+def recompute_settings(args, selective: bool, notes: list) -> dict:
+    """Engine settings of --recompute-modules under --recompute-granularity selective (the
+    list's default is core_attn, transformer_config.py:1940-1941; other granularities ignore it)."""
+    mods = args.recompute_modules
+    if not selective or not mods:
+        return {}
+    bad = [m for m in mods if m not in MODULES]
+    if bad:
+        raise NdplanError("--recompute-modules", bad[0], "not a module Megatron-LM recomputes",
+                          f"give some of {', '.join(MODULES)} (transformer_config.py:1943-1962)")
+    if "moe_act" in mods and not args.grouped_gemm:
+        raise NdplanError("--recompute-modules", "moe_act", "needs --moe-grouped-gemm (transformer_config.py:1964-1967)",
+                          "add --moe-grouped-gemm or drop moe_act")
+    out = {MODULE_SETTING[m]: 1 for m in mods if m in MODULE_SETTING}
+    if "core_attn" not in mods:
+        out["keep_core_attn"] = 1
+    other = [m for m in mods if m not in MODULE_SETTING and m != "core_attn"]
+    if other:
+        notes.append(f"--recompute-modules {' '.join(other)}: modules of hybrid (GDN/GDP/mHC) models, not modelled")
+    return out
+
+
+def capacity_settings(args, is_moe: bool, notes: list) -> dict:
+    """moe_capacity_permille from --moe-expert-capacity-factor (a negative factor means
+    dropless, transformer_config.py:1836-1840) and --moe-pad-expert-input-to-capacity
+    (which needs a factor, transformer_config.py:1862-1866)."""
+    cf = _float(args, "capacity")
+    if cf is not None and cf < 0:
+        cf = None
+    if args.pad_capacity and cf is None:
+        raise NdplanError(SWITCHES["pad_capacity"], True, "needs --moe-expert-capacity-factor "
+                          "(transformer_config.py:1862-1866)", "give the capacity factor or drop the flag")
+    if cf is None or not is_moe:
+        return {}
+    rows = cf if args.pad_capacity else min(cf, 1.0)
+    if rows <= 0:
+        raise NdplanError(FLAGS["capacity"], cf, "keeps no token", "give a capacity factor above 0")
+    if not args.pad_capacity:
+        notes.append(f"{FLAGS['capacity']} {cf:g}: tokens over capacity are dropped; counted as "
+                     f"{rows:g} x tokens x top-k rows (balanced routing)")
+    permille = round(rows * 1000)
+    return {} if permille == 1000 else {"moe_capacity_permille": permille}
+
+
+def engine(args, is_moe: bool, selective: bool, notes: list) -> str:
+    """The megatron engine with all of the above (engines.derive; settings equal to the
+    profile's are left out)."""
+    from ndplan.engines import MEGATRON, derive
+    settings = (optimizer_settings(args, notes) | recompute_settings(args, selective, notes)
+                | capacity_settings(args, is_moe, notes))
+    return derive("megatron", {k: v for k, v in settings.items() if getattr(MEGATRON, k) != v})

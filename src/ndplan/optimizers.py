@@ -1,0 +1,70 @@
+"""Optimizer state per parameter as a property of the optimizer: what each optimizer
+keeps beside the (master) weights, in bytes per parameter, for the states' dtype.
+
+The engine profiles assume Adam with fp32 moments (``optimizer_bytes`` = 8); a reader
+that finds the recipe's optimizer sets the engine's ``optimizer_bytes`` (and, for
+optimizers that treat the embedding and output layer apart, ``non_matrix_optimizer_bytes``)
+from this table through ``engines.derive``. States take the dtype of the tensor they are
+made from (``torch.zeros_like(p)`` of the fp32 master in Megatron, DeepSpeed and FSDP2;
+MindSpore's ``clone`` of the 16-bit parameter unless the optimizer says fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ndplan.errors import NdplanError
+
+
+@dataclass(frozen=True)
+class OptimizerStates:
+    name: str
+    states: int
+    """Tensors of the parameter's shape the optimizer keeps per parameter."""
+    non_matrix_states: int | None = None
+    """States of the embedding and output layer when the optimizer treats them apart
+    (Muon updates them with AdamW), else None (the same as ``states``)."""
+    source: str = ""
+
+    def bytes_per_param(self, state_bytes: int = 4) -> int:
+        return self.states * state_bytes
+
+    def non_matrix_bytes(self, state_bytes: int = 4) -> int:
+        """Bytes for the embedding and output layer; 0 means the same as bytes_per_param
+        (engines.EngineProfile.non_matrix_optimizer_bytes)."""
+        return 0 if self.non_matrix_states is None else self.non_matrix_states * state_bytes
+
+
+_ADAM = ("torch.optim.Adam/AdamW (torch 2.13 torch/optim/adam.py _init_group: state['exp_avg'] and "
+         "state['exp_avg_sq'] = torch.zeros_like(p)); Megatron-Core TE FusedAdam and DeepSpeed FusedAdam keep the "
+         "same two moments")
+OPTIMIZERS = {o.name: o for o in (
+    OptimizerStates("adam", 2, source=_ADAM),
+    OptimizerStates("adamw", 2, source=_ADAM),
+    OptimizerStates("adam_amsgrad", 3, source=_ADAM + "; amsgrad adds state['max_exp_avg_sq']"),
+    OptimizerStates("lamb", 2, source="LAMB (You et al. 2020) keeps Adam's two moments (DeepSpeed FusedLamb: "
+                                      "exp_avg, exp_avg_sq)"),
+    OptimizerStates("sgd_momentum", 1, source="torch.optim.SGD with momentum != 0: state['momentum_buffer'], a clone "
+                                              "of the first gradient (torch/optim/sgd.py)"),
+    OptimizerStates("sgd", 0, source="torch.optim.SGD with momentum = 0 keeps no state (momentum_buffer stays None)"),
+    OptimizerStates("adagrad", 1, source="torch.optim.Adagrad: state['sum'] (torch/optim/adagrad.py)"),
+    OptimizerStates("lion", 1, source="Lion (Chen et al. 2023): one momentum, exp_avg"),
+    OptimizerStates("muon", 1, non_matrix_states=2,
+                    source="Muon (Jordan et al. 2024; Liu et al. 2025, Moonlight): one momentum buffer per hidden "
+                           "matrix; the embedding, output layer and 1-D parameters are updated by AdamW (two moments)"),
+)}
+
+
+def states(name: str, field: str = "optimizer") -> OptimizerStates:
+    """The optimizer called ``name`` (this table's spelling); one line naming the field otherwise."""
+    if name not in OPTIMIZERS:
+        raise NdplanError(field, name, "an optimizer ndplan does not model", f"choose one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
+
+
+def engine_settings(opt: OptimizerStates, state_bytes: int = 4) -> dict[str, int]:
+    """engines.derive settings for ``opt`` with states of ``state_bytes`` bytes each."""
+    out = {"optimizer_bytes": opt.bytes_per_param(state_bytes)}
+    if opt.non_matrix_states is not None:
+        out["non_matrix_optimizer_bytes"] = opt.non_matrix_bytes(state_bytes)
+    return out

@@ -1,0 +1,233 @@
+"""The memory mechanisms the frameworks' recipes switch on, each re-derived here by hand
+from the framework's source (cited next to each derivation) and compared with ndplan's
+Terms: Megatron-LM's per-module recompute, MoE capacity, optimizers and the
+precision-aware optimizer; DeepSpeed's bf16 optimizer states, ZeRO++ hpZ and parameter
+offload; MindSpore's optimizer shard group and optimizer types.
+
+Sizes are read from the catalog's config (h, f, heads, experts): the derivations are
+plain integer arithmetic over them, never ndplan's expressions.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import sympy as sp
+
+import ndplan
+from ndplan import symbols as S
+from ndplan.engines import derive
+from ndplan.errors import NdplanError
+from ndplan.formulas import activations as A
+from ndplan.formulas.local import act_context
+from ndplan.interop import read_config
+from ndplan.symbols import model_symbols
+
+SEQ = 4096
+
+
+def layer_bytes(spec, kind: str, engine: str, tp=1, b=1, etp=1, ep=1, recompute="selective") -> int:
+    """ndplan's stored bytes of one layer of ``kind`` (one micro-batch, one device)."""
+    strat = ndplan.Strategy(tp=tp, sp=tp > 1, ep=ep, etp=etp, recompute=recompute, engine=engine, seq=SEQ, mbs=b)
+    ctx = act_context(spec, strat)
+    expr = A.layer_activation(spec, model_symbols(spec), ctx, kind, recompute)
+    val = sp.sympify(expr).subs({S.tp: tp, S.cp: 1, S.mbs: b, S.seq: SEQ, S.ep: ep, S.etp: etp})
+    assert val.is_Rational, val
+    return int(val)
+
+
+def freed(spec, kind: str, settings: dict, **kw) -> int:
+    """Bytes a layer stores less with the engine ``settings`` than Megatron's default selective."""
+    return layer_bytes(spec, kind, "megatron", **kw) - layer_bytes(spec, kind, derive("megatron", settings), **kw)
+
+
+# --------------------------------------------------------------------------- Megatron --recompute-modules
+
+def test_recompute_mlp_keeps_only_the_mlp_input():
+    """``mlp``: tensor_parallel.checkpoint(mlp) (transformer_layer.py:992-1010) keeps its input;
+    with TE the pre-MLP norm is fused into fc1 (gpt_layer_specs.py:318-336), so the input is
+    the residual stream, which the norm saved anyway. Freed per token: the norm output fc1
+    saves (2h, /tp under SP), the fc1 output gate+up the fused SwiGLU saves (2 x 2f / tp) and
+    the fc2 input (2f / tp)."""
+    spec = ndplan.load_model("llama3-8b")
+    h, f = spec.hidden_size, spec.intermediate_size
+    for tp in (1, 2, 8):
+        want = SEQ * (2 * h + 4 * f + 2 * f) // tp
+        assert freed(spec, "dense", {"recompute_mlp": 1}, tp=tp) == want
+
+
+def test_recompute_moe_layer_keeps_its_input():
+    """``moe``: the whole MoE layer in one checkpoint keeping hidden_states (moe_layer.py:
+    247-251, 701-717). DeepSeek-V3 per token at tp = etp = 1 (T = s x k token-expert rows):
+    router logits fp32 (4E), each row's permuted input and expert output (2h + 2h), the
+    experts' fc1 output (4 fe) and fc2 input (2 fe), the shared expert's (6 fs)."""
+    spec = ndplan.load_model("deepseek-v3")
+    h, E, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
+    fe, fs = spec.moe_intermediate_size, spec.shared_intermediate_size
+    rows = SEQ * k
+    want = SEQ * 4 * E + rows * (4 * h + 6 * fe) + SEQ * 6 * fs
+    assert freed(spec, "moe", {"recompute_moe": 1}) == want
+
+
+def test_recompute_moe_act_frees_the_fc2_input():
+    """``moe_act``: CheckpointWithoutOutput over the experts' activation (experts.py:269-276,
+    1019-1030) frees the fc2 input, 2 fe bytes per token-expert row, split by etp."""
+    spec = ndplan.load_model("deepseek-v3")
+    fe, k = spec.moe_intermediate_size, spec.experts_per_token
+    for etp in (1, 2):
+        # rows per device: each token's k experts, etp ranks each hold 1/etp of every row's width
+        # but see all rows of the EP group's tokens: s*k*etp/tp rows x 2*fe/etp bytes
+        assert freed(spec, "moe", {"recompute_moe_act": 1}, tp=etp, etp=etp) == SEQ * k * 2 * fe // etp
+
+
+def test_recompute_layernorm_acts_on_separate_norms_only():
+    """``layernorm`` wraps the norms that are modules (transformer_layer.py:712-721, 820-828;
+    an IdentityOp is never wrapped, :476, 523-527): a dense Llama layer under TE has none, a
+    MoE layer's pre-MLP norm is one (the experts' input, 2h per token) and so is MLA's input
+    norm (the q/kv down-projections' input, 2h)."""
+    dense = ndplan.load_model("llama3-8b")
+    assert freed(dense, "dense", {"recompute_layernorm": 1}) == 0
+    mla_moe = ndplan.load_model("deepseek-v3")
+    h = mla_moe.hidden_size
+    assert freed(mla_moe, "moe", {"recompute_layernorm": 1}) == SEQ * (2 * h + 2 * h)
+    assert freed(mla_moe, "dense", {"recompute_layernorm": 1}) == SEQ * 2 * h
+
+
+def test_recompute_mla_up_proj_frees_full_head_qkv():
+    """``mla_up_proj`` frees the up-projected, rotated q, k, v once core attention has saved
+    them (multi_latent_attention.py:455-458, 983-988): per token a heads of q and k
+    (qk_nope + qk_rope each) and v (v_head_dim), 2 bytes each, split by tp."""
+    spec = ndplan.load_model("deepseek-v3")
+    a, dn, dr, dv = (spec.num_attention_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim)
+    for tp in (1, 4):
+        assert freed(spec, "dense", {"recompute_mla_up_proj": 1}, tp=tp) == SEQ * 2 * a * (2 * (dn + dr) + dv) // tp
+
+
+def test_recompute_list_without_core_attn_keeps_the_core():
+    """A list without core_attn leaves _run_core_attention unwrapped (attention.py:392-395):
+    flash attention's fp32 log-sum-exp (4 a bytes per token / tp) stays stored."""
+    spec = ndplan.load_model("llama3-8b")
+    a = spec.num_attention_heads
+    assert freed(spec, "dense", {"keep_core_attn": 1}, tp=2) == -SEQ * 4 * a // 2
+
+
+def test_megatron_reader_turns_the_module_list_into_settings(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text(textwrap.dedent("""\
+        torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 \\
+          --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 \\
+          --recompute-granularity selective --recompute-modules mlp layernorm
+        """))
+    ci = read_config(script, model="llama3-8b")
+    assert ci.strategy.engine == "megatron[keep_core_attn=1,recompute_layernorm=1,recompute_mlp=1]"
+    # a full-granularity run ignores the list (transformer_config.py:1943: selective only)
+    script.write_text(script.read_text().replace("selective", "full"))
+    assert read_config(script, model="llama3-8b").strategy.engine == "megatron"
+
+
+@pytest.mark.parametrize("flags,field", [
+    ("--recompute-granularity selective --recompute-modules attn", "--recompute-modules"),
+    ("--recompute-granularity selective --recompute-modules moe_act", "--recompute-modules"),
+    ("--moe-pad-expert-input-to-capacity", "--moe-pad-expert-input-to-capacity"),
+    ("--optimizer sgd --use-precision-aware-optimizer", "--use-precision-aware-optimizer"),
+    ("--exp-avg-dtype bf16", "--exp-avg-dtype"),
+    ("--optimizer adamax", "--optimizer"),
+], ids=["unknown-module", "moe-act-no-grouped-gemm", "pad-no-factor", "precision-aware-sgd", "dtype-alone", "adamax"])
+def test_megatron_refuses_what_its_validation_refuses(tmp_path, flags, field):
+    """transformer_config.py:1943-1967 (module names, moe_act needs grouped GEMM), 1862-1866
+    (padding needs a capacity factor); optimizer_config.py:433-479 (the precision-aware
+    optimizer is adam-only, and only it takes other state dtypes); arguments.py:2913-2917."""
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 4096 "
+                      f"--bf16 --num-experts 8 --moe-expert-capacity-factor 1.25 {flags}\n".replace(
+                          "--moe-expert-capacity-factor 1.25 --moe-pad", "--moe-pad"))
+    with pytest.raises(NdplanError) as e:
+        read_config(script, model="mixtral-8x7b")
+    assert e.value.field == field
+
+
+# --------------------------------------------------------------------------- MoE capacity
+
+def test_capacity_padding_scales_the_expert_rows():
+    """With --moe-pad-expert-input-to-capacity each local expert receives capacity =
+    tokens x k / E x cf rows (moe_utils.py:248-266; token_dispatcher.py:517-539): the expert
+    rows' tensors (permuted input, output, fc1 output, fc2 input: 4h + 6 fe per row) grow by
+    cf - 1; the router and shared expert do not."""
+    spec = ndplan.load_model("deepseek-v3")
+    h, k, fe = spec.hidden_size, spec.experts_per_token, spec.moe_intermediate_size
+    base = layer_bytes(spec, "moe", "megatron", recompute="none")
+    padded = layer_bytes(spec, "moe", derive("megatron", {"moe_capacity_permille": 1500}), recompute="none")
+    assert padded - base == SEQ * k * (4 * h + 6 * fe) // 2
+
+
+def test_megatron_capacity_flags(tmp_path):
+    """cf with padding -> cf; cf without padding -> min(cf, 1) (over-capacity tokens dropped,
+    moe_utils.py:1077-1081); a negative cf is dropless (transformer_config.py:1836-1840)."""
+    script = tmp_path / "run.sh"
+    base = ("torchrun --nproc_per_node 8 pretrain_gpt.py --expert-model-parallel-size 8 --seq-length 4096 --bf16 "
+            "--micro-batch-size 1 --global-batch-size 64 ")
+    for flags, want in (("--moe-expert-capacity-factor 1.5 --moe-pad-expert-input-to-capacity",
+                         "megatron[moe_capacity_permille=1500]"),
+                        ("--moe-expert-capacity-factor 1.5", "megatron"),
+                        ("--moe-expert-capacity-factor 0.5", "megatron[moe_capacity_permille=500]"),
+                        ("--moe-expert-capacity-factor -1", "megatron")):
+        script.write_text(base + flags + "\n")
+        assert read_config(script, model="mixtral-8x7b").strategy.engine == want, flags
+
+
+# --------------------------------------------------------------------------- optimizers
+
+def state_terms(engine: str, model="llama3-8b", **kw) -> tuple[int, int]:
+    """(mem.optimizer, mem.master) bytes of stage 0."""
+    spec = ndplan.load_model(model)
+    strat = ndplan.Strategy(dp=kw.pop("dp", 1), tp=kw.pop("tp", 1), seq=SEQ, gbs=kw.pop("gbs", 8), zero=kw.pop("zero", 1),
+                            engine=engine, **kw)
+    est = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat)
+    terms = est.per_stage[0]["terms"]
+    return terms["mem.optimizer"], terms["mem.master"]
+
+
+def _params(name: str) -> int:
+    from ndplan.formulas.params import params_total
+    spec = ndplan.load_model(name)
+    return int(params_total(spec, model_symbols(spec)))
+
+
+@pytest.mark.parametrize("flags,opt_bytes,master_bytes", [
+    ("", 8, 4),
+    ("--optimizer sgd", 4, 4),
+    ("--optimizer sgd --sgd-momentum 0", 0, 4),
+    ("--optimizer lion", 4, 4),
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", 4, 2),
+    ("--use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16", 3, 2),
+], ids=["adam", "sgd", "sgd-no-momentum", "lion", "precision-aware-bf16", "precision-aware-fp8"])
+def test_megatron_optimizer_states_per_parameter(tmp_path, flags, opt_bytes, master_bytes):
+    """Per parameter of one device (pp = tp = dp = 1, all of llama3-8b's parameters): Adam's
+    exp_avg + exp_avg_sq on the fp32 main params (optimizer/__init__.py:546-600, 8 B; main 4 B,
+    distrib_optimizer.py:445), SGD's momentum buffer (--sgd-momentum 0.9 default,
+    arguments.py:2626; torch SGD keeps none at momentum 0), Lion's exp_avg
+    (optimizer/__init__.py:602-619); the precision-aware optimizer's dtypes (arguments.py:
+    3667-3684) and 2-byte master (int16 remainders, distrib_optimizer.py:1007-1013)."""
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 1 pretrain_gpt.py --seq-length 4096 --bf16 --micro-batch-size 1 "
+                      f"--global-batch-size 8 --use-distributed-optimizer {flags}\n")
+    ci = read_config(script, model="llama3-8b")
+    opt, master = state_terms(ci.strategy.engine)
+    n = _params("llama3-8b")
+    assert opt == pytest.approx(opt_bytes * n, rel=1e-12, abs=0)
+    assert master == pytest.approx(master_bytes * n, rel=1e-12)
+
+
+def test_muon_keeps_adam_moments_on_the_vocabulary_matrices(tmp_path):
+    """--optimizer muon: one momentum buffer per 2-D non-embedding weight, the embedding and
+    output layer on --muon-scalar-optimizer adam (emerging_optimizers.py:140-147, 579-590;
+    arguments.py:2661): 4 B per parameter + 4 more on the V x h embedding and V x h output."""
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 1 pretrain_gpt.py --seq-length 4096 --bf16 --micro-batch-size 1 "
+                      "--global-batch-size 8 --use-distributed-optimizer --optimizer muon\n")
+    ci = read_config(script, model="llama3-8b")
+    spec = ci.model
+    opt, _ = state_terms(ci.strategy.engine)
+    V, h = spec.vocab_size, spec.hidden_size
+    assert opt == pytest.approx(4 * _params("llama3-8b") + 4 * 2 * V * h, rel=1e-12)
