@@ -231,3 +231,23 @@ def test_muon_keeps_adam_moments_on_the_vocabulary_matrices(tmp_path):
     opt, _ = state_terms(ci.strategy.engine)
     V, h = spec.vocab_size, spec.hidden_size
     assert opt == pytest.approx(4 * _params("llama3-8b") + 4 * 2 * V * h, rel=1e-12)
+
+
+@pytest.mark.parametrize("settings", [
+    {"keep_core_attn": 1, "recompute_mlp": 1, "recompute_moe_act": 1},
+    {"recompute_moe": 1, "recompute_layernorm": 1, "recompute_shared_experts": 1},
+    {"optimizer_bytes": 4, "non_matrix_optimizer_bytes": 8},
+    {"optimizer_bytes": 4, "master_bytes": 2},
+    {"optimizer_bytes": 0},
+    {"moe_capacity_permille": 1250},
+], ids=["modules", "moe-modules", "muon", "precision-aware", "sgd-no-momentum", "capacity"])
+def test_megatron_emit_reads_back_the_engine_settings(tmp_path, settings):
+    """Every setting the Megatron reader derives is written back as the flags it came from."""
+    from ndplan.export import emit
+    model = ndplan.load_model("mixtral-8x7b")
+    s = ndplan.Strategy(dp=2, tp=2, pp=2, ep=2, etp=2, gbs=32, zero=1, recompute="selective", seq=SEQ,
+                        engine=derive("megatron", settings))
+    f = tmp_path / "run.sh"
+    f.write_text(emit("megatron", model, s))
+    back = read_config(f, model=model, gpus=16).strategy
+    assert back.engine == s.engine

@@ -178,6 +178,39 @@ def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
     return out
 
 
+def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
+    """The megatron engine's settings as the flags interop.megatron_memory reads them from:
+    --recompute-modules (selective only), the optimizer and its state dtypes, the MoE capacity."""
+    from ndplan.engines import MEGATRON, profile
+    from ndplan.interop import megatron_memory as MX
+    eng, out, notes = profile(s.engine), {}, []
+    if s.recompute == "selective":
+        mods = ([] if eng.keep_core_attn else ["core_attn"]) + [m for m, k in MX.MODULE_SETTING.items() if getattr(eng, k)]
+        if mods != ["core_attn"]:
+            out["--recompute-modules"] = tuple(mods)  # nargs="+": one word per module
+            if "moe_act" in mods:
+                out["--moe-grouped-gemm"] = True
+    states = (eng.optimizer_bytes, eng.non_matrix_optimizer_bytes, eng.master_bytes)
+    if states == (4, 8, MEGATRON.master_bytes):
+        out["--optimizer"] = "muon"
+    elif states[1:] == (0, 2) and eng.optimizer_bytes in (2, 3, 4, 5, 6, 8):
+        avg = {2: ("fp8", "fp8"), 3: ("fp8", "bf16"), 4: ("bf16", "bf16"), 5: ("fp8", "fp32"), 6: ("bf16", "fp32"),
+               8: ("fp32", "fp32")}[eng.optimizer_bytes]
+        out |= {"--use-precision-aware-optimizer": True, "--exp-avg-dtype": avg[0], "--exp-avg-sq-dtype": avg[1]}
+    elif states == (4, 0, MEGATRON.master_bytes):
+        out["--optimizer"] = "sgd"
+        notes.append("one optimizer state per parameter is written as --optimizer sgd (momentum 0.9); Lion keeps "
+                     "the same bytes")
+    elif states == (0, 0, MEGATRON.master_bytes):
+        out |= {"--optimizer": "sgd", "--sgd-momentum": 0}
+    elif states != (MEGATRON.optimizer_bytes, 0, MEGATRON.master_bytes):
+        notes.append(f"optimizer states of {eng.optimizer_bytes} B (master {eng.master_bytes} B) per parameter: no "
+                     "Megatron-LM optimizer keeps them; written as Adam")
+    if eng.moe_capacity_permille and model.is_moe:
+        out |= {MX.FLAGS["capacity"]: f"{eng.moe_capacity_permille / 1000:g}", MX.SWITCHES["pad_capacity"]: True}
+    return out, notes
+
+
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
     """(flag -> value, True for a switch; notes) expressing ``strat``."""
     _check(model, strat)
@@ -202,14 +235,24 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     args |= {FLAG["mbs"]: s.mbs, FLAG["gbs"]: s.gbs, FLAG["seq"]: s.seq}
     rec, notes = _recompute(layers, full, sel, uniform=s.recompute_layers is None and balance is None)
     args |= rec
+    engine_args, engine_notes = _engine_flags(model, s)
+    args |= engine_args
+    notes += engine_notes
     if s.zero == 2:
         notes.append("zero 2 is given as the distributed optimizer (sharded optimizer states, "
                      "reduce-scattered gradients)")
     return args, notes
 
 
+def flag_words(flag: str, value) -> tuple[str, ...]:
+    """The words of one flag: a switch (True) alone, a tuple as one word per element."""
+    if value is True:
+        return (flag,)
+    return (flag, *map(str, value)) if isinstance(value, tuple) else (flag, str(value))
+
+
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     args, notes = fields(model, strat, balance=balance)
-    words = [w for k, v in args.items() for w in ((k,) if v is True else (k, str(v)))]
+    words = [w for k, v in args.items() for w in flag_words(k, v)]
     lines = header(TARGET, model, strat) + [f"# note: {n}" for n in notes]
     return "\n".join(lines) + "\n" + " ".join(shlex.quote(a) for a in words) + "\n"

@@ -334,7 +334,7 @@ def current(ci: CheckInput) -> dict:
         v = getattr(args, name, None)
         if v is not None and v is not False:
             out[flag] = v
-    return out
+    return out | X._engine_flags(ci.model, ci.strategy)[0]  # read from the file as written (megatron_memory)
 
 
 def follow_up(ci: CheckInput, strat) -> dict:
@@ -370,13 +370,15 @@ def edit(text: str, changes: dict) -> str:
                 else:
                     indent = re.match(r"[ \t]*", new).group(0)  # keep the line's indentation
                     lines[i] = indent + re.sub(r"[ \t]{2,}", " ", new[len(indent):])
-            elif not switch:
+            elif not switch and not isinstance(value, tuple):
                 m = rx.search(lines[i])
                 lines[i] = lines[i][:m.start(1)] + shlex.quote(str(value)) + lines[i][m.end(1):]
-            continue
+                continue
+            else:
+                continue
         if value is REMOVE:
             continue
-        _add(lines, loc, flag if value is True else f"{flag} {shlex.quote(str(value))}")
+        _add(lines, loc, " ".join(shlex.quote(w) for w in X.flag_words(flag, value)))
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 

@@ -71,6 +71,15 @@ FLOAT8_ALL_GATHER_KEYS = ("float8.enable_fsdp_float8_all_gather", "quantize.line
 """Where torchtitan's job config kept the float8 all-gather switch (2025; late 2025 to 2026-04)."""
 
 
+TITAN_OPTIMIZERS = {"Adam": {}, "AdamW": {}, "DistMuon": {"optimizer_bytes": 4}}
+"""[optimizer] name values torchtitan builds and their engine settings: 0.2.2
+components/optimizer.py:315-319 (optimizer_classes = {"Adam": torch.optim.Adam, "AdamW":
+torch.optim.AdamW}, else NotImplementedError), two fp32 moments each, the profile's
+optimizer_bytes = 8 (ndplan.optimizers); 0.3.0 components/optimizer/optimizer.py:143-147 adds
+"DistMuon", one fp32 momentum_buffer per parameter it is given (distributed/flex_shard/
+dist_muon.py:568-576)."""
+
+
 def _engine_settings(flat: dict, shard: int) -> dict[str, int]:
     """Engine settings (engines.derive) that the job config's compile and float8 keys imply."""
     settings = {}
@@ -79,6 +88,11 @@ def _engine_settings(flat: dict, shard: int) -> dict[str, int]:
                  if flat.get("compile.enable") else ["model", "loss"])
         settings |= {"compiled_blocks": 1} if "model" in parts else {}
         settings |= {"compiled_loss": 1} if "loss" in parts else {}
+    name = flat.get("optimizer.name", "AdamW")
+    if name not in TITAN_OPTIMIZERS:
+        raise NdplanError("optimizer.name", name, "not an optimizer torchtitan builds (components/optimizer.py:315-319 "
+                          "at 0.2.2; 0.3.0 adds DistMuon)", f"give one of {', '.join(TITAN_OPTIMIZERS)}")
+    settings |= TITAN_OPTIMIZERS[name]
     converters = _names(flat, "model.converters", [], '["float8"]')
     if (any(c.endswith("float8") for c in converters) and shard > 1
             and any(flat.get(k) for k in FLOAT8_ALL_GATHER_KEYS)):
