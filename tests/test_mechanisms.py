@@ -251,3 +251,50 @@ def test_megatron_emit_reads_back_the_engine_settings(tmp_path, settings):
     f.write_text(emit("megatron", model, s))
     back = read_config(f, model=model, gpus=16).strategy
     assert back.engine == s.engine
+
+
+# --------------------------------------------------------------------------- DeepSpeed / torchtitan optimizers
+
+def _ds(tmp_path, doc: dict, **kw):
+    import json
+    f = tmp_path / "ds.json"
+    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                             "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}} | doc))
+    return read_config(f, model="llama3-8b", gpus=1, seq=SEQ, **kw)
+
+
+@pytest.mark.parametrize("optimizer,opt_bytes", [
+    ({"type": "AdamW"}, 8), ({"type": "Lamb"}, 8), ({"type": "Lion"}, 4), ({"type": "Adagrad"}, 4),
+    ({"type": "SGD"}, 0), ({"type": "SGD", "params": {"momentum": 0.9}}, 4),
+], ids=["adamw", "lamb", "lion", "adagrad", "sgd", "sgd-momentum"])
+def test_deepspeed_optimizer_type_states(tmp_path, optimizer, opt_bytes):
+    """runtime/engine.py:2486-2549 (DeepSpeed 0.19.8): FusedAdam and FusedLamb keep exp_avg and
+    exp_avg_sq, FusedLion exp_avg, torch Adagrad ``sum``; any other name is a torch.optim class,
+    and torch SGD keeps a momentum buffer only with momentum > 0 (its default is 0). States are
+    fp32 beside the fp32 master partition."""
+    ci = _ds(tmp_path, {"optimizer": optimizer})
+    opt, master = state_terms(ci.strategy.engine)
+    n = _params("llama3-8b")
+    assert (opt, master) == (pytest.approx(opt_bytes * n, rel=1e-12, abs=0), pytest.approx(4 * n, rel=1e-12))
+
+
+def test_deepspeed_muon_keeps_adam_on_embedding_and_head(tmp_path):
+    """deepspeed/__init__.py:357-372: use_muon on every >= 2-D parameter whose name has neither
+    "embed" nor "lm_head"; MuonWithAuxAdam updates the rest with Adam (engine.py:2530-2546)."""
+    ci = _ds(tmp_path, {"optimizer": {"type": "Muon"}})
+    spec = ci.model
+    opt, _ = state_terms(ci.strategy.engine)
+    assert opt == pytest.approx(4 * _params("llama3-8b") + 4 * 2 * spec.vocab_size * spec.hidden_size, rel=1e-12)
+
+
+def test_torchtitan_optimizer_names(tmp_path):
+    """torchtitan 0.2.2 components/optimizer.py:315-319 builds Adam and AdamW only (else
+    NotImplementedError); 0.3.0 adds DistMuon, one momentum_buffer per parameter
+    (distributed/flex_shard/dist_muon.py:568-576)."""
+    from ndplan.interop.torchtitan import TITAN_OPTIMIZERS
+    from ndplan.interop import torchtitan as TT
+    assert TT._engine_settings({"optimizer.name": "AdamW"}, 1) == {}
+    assert TITAN_OPTIMIZERS["DistMuon"] == {"optimizer_bytes": 4}
+    with pytest.raises(NdplanError) as e:
+        TT._engine_settings({"optimizer.name": "SGD"}, 1)
+    assert e.value.field == "optimizer.name"

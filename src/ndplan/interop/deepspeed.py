@@ -23,6 +23,7 @@ from pathlib import Path
 from ndplan.errors import NdplanError
 from ndplan.export import deepspeed as X
 from ndplan.export.common import flatten
+from ndplan.interop import deepspeed_memory as DM
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import json_edit, json_locate
 from ndplan.strategy import Strategy
@@ -135,7 +136,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         notes.append(f"{KEY['cp']} {cp}: DeepSpeed-Ulysses, estimated as cp={cp} (activations split over the "
                      "sequence; attention's all-to-all over heads is costed as CP's exchange)")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, mbs=mbs, gbs=gbs or gbs_, seq=seq, zero=zero, sp=tp == 1,
-                     recompute="full" if ckpt else "none", engine="deepspeed",
+                     recompute="full" if ckpt else "none", engine=DM.engine(flat, notes),
                      offload_optimizer=str(flat.get(KEY["offload_device"], "none")) in ("cpu", "nvme"))
     strat.check(spec, gpus)
     loc = _lines(text, flat)
