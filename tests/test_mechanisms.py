@@ -298,3 +298,69 @@ def test_torchtitan_optimizer_names(tmp_path):
     with pytest.raises(NdplanError) as e:
         TT._engine_settings({"optimizer.name": "SGD"}, 1)
     assert e.value.field == "optimizer.name"
+
+
+# --------------------------------------------------------------------------- DeepSpeed precision, hpZ, offload
+
+def test_deepspeed_bf16_master_grads_and_states(tmp_path):
+    """bf16_master_weights_and_grads: the master partition is cloned in bf16 and gradient partitions
+    are cast to it (runtime/zero/stage_1_and_2.py:559-561, 1899-1900; base_optimizer.py:522-527):
+    2 + 2 bytes per parameter instead of 4 + 4; bf16_optimizer_states: the moments in bf16, 4."""
+    ci = _ds(tmp_path, {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True,
+                                 "bf16_optimizer_states": True}})
+    spec = ndplan.load_model("llama3-8b")
+    est = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), ci.strategy)
+    t, n = est.per_stage[0]["terms"], _params("llama3-8b")
+    # zero 1 on one device: the full parameter set, unsharded
+    assert (t["mem.master"], t["mem.grads"], t["mem.optimizer"]) == (2 * n, 2 * n, 4 * n)
+
+
+@pytest.mark.parametrize("bf16,zero,field", [
+    ({"bf16_master_weights_and_grads": True}, 1, "bf16.bf16_master_weights_and_grads"),
+    ({"bf16_optimizer_states": True}, 1, "bf16.bf16_optimizer_states"),
+    ({"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, 0, "bf16.bf16_master_weights_and_grads"),
+], ids=["master-without-offload", "states-without-master", "zero-0"])
+def test_deepspeed_refuses_what_its_config_refuses(tmp_path, bf16, zero, field):
+    """runtime/config.py:706-714 (ZeRO 1-3; states need the master flag); fp32 states beside bf16
+    master weights need ZeRO-Offload (stage_1_and_2.py:331-342, stage3.py:299-310)."""
+    with pytest.raises(NdplanError) as e:
+        _ds(tmp_path, {"bf16": {"enabled": True} | bf16, "zero_optimization": {"stage": zero}})
+    assert e.value.field == field
+
+
+def test_deepspeed_hpz_secondary_partition_and_param_offload(tmp_path):
+    """ZeRO++ hpZ keeps a secondary partition of numel / hpz elements in the parameter dtype
+    (partition_parameters.py:1900-1929); offload_param moves the partitions to host memory.
+    llama3-8b, ZeRO-3 over 64 ranks, hpz 8: 2 B x (n/64 + n/8) on the device."""
+    import json
+    f = tmp_path / "ds.json"
+    doc = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}}
+    f.write_text(json.dumps(doc))
+    hw = ndplan.load_hardware("h100-sxm")
+    spec = ndplan.load_model("llama3-8b")
+    n = _params("llama3-8b")
+    ci = read_config(f, model="llama3-8b", gpus=64, seq=SEQ)
+    w = ndplan.estimate(spec, hw, ci.strategy).per_stage[0]["terms"]["mem.weights"]
+    assert w == pytest.approx(2 * (n / 64 + n / 8), rel=1e-9)
+    doc["zero_optimization"] |= {"offload_param": {"device": "cpu"}}
+    f.write_text(json.dumps(doc))
+    ci = read_config(f, model="llama3-8b", gpus=64, seq=SEQ)
+    est = ndplan.estimate(spec, hw, ci.strategy)
+    assert est.per_stage[0]["terms"]["mem.weights"] == 0
+    assert est.host_bytes == pytest.approx(2 * (n / 64 + n / 8), rel=1e-9)
+
+
+@pytest.mark.parametrize("settings", [
+    {"master_bytes": 2, "grad_bytes_fp32": 2, "optimizer_bytes": 4},
+    {"secondary_weight_shard": 8, "weights_offloaded": 1},
+    {"optimizer_bytes": 4, "non_matrix_optimizer_bytes": 8},
+    {"optimizer_bytes": 0},
+], ids=["bf16-states", "hpz-offload", "muon", "sgd"])
+def test_deepspeed_emit_reads_back_the_engine_settings(tmp_path, settings):
+    from ndplan.export import emit
+    model = ndplan.load_model("llama3-8b")
+    s = ndplan.Strategy(dp=16, gbs=32, zero=3, seq=SEQ, engine=derive("deepspeed", settings))
+    f = tmp_path / "ds.json"
+    f.write_text(emit("deepspeed", model, s))
+    assert read_config(f, model=model, gpus=16, seq=SEQ).strategy.engine == s.engine

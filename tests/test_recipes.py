@@ -511,7 +511,11 @@ def test_torchtitan_toml_recipe_split_and_flavor():
     ndplan.Strategy(dp=8, gbs=64, mbs=2, zero=3, offload_optimizer=True, engine="deepspeed"),
     ndplan.Strategy(dp=16, gbs=256, mbs=4, zero=2, engine="deepspeed", recompute="full"),
     ndplan.Strategy(dp=4, cp=2, gbs=16, zero=3, seq=8192, engine="deepspeed"),
-    ndplan.Strategy(dp=8, gbs=32, zero=0, engine="deepspeed")], ids=["zero3-offload", "zero2-ckpt", "ulysses", "ddp"])
+    ndplan.Strategy(dp=8, gbs=32, zero=0, engine="deepspeed"),
+    ndplan.Strategy(dp=8, gbs=32, zero=3, engine="deepspeed[grad_bytes_fp32=2,master_bytes=2,optimizer_bytes=4,"
+                                                 "secondary_weight_shard=4,weights_offloaded=1]"),
+    ndplan.Strategy(dp=8, gbs=32, zero=1, engine="deepspeed[non_matrix_optimizer_bytes=8,optimizer_bytes=4]")],
+    ids=["zero3-offload", "zero2-ckpt", "ulysses", "ddp", "bf16-states-hpz-offload-param", "muon"])
 def test_deepspeed_emit_passes_deepspeeds_config_class(s, monkeypatch):
     """deepspeed.runtime.config.DeepSpeedConfig parses the emitted JSON (its pydantic ZeRO and
     offload classes refuse unknown keys) and runs its batch assertion with the ranks the
@@ -526,6 +530,10 @@ def test_deepspeed_emit_passes_deepspeeds_config_class(s, monkeypatch):
     assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (s.gbs, s.mbs, s.m)
     assert c.zero_optimization_stage == s.zero
     assert (c.zero_config.offload_optimizer is not None) == s.offload_optimizer
+    eng = ndplan.engines.profile(s.engine)
+    assert c.zero_config.zero_hpz_partition_size == max(eng.secondary_weight_shard, 1)
+    assert (c.zero_config.offload_param is not None) == eng.weights_offloaded
+    assert c.bfloat16_config.bf16_optimizer_states == (eng.master_bytes == 2)
 
 
 BAD_RECIPES = {  # name: (fixture, old text, new text, extra CLI args, field named)

@@ -21,6 +21,16 @@ class EngineProfile:
     """Optimizer states per parameter: Adam's first and second moments in fp32, 2 x 4 bytes, in
     every profile; a reader sets the recipe's optimizer from ndplan.optimizers (SGD with momentum 4,
     16-bit moments 4, ...)."""
+    weights_offloaded: bool = False
+    """ZeRO-3 parameter offload (DeepSpeed ``zero_optimization.offload_param``, stage 3 only,
+    runtime/zero/config.py:164-168 at 0.19.8): the parameter partitions live in host memory and
+    only the gathered layers (``mem.zero3_gather``) are on the device; the weights Term moves to
+    the host (estimate's host bytes)."""
+    secondary_weight_shard: int = 0
+    """ZeRO++ hpZ (DeepSpeed ``zero_hpz_partition_size`` > 1, default 1): besides its dp-wide
+    partition every ZeRO-3 parameter keeps a secondary partition over the hpz ranks of its node,
+    numel / hpz elements in the parameter dtype, allocated once and kept
+    (runtime/zero/partition_parameters.py:1900-1929 _partition_param_sec); 0 or 1: none."""
     non_matrix_optimizer_bytes: int = 0
     """Optimizer states per parameter of the input embedding and the output layer when the
     optimizer treats them apart (Muon: AdamW's two fp32 moments, 8); 0: ``optimizer_bytes``."""

@@ -81,6 +81,30 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         doc |= {KEY["pp"]: s.pp, KEY["ckpt_interval"]: 1 if max(full) else 0}
     if max(full):
         doc |= {KEY["ckpt_partition"]: s.tp > 1, KEY["ckpt_contiguous"]: False, KEY["ckpt_cpu"]: False}
+    engine_doc, engine_notes = _engine_keys(s)
+    return doc | engine_doc, notes + engine_notes
+
+
+def _engine_keys(s: Strategy) -> tuple[dict, list[str]]:
+    """The deepspeed engine's settings as the keys interop.deepspeed_memory reads them from."""
+    from ndplan.engines import DEEPSPEED, profile
+    from ndplan.interop import deepspeed_memory as DM
+    eng, doc, notes = profile(s.engine), {}, []
+    if eng.master_bytes == 2:
+        doc[DM.BF16_MASTER] = True
+        if eng.optimizer_bytes * 2 == DEEPSPEED.optimizer_bytes:
+            doc[DM.BF16_STATES] = True
+    elif (eng.optimizer_bytes, eng.non_matrix_optimizer_bytes) == (4, 8):
+        doc["optimizer.type"] = "Muon"
+    elif eng.optimizer_bytes == 4:
+        doc["optimizer.type"] = "Lion"
+        notes.append("one optimizer state per parameter is written as Lion (Adagrad and SGD with momentum keep the same)")
+    elif eng.optimizer_bytes == 0:
+        doc["optimizer.type"] = "SGD"
+    if eng.secondary_weight_shard > 1:
+        doc[DM.HPZ] = eng.secondary_weight_shard
+    if eng.weights_offloaded:
+        doc |= {DM.OFFLOAD_PARAM: "cpu", "zero_optimization.offload_param.pin_memory": True}
     return doc, notes
 
 

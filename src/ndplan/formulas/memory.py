@@ -110,8 +110,9 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
     off = 0 if view.offload_optimizer else 1
     scope = "one device of this stage"
     return [
-        Term(key="mem.weights", expr=weight_b * shard(eng.weights_sharded_from), unit="bytes",
-             source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}", note=scope),
+        Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb), unit="bytes",
+             source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}"
+                    + _weights_source(view, eng), note=scope + (" (offloaded to host)" if _offloaded(view, eng) else "")),
         Term(key="mem.grads", expr=grad_b * grads, unit="bytes",
              source=f"{grad_b} bytes/param gradients; {_SRC_STATES}", note=scope),
         Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
@@ -121,6 +122,36 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
              source=f"{_optimizer_source(eng)}; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
     ]
+
+
+def _offloaded(view: Structure, eng: EngineProfile) -> bool:
+    return eng.weights_offloaded and view.zero >= eng.weights_sharded_from
+
+
+def weight_partitions(view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
+    """Bytes of the persistent weight partitions (ZeRO-sharded from ``weights_sharded_from``)
+    and, with ZeRO++ hpZ (``secondary_weight_shard``), the secondary partition over hpz ranks."""
+    weight_b = G.weight_bytes(view, eng)
+    out = weight_b * _sharding(view, eng, dense, expert, emb)(eng.weights_sharded_from)
+    hpz = eng.secondary_weight_shard
+    if hpz > 1 and view.zero >= eng.weights_sharded_from:
+        out += weight_b * (dense + expert) / hpz
+    return out
+
+
+def device_weights(view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
+    """The weight partitions on the device: none with ZeRO-3 parameter offload (weights_offloaded)."""
+    return sp.Integer(0) if _offloaded(view, eng) else weight_partitions(view, eng, dense, expert, emb)
+
+
+def _weights_source(view: Structure, eng: EngineProfile) -> str:
+    out = ""
+    if eng.secondary_weight_shard > 1 and view.zero >= eng.weights_sharded_from:
+        out += (f"; ZeRO++ hpZ secondary partition, params / {eng.secondary_weight_shard} in the weight dtype "
+                "(DeepSpeed partition_parameters.py:1900-1929)")
+    if _offloaded(view, eng):
+        out += "; ZeRO-3 offload_param: the partitions are in host memory"
+    return out
 
 
 def _optimizer_source(eng: EngineProfile) -> str:
@@ -446,13 +477,15 @@ def pp_recv_buffers_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stag
 
 
 def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:
-    """Host bytes per device with optimizer offload: master + optimizer states."""
+    """Host bytes per device: master + optimizer states with optimizer offload, the weight
+    partitions with ZeRO-3 parameter offload."""
     view = structure(spec, view)
-    if not view.offload_optimizer:
-        return sp.Integer(0)
     eng = view.engine
     dense, expert, emb = stage_params(spec, M, view, stage)
+    out = weight_partitions(view, eng, dense, expert, emb) if _offloaded(view, eng) else sp.Integer(0)
+    if not view.offload_optimizer:
+        return out
     # the states that left HBM: mem.master and mem.optimizer of static_terms, same sharding
     shard = _sharding(view, eng, dense, expert, emb)
-    return (G.master_bytes(view, eng) * shard(eng.master_sharded_from)
+    return (out + G.master_bytes(view, eng) * shard(eng.master_sharded_from)
             + optimizer_state_bytes(view, eng, dense, expert, emb, vocab_params(spec, M, view, stage)))

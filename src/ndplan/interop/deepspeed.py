@@ -135,9 +135,10 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if cp > 1:
         notes.append(f"{KEY['cp']} {cp}: DeepSpeed-Ulysses, estimated as cp={cp} (activations split over the "
                      "sequence; attention's all-to-all over heads is costed as CP's exchange)")
+    offload = str(flat.get(KEY["offload_device"], "none")) in ("cpu", "nvme")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, mbs=mbs, gbs=gbs or gbs_, seq=seq, zero=zero, sp=tp == 1,
-                     recompute="full" if ckpt else "none", engine=DM.engine(flat, notes),
-                     offload_optimizer=str(flat.get(KEY["offload_device"], "none")) in ("cpu", "nvme"))
+                     recompute="full" if ckpt else "none", engine=DM.engine(flat, zero, offload, notes),
+                     offload_optimizer=offload)
     strat.check(spec, gpus)
     loc = _lines(text, flat)
     org = {f: (f"line {loc[KEY[k]]}: {KEY[k]}" if KEY[k] in loc else "DeepSpeed default")

@@ -1,6 +1,7 @@
 """DeepSpeed config keys that change memory without changing the parallel degrees, read
 into engine settings (engines.derive on the deepspeed profile): the optimizer type and
-its states. Sources: DeepSpeed 0.19.8 (the release CI installs), paths relative to the
+its states, bf16 master weights / gradients / optimizer states, ZeRO++ hpZ and ZeRO-3
+parameter offload. Sources: DeepSpeed 0.19.8 (the release CI installs), paths relative to the
 ``deepspeed`` package.
 """
 
@@ -47,8 +48,73 @@ def optimizer_settings(flat: dict, notes: list) -> dict:
     return O.engine_settings(opt)
 
 
-def engine(flat: dict, notes: list) -> str:
+BF16_MASTER = "bf16.bf16_master_weights_and_grads"
+BF16_STATES = "bf16.bf16_optimizer_states"
+HPZ = "zero_optimization.zero_hpz_partition_size"
+OFFLOAD_PARAM = "zero_optimization.offload_param.device"
+
+
+def _switch(flat: dict, key: str) -> bool:
+    v = flat.get(key, False)
+    if not isinstance(v, bool):
+        raise NdplanError(key, v, "not true or false", f'write "{key.rsplit(".", 1)[1]}": true')
+    return v
+
+
+def precision_settings(flat: dict, zero: int, offload: bool, opt: dict, notes: list) -> dict:
+    """bf16 master weights, gradients and optimizer states (runtime/precision_config.py:63-71).
+    With ``bf16_master_weights_and_grads`` the ZeRO optimizer's master partition and its gradient
+    partitions take bf16 (base_optimizer.py:522-527; stage_1_and_2.py:559-561, 1899-1900): 2 + 2
+    bytes; ``bf16_optimizer_states`` keeps the moments in bf16 too, half the optimizer bytes.
+    DeepSpeed asserts ZeRO 1-3 for both and the master flag for the states (config.py:706-714), and
+    bf16 master weights with fp32 states need ZeRO-Offload with DeepSpeedCPUAdam
+    (base_optimizer.py:508-519; stage_1_and_2.py:331-342)."""
+    master, states = _switch(flat, BF16_MASTER), _switch(flat, BF16_STATES)
+    if not (master or states):
+        return {}
+    if zero not in (1, 2, 3):
+        raise NdplanError(BF16_MASTER if master else BF16_STATES, True, "needs ZeRO stage 1, 2 or 3 (DeepSpeed "
+                          "runtime/config.py:706-714)", "set zero_optimization.stage or drop the flag")
+    if states and not master:
+        raise NdplanError(BF16_STATES, True, f"needs {BF16_MASTER.split('.')[1]} (runtime/config.py:714)",
+                          f'add "{BF16_MASTER.split(".")[1]}": true')
+    if master and not states and not offload:
+        raise NdplanError(BF16_MASTER, True, "with fp32 optimizer states needs ZeRO-Offload with DeepSpeedCPUAdam "
+                          "(runtime/zero/stage_1_and_2.py:331-342, stage3.py:299-310)",
+                          'add zero_optimization.offload_optimizer {"device": "cpu"} or "bf16_optimizer_states": true')
+    out = {"master_bytes": 2, "grad_bytes_fp32": 2}
+    if states:
+        out["optimizer_bytes"] = opt.get("optimizer_bytes", 8) // 2
+        if "non_matrix_optimizer_bytes" in opt:
+            out["non_matrix_optimizer_bytes"] = opt["non_matrix_optimizer_bytes"] // 2
+    notes.append("bf16 master weights and gradient partitions" + (" and bf16 optimizer states" if states else ""))
+    return out
+
+
+def zero3_settings(flat: dict, zero: int, notes: list) -> dict:
+    """ZeRO++ hpZ and parameter offload, both ZeRO-3 mechanisms (zero/config.py:164-168, 324)."""
+    out = {}
+    hpz = flat.get(HPZ, 1)
+    if not isinstance(hpz, int) or isinstance(hpz, bool) or hpz < 0 or hpz > 2**20:
+        raise NdplanError(HPZ, hpz, "not a rank count", "give a whole number such as 8 (the GPUs of a node)")
+    device = flat.get(OFFLOAD_PARAM, "none")
+    if device not in ("none", "cpu", "nvme"):
+        raise NdplanError(OFFLOAD_PARAM, device, "not an offload device", 'give "cpu", "nvme" or "none"')
+    if zero != 3:
+        if hpz > 1 or device != "none":
+            notes.append(f"{HPZ if hpz > 1 else OFFLOAD_PARAM}: a ZeRO-3 setting, unused at stage {zero}")
+        return out
+    if hpz > 1:
+        out["secondary_weight_shard"] = hpz
+    if device != "none":
+        out["weights_offloaded"] = 1
+        notes.append(f"offload_param {device}: the parameter partitions are counted in host memory")
+    return out
+
+
+def engine(flat: dict, zero: int, offload: bool, notes: list) -> str:
     """The deepspeed engine with the settings above (settings equal to the profile's left out)."""
     from ndplan.engines import DEEPSPEED, derive
     settings = optimizer_settings(flat, notes)
+    settings |= precision_settings(flat, zero, offload, settings, notes) | zero3_settings(flat, zero, notes)
     return derive("deepspeed", {k: v for k, v in settings.items() if getattr(DEEPSPEED, k) != v})
