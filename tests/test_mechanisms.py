@@ -364,3 +364,76 @@ def test_deepspeed_emit_reads_back_the_engine_settings(tmp_path, settings):
     f = tmp_path / "ds.json"
     f.write_text(emit("deepspeed", model, s))
     assert read_config(f, model=model, gpus=16, seq=SEQ).strategy.engine == s.engine
+
+
+# --------------------------------------------------------------------------- MindSpore / MindFormers
+
+MF_RECIPES = __import__("pathlib").Path(__file__).parent / "data" / "recipes"
+
+
+def _mf(tmp_path, edit: dict, fixture="mindformers_mixtral_8x7b.yaml"):
+    """The fixture with dotted keys set (yaml round trip), read back."""
+    import yaml
+    doc = yaml.safe_load((MF_RECIPES / fixture).read_text())
+    for dotted, v in edit.items():
+        node = doc
+        *path, last = dotted.split(".")
+        for k in path:
+            node = node.setdefault(k, {})
+        node[last] = v
+    f = tmp_path / "mf.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    return read_config(f)
+
+
+def test_optimizer_weight_shard_size_caps_the_shard_group():
+    """MindSpore optimizer parallel with optimizer_weight_shard_size k (MindFormers
+    training_args.py:173-181): weights and moments shard over k of the dp ranks, not all of
+    them. llama3-8b, dp = 8, k = 2, one stage: the moments 8 B x (n - V h) / 2, and the input
+    embedding, which MindFormers keeps out of the optimizer-parallel group (vocab_emb_dp
+    False: the profile's ``embedding_zero_sharded``), 8 B x V h whole; the 16-bit weights
+    2 B x the same counts."""
+    spec = ndplan.load_model("llama3-8b")
+    n, emb = _params("llama3-8b"), spec.vocab_size * spec.hidden_size
+    for k, group in ((2, 2), (0, 8)):
+        eng = derive("mindspore", {"optimizer_shard_size": k} if k else {})
+        s = ndplan.Strategy(dp=8, gbs=8, seq=SEQ, zero=1, engine=eng, weight_dtype="bf16")
+        t = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), s).per_stage[0]["terms"]
+        assert t["mem.optimizer"] == pytest.approx(8 * ((n - emb) / group + emb), rel=1e-12)
+        assert t["mem.weights"] == pytest.approx(2 * ((n - emb) / group + emb), rel=1e-12)
+
+
+@pytest.mark.parametrize("k,want", [(2, "mindspore[optimizer_shard_size=2]"), (-1, "mindspore"), (3, "mindspore"),
+                                    (64, "mindspore")], ids=["divides", "default", "does-not-divide", "whole-group"])
+def test_mindformers_shard_size_read(tmp_path, k, want):
+    """-1 is the whole group; a size that does not divide the parameter's data-parallel group
+    is not applied (training_args.py:177-180); one at least the group is the group."""
+    ci = _mf(tmp_path, {"parallel.parallel_optimizer_config.optimizer_weight_shard_size": k,
+                        "parallel_config.data_parallel": 8, "moe_config.capacity_factor": -1})
+    assert (ci.strategy.dp, ci.strategy.cp, ci.strategy.zero) == (8, 1, 1)
+    assert ci.strategy.engine == want
+
+
+@pytest.mark.parametrize("moe,want", [
+    ({"capacity_factor": 1.1}, "mindspore[moe_capacity_permille=1100]"),
+    ({"capacity_factor": 1.1, "use_gmm": True}, "mindspore"),
+    ({"capacity_factor": -1}, "mindspore"),
+    ({"capacity_factor": 9.0}, "mindspore[moe_capacity_permille=4000]"),
+], ids=["padded", "gmm-dropless", "dynamic", "capped-at-the-tokens"])
+def test_mindformers_capacity_factor(tmp_path, moe, want):
+    """MoEV2 (no use_gmm) pads each expert to capacity = ceil(k tokens cf / E) rows, at most the
+    tokens (moe.py:276-283, 880-889): cf x tokens x k rows, at most E / k x tokens x k (Mixtral:
+    E = 8, k = 2, so 4); cf <= 0 is dynamic and use_gmm's MoEV3 groups the routed tokens only."""
+    ci = _mf(tmp_path, {f"moe_config.{k}": v for k, v in moe.items()})
+    assert ci.strategy.engine == want
+
+
+def test_mindformers_came_keeps_one_state_in_the_parameter_dtype(tmp_path):
+    """CAME: exp_avg = clone of the parameters when beta1 > 0 (came.py:352-355), factored second
+    moments; 2 B per parameter with bf16 parameters, 4 with float32 ones."""
+    for dtype, want in (("bfloat16", 2), ("float32", 4)):
+        ci = _mf(tmp_path, {"optimizer.type": "Came", "moe_config.capacity_factor": -1,
+                            "model.model_config.param_init_type": dtype})
+        assert ci.strategy.engine == f"mindspore[optimizer_bytes={want}]"
+    ci = _mf(tmp_path, {"optimizer.type": "Came", "optimizer.beta1": 0, "moe_config.capacity_factor": -1})
+    assert ci.strategy.engine == "mindspore[optimizer_bytes=0]"

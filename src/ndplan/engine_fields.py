@@ -31,6 +31,11 @@ class EngineProfile:
     partition every ZeRO-3 parameter keeps a secondary partition over the hpz ranks of its node,
     numel / hpz elements in the parameter dtype, allocated once and kept
     (runtime/zero/partition_parameters.py:1900-1929 _partition_param_sec); 0 or 1: none."""
+    optimizer_shard_size: int = 0
+    """Ranks the optimizer-parallel (ZeRO) states and sharded weights split over, at most: MindSpore
+    ``parallel_optimizer_config.optimizer_weight_shard_size`` (default -1: the parameter's whole
+    data-parallel group; a size that does not divide that group is not applied, MindFormers
+    trainer/training_args.py:173-181 at fd4deebc); 0: the whole group (dp*cp, or edp for experts)."""
     non_matrix_optimizer_bytes: int = 0
     """Optimizer states per parameter of the input embedding and the output layer when the
     optimizer treats them apart (Muon: AdamW's two fp32 moments, 8); 0: ``optimizer_bytes``."""

@@ -49,6 +49,11 @@ OPTIMIZERS = {o.name: o for o in (
     OptimizerStates("sgd", 0, source="torch.optim.SGD with momentum = 0 keeps no state (momentum_buffer stays None)"),
     OptimizerStates("adagrad", 1, source="torch.optim.Adagrad: state['sum'] (torch/optim/adagrad.py)"),
     OptimizerStates("lion", 1, source="Lion (Chen et al. 2023): one momentum, exp_avg"),
+    OptimizerStates("came", 1, source="CAME (Luo et al. 2023), MindFormers core/optim/came.py:350-398 at fd4deebc: "
+                                      "exp_avg, a clone of the parameter, when beta1 > 0 (default 0.9); the second "
+                                      "moments of matrices are factored into row and column vectors (negligible)"),
+    OptimizerStates("came_no_momentum", 0, source="CAME with beta1 = 0: no exp_avg (came.py:352-357); factored "
+                                                  "second moments only"),
     OptimizerStates("muon", 1, non_matrix_states=2,
                     source="Muon (Jordan et al. 2024; Liu et al. 2025, Moonlight): one momentum buffer per hidden "
                            "matrix; the embedding, output layer and 1-D parameters are updated by AdamW (two moments)"),

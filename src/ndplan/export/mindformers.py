@@ -93,6 +93,20 @@ def plan_fields(p, balance) -> dict:
     return {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
 
 
+def _engine_keys(model: ModelSpec, s: Strategy) -> dict:
+    """The mindspore engine's settings as the keys interop.mindformers_memory reads them from:
+    the MoE capacity factor (-1, dynamic, when the engine routes dropless) and the optimizer
+    shard group."""
+    from ndplan.engines import profile
+    from ndplan.interop import mindformers_memory as MFM
+    eng, doc = profile(s.engine), {}
+    if model.is_moe:
+        doc[f"{MFM.MOE}.capacity_factor"] = eng.moe_capacity_permille / 1000 if eng.moe_capacity_permille else -1
+    if eng.optimizer_shard_size:
+        doc[MFM.SHARD_SIZE] = eng.optimizer_shard_size
+    return doc
+
+
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
     """(dotted key -> value; notes) expressing ``strat``. Without a pipeline MindFormers
     accumulates ``runner_config.gradient_accumulation_steps`` micro-batches (micro_batch_num
@@ -109,6 +123,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
             raise cannot(TARGET, "etp", s.etp, f"MindFormers splits experts over 1 or model_parallel={s.tp} ranks "
                                               "(moe_config.expert_model_parallel); use etp=1 or etp=tp")
         doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
+    doc |= _engine_keys(model, s)
     doc |= {KEY["m"]: s.m, KEY["vocab_emb_dp"]: s.tp == 1, KEY["sp"]: s.sp and s.tp > 1,
             KEY["grad_group"]: GRADIENT_AGGREGATION_GROUP}
     doc |= {KEY["full"]: pipe[KEY["full"]], KEY["selective"]: pipe[KEY["selective"]]}

@@ -67,9 +67,20 @@ def optimizer_shard(view, eng: EngineProfile, dense, expert, emb=0, level: int =
     Below ``level``: every local parameter."""
     if view.zero < level:
         return dense + expert
+    n_dense, n_exp = state_shard_ranks(eng)
     if eng.embedding_zero_sharded:
-        return dense / dense_shard_ranks() + expert / expert_shard_ranks()
-    return (dense - emb) / dense_shard_ranks() + emb / S.cp + expert / expert_shard_ranks()
+        return dense / n_dense + expert / n_exp
+    return (dense - emb) / n_dense + emb / S.cp + expert / n_exp
+
+
+def state_shard_ranks(eng: EngineProfile):
+    """(non-expert, expert) ranks the ZeRO / optimizer-parallel states shard over: dp*cp and
+    edp, each capped at the engine's ``optimizer_shard_size`` when it sets one (MindSpore
+    ``optimizer_weight_shard_size``)."""
+    k = eng.optimizer_shard_size
+    if not k:
+        return dense_shard_ranks(), expert_shard_ranks()
+    return sp.Min(dense_shard_ranks(), k), sp.Min(expert_shard_ranks(), k)
 
 
 def head_stage(view, pp: int) -> int:

@@ -322,7 +322,7 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
     if eng.sharded_weights_cast_once and G.weight_bytes(view, eng) > A.ACT_BYTES:
         note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
     else:
-        gather = gather * sp.Min(G.dense_shard_ranks() - 1, 1)
+        gather = gather * sp.Min(G.state_shard_ranks(eng)[0] - 1, 1)
         note = "zero when dp*cp = 1"
     src = f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}"
     if "gather" in eng.sources:

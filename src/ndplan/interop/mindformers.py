@@ -316,10 +316,6 @@ def _experts(doc: dict, spec, tp: int, notes: list) -> dict:
     etp_key = "model.model_config.expert_model_parallel" if is_mcore(doc) else f"{MOE}.expert_model_parallel"
     etp = get(doc, etp_key)
     etp = positive(etp_key, etp, "the yaml") if etp is not None else (1 if is_mcore(doc) else tp)
-    cf = get(doc, f"{MOE}.capacity_factor")
-    if cf is not None and float(cf) > 0:
-        notes.append(f"capacity_factor {cf}: ndplan counts dropless routing (each token's top-k experts, "
-                     "no padding to capacity)")
     return {"ep": ep, "etp": etp}
 
 
@@ -368,9 +364,9 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
         notes.append(f"fine_grain_interleave={mc['fine_grain_interleave']} not modelled")
     if (doc.get("micro_batch_interleave_num") or 1) > 1:
         notes.append(f"micro_batch_interleave_num={doc['micro_batch_interleave_num']} not modelled")
-    shard = get(doc, "parallel.parallel_optimizer_config.optimizer_weight_shard_size")
-    if shard:
-        notes.append(f"optimizer_weight_shard_size={shard} not modelled")
+    from ndplan.interop import mindformers_memory as MFM
+    kw["engine"] = MFM.engine(doc, spec, dp=dp, cp=cp, zero=kw["zero"], mcore=is_mcore(doc), notes=notes,
+                              weight_bytes=4 if kw["weight_dtype"] == "fp32" else 2)
     return spec, origin, kw, notes
 
 
