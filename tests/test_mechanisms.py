@@ -437,3 +437,26 @@ def test_mindformers_came_keeps_one_state_in_the_parameter_dtype(tmp_path):
         assert ci.strategy.engine == f"mindspore[optimizer_bytes={want}]"
     ci = _mf(tmp_path, {"optimizer.type": "Came", "optimizer.beta1": 0, "moe_config.capacity_factor": -1})
     assert ci.strategy.engine == "mindspore[optimizer_bytes=0]"
+
+
+
+@pytest.mark.parametrize("zero_doc,want", [
+    ({"stage": 2}, 1 * 2 * 500_000_000),
+    ({"stage": 2, "overlap_comm": True}, 2 * 2 * 500_000_000),
+    ({"stage": 3}, 1 * 2 * 500_000_000),
+    ({"stage": 2, "overlap_comm": True, "reduce_bucket_size": "auto"}, 2 * 2 * 4096 * 4096),
+    ({"stage": 0}, None),
+], ids=["zero2", "zero2-overlap", "zero3", "hf-auto", "zero0"])
+def test_deepspeed_reduce_bucket_buffers(tmp_path, zero_doc, want):
+    """ZeRO-1/2 allocate one reduce_bucket_size bucket in the 16-bit gradient dtype at each
+    backward's first gradient hook and a second with overlap_comm (stage_1_and_2.py:3256-3278;
+    default 5e8 elements, zero/config.py:113; overlap_comm defaults on at stage 3 only,
+    :384-387); ZeRO-3 one at init (stage3.py:780-784). The Trainer's "auto" is hidden_size^2
+    (transformers integrations/deepspeed.py:229; llama3-8b h = 4096)."""
+    import json
+    f = tmp_path / "ds.json"
+    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                             "bf16": {"enabled": True}, "zero_optimization": zero_doc}))
+    ci = read_config(f, model="llama3-8b", gpus=8, seq=SEQ)
+    t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[0]["terms"]
+    assert t.get("mem.reduce_buckets") == want

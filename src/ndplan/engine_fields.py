@@ -31,6 +31,15 @@ class EngineProfile:
     partition every ZeRO-3 parameter keeps a secondary partition over the hpz ranks of its node,
     numel / hpz elements in the parameter dtype, allocated once and kept
     (runtime/zero/partition_parameters.py:1900-1929 _partition_param_sec); 0 or 1: none."""
+    reduce_bucket_elements: int = 0
+    """ZeRO gradient-reduction bucket (DeepSpeed ``zero_optimization.reduce_bucket_size``, default
+    5e8 elements, runtime/zero/config.py:113 at 0.19.8), in the 16-bit gradient dtype, on the device
+    beside the backward's activations: ZeRO-1/2 allocate it at the first gradient hook of each
+    backward (stage_1_and_2.py:3256-3278, with contiguous_gradients, default True), ZeRO-3 once at
+    init (stage3.py:780-784); 0: none (Megatron and FSDP2 reduce in place on views)."""
+    reduce_bucket_double: bool = False
+    """ZeRO-1/2 with ``overlap_comm`` (default only at stage 3, zero/config.py:384-387): a second
+    bucket buffer (stage_1_and_2.py:3272-3278)."""
     optimizer_shard_size: int = 0
     """Ranks the optimizer-parallel (ZeRO) states and sharded weights split over, at most: MindSpore
     ``parallel_optimizer_config.optimizer_weight_shard_size`` (default -1: the parameter's whole

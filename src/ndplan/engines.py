@@ -108,6 +108,7 @@ DEEPSPEED = EngineProfile(
     weight_bytes=2, master_bytes=4, optimizer_bytes=8, grad_bytes_fp32=4,
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=373,
+    reduce_bucket_elements=500_000_000,  # reduce_bucket_size default (zero/config.py:113)
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",

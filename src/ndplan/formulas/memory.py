@@ -430,12 +430,28 @@ def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
     """The SP all-gather buffer, pipelining's receive buffers and the engine's named reserve."""
     out = [Term(key="mem.comm_buffers", expr=sp_gather_buffer(spec, M, view), unit="bytes",
                 source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
-                       "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer",
+                       "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer (Megatron-LM@d98e8a64 "
+                       "param_and_grad_buffer.py:506-526, 1530-1547: in-place reduce-scatter/all-gather on bucket "
+                       "views; --overlap-grad-reduce/--overlap-param-gather set only the bucket size, "
+                       "distributed_data_parallel.py:133-137)",
                 note="transient")]
     if eng.pp_recv_buffers_per_microbatch:
         out.append(pp_recv_buffers_term(spec, M, view, stage))
+    if eng.reduce_bucket_elements and view.zero >= 1:
+        out.append(reduce_bucket_term(view, eng))
     return out + [Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
                        source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device")]
+
+
+def reduce_bucket_term(view: Structure, eng: EngineProfile) -> Term:
+    """DeepSpeed's ZeRO gradient-reduction bucket buffer(s), EngineProfile.reduce_bucket_elements."""
+    buffers = 2 if (eng.reduce_bucket_double and view.zero in (1, 2)) else 1
+    expr = sp.Integer(buffers * A.ACT_BYTES * eng.reduce_bucket_elements)
+    return Term(key="mem.reduce_buckets", expr=expr, unit="bytes",
+                source=f"{buffers} x reduce_bucket_size = {eng.reduce_bucket_elements:,} elements x {A.ACT_BYTES} B "
+                       "(DeepSpeed 0.19.8 runtime/zero/stage_1_and_2.py:3256-3278: allocated at each backward's first "
+                       "gradient hook, a second with overlap_comm; stage3.py:780-784: one, at init)",
+                note="ZeRO >= 1; alive through backward")
 
 
 MULTI_STAGE_RUNTIME = ("interleaved", "zb-h1", "zbv")

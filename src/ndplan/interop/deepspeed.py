@@ -12,7 +12,9 @@ third (DeepSpeed's rule; gas defaults to 1); zero <- ``zero_optimization.stage``
 offload <- ``zero_optimization.offload_optimizer.device`` cpu or nvme; recompute full
 when ``activation_checkpointing`` is present or ``pipeline.activation_checkpoint_interval``
 > 0 (the JSON tunes the checkpointing the model code calls, assumed on every layer),
-else none; sp off (AutoTP has no sequence parallelism); engine deepspeed.
+else none; sp off (AutoTP has no sequence parallelism); engine deepspeed, with the
+optimizer type, bf16 master weights / gradients / optimizer states, ZeRO++ hpZ and ZeRO-3
+``offload_param`` as its settings (interop.deepspeed_memory).
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                      "sequence; attention's all-to-all over heads is costed as CP's exchange)")
     offload = str(flat.get(KEY["offload_device"], "none")) in ("cpu", "nvme")
     strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, mbs=mbs, gbs=gbs or gbs_, seq=seq, zero=zero, sp=tp == 1,
-                     recompute="full" if ckpt else "none", engine=DM.engine(flat, zero, offload, notes),
+                     recompute="full" if ckpt else "none", engine=DM.engine(flat, zero, offload, spec.hidden_size, notes),
                      offload_optimizer=offload)
     strat.check(spec, gpus)
     loc = _lines(text, flat)

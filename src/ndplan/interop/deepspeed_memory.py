@@ -1,7 +1,7 @@
 """DeepSpeed config keys that change memory without changing the parallel degrees, read
 into engine settings (engines.derive on the deepspeed profile): the optimizer type and
-its states, bf16 master weights / gradients / optimizer states, ZeRO++ hpZ and ZeRO-3
-parameter offload. Sources: DeepSpeed 0.19.8 (the release CI installs), paths relative to the
+its states, bf16 master weights / gradients / optimizer states, ZeRO++ hpZ, ZeRO-3
+parameter offload and the gradient-reduction bucket. Sources: DeepSpeed 0.19.8 (the release CI installs), paths relative to the
 ``deepspeed`` package.
 """
 
@@ -112,9 +112,33 @@ def zero3_settings(flat: dict, zero: int, notes: list) -> dict:
     return out
 
 
-def engine(flat: dict, zero: int, offload: bool, notes: list) -> str:
+BUCKET = "zero_optimization.reduce_bucket_size"
+OVERLAP = "zero_optimization.overlap_comm"
+
+
+def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list) -> dict:
+    """reduce_bucket_elements and reduce_bucket_double: ``reduce_bucket_size`` (default 5e8;
+    the Hugging Face Trainer fills ``"auto"`` with hidden_size x hidden_size,
+    transformers integrations/deepspeed.py:199-229) and ``overlap_comm`` (default on at
+    stage 3 only, zero/config.py:384-387)."""
+    size = flat.get(BUCKET, 500_000_000)
+    if size == "auto":
+        size = hidden_size * hidden_size
+        notes.append(f"{BUCKET} 'auto': hidden_size^2 = {size:,} (the Hugging Face Trainer's fill)")
+    if isinstance(size, float) and size.is_integer():
+        size = int(size)
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 2**40:
+        raise NdplanError(BUCKET, size, "not an element count", "give a whole number such as 500000000")
+    overlap = flat.get(OVERLAP, zero == 3)
+    if not isinstance(overlap, bool):
+        raise NdplanError(OVERLAP, overlap, "not true or false", '"overlap_comm": true')
+    return {"reduce_bucket_elements": size, "reduce_bucket_double": int(overlap and zero in (1, 2))}
+
+
+def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list) -> str:
     """The deepspeed engine with the settings above (settings equal to the profile's left out)."""
     from ndplan.engines import DEEPSPEED, derive
     settings = optimizer_settings(flat, notes)
     settings |= precision_settings(flat, zero, offload, settings, notes) | zero3_settings(flat, zero, notes)
+    settings |= bucket_settings(flat, zero, hidden_size, notes)
     return derive("deepspeed", {k: v for k, v in settings.items() if getattr(DEEPSPEED, k) != v})

@@ -33,10 +33,13 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
   (chunk, stage), model order v = chunk*pp + stage; the legacy DeepSeek model counts its
   MTP layers in L and on the last stage (``_layers_per_stage``).
 * memory limit <- ``context.max_device_memory`` ("58GB": MindSpore reads GB as 2^30 bytes).
+* engine settings (interop.mindformers_memory): ``optimizer.type`` (Adam variants, CAME),
+  ``optimizer_weight_shard_size`` (the optimizer-parallel group), the legacy MoE
+  ``capacity_factor`` (MoEV2 pads every expert to capacity).
 
 Not modelled (a note each): the CP algorithm, vocab_emb_dp with tp > 1,
-fine_grain_interleave, micro_batch_interleave_num, optimizer_weight_shard_size, the MoE
-capacity factor, op-level ``select_recompute`` dicts; seqpipe is estimated as 1f1b with a
+fine_grain_interleave, micro_batch_interleave_num, other optimizer types (counted as Adam),
+op-level ``select_recompute`` dicts; seqpipe is estimated as 1f1b with a
 note of what that leaves out; other pipeline schedulers (zero_bubble_v, seqvpp,
 seqsmartvpp, gpipe) are refused.
 """
