@@ -18,7 +18,8 @@ from ndplan.formulas import flops as FL
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.step import step_time
-from ndplan.formulas.memory import OUTSIDE_TENSOR_KEYS, STATIC_KEYS, host_memory, stage_memory
+from ndplan.formulas.memory import OUTSIDE_TENSOR_KEYS, STATIC_KEYS, stage_memory
+from ndplan.formulas.states import host_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import cached_kernel
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS

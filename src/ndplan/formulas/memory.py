@@ -25,6 +25,7 @@ from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving
                                          gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads,
                                          loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params, vocab_params
+from ndplan.formulas.states import _sharding, static_terms
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
 from ndplan.structure import Structure, peaks_over_held_vectors, structure
@@ -35,9 +36,6 @@ from ndplan.vocab import RECOMPUTE_MODES
 STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
 OUTSIDE_TENSOR_KEYS = ("mem.allocator", "mem.reserve")
 """Terms that are not live tensors: the caching allocator's slack and the memory outside it."""
-
-_SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimizer states, 2 adds "
-               "gradients, 3 adds parameters, over the data-parallel group")
 
 
 def weight_cast(view: Structure, eng: EngineProfile) -> int:
@@ -71,94 +69,6 @@ def chunk_activation(spec, M, ctx, view, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     rec_m = sp.Min(nrec - rec_d, nm)
     return (rec_d * act[("dense", mode)] + (nd - rec_d) * act[("dense", "none")]
             + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
-
-
-def _sharding(view: Structure, eng: EngineProfile, dense, expert, emb):
-    """shard(level): groups.optimizer_shard of these parameters at ZeRO level ``level``."""
-    return lambda level: G.optimizer_shard(view, eng, dense, expert, emb, level)
-
-
-def optimizer_state_bytes(view: Structure, eng: EngineProfile, dense, expert, emb=0, vocab=(0, 0)) -> sp.Expr:
-    """Optimizer-state bytes of one device: ``optimizer_bytes`` per parameter it keeps a state
-    for (ZeRO level 1 and above shard them), and ``non_matrix_optimizer_bytes`` for the
-    ``vocab`` = (vocabulary matrices, of them the input embedding) among them where the
-    optimizer treats them apart (ndplan.optimizers: Muon's AdamW part)."""
-    out = eng.optimizer_bytes * _sharding(view, eng, dense, expert, emb)(1)
-    if eng.non_matrix_optimizer_bytes and vocab[0] != 0:
-        out += ((eng.non_matrix_optimizer_bytes - eng.optimizer_bytes)
-                * G.optimizer_shard(view, eng, vocab[0], 0, vocab[1], 1))
-    return out
-
-
-def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, expert, emb=0,
-                 vocab=(0, 0)) -> list[Term]:
-    """Weights, gradients, fp32 master and optimizer-state Terms (bytes) of ``dense``
-    non-expert and ``expert`` parameters on one device (``emb`` of them the input
-    embedding; ``vocab``: local.vocab_params). stage_memory uses it for a stage; PPB's
-    layer export for one layer."""
-    shard = _sharding(view, eng, dense, expert, emb)
-    weight_b, master_b, grad_b = G.weight_bytes(view, eng), G.master_bytes(view, eng), G.grad_bytes(view, eng)
-    if eng.grads_shard_tp_only:
-        # accumulated gradients take the shape of each parameter's model-parallel slice: the
-        # layers' TP slice, and the input embedding's (tp*cp) slice when it is not ZeRO-sharded
-        grads = dense + expert - (0 if eng.embedding_zero_sharded else emb * (1 - 1 / S.cp))
-    else:
-        grads = shard(eng.grads_sharded_from)
-    if not eng.grads_without_accumulation:
-        # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
-        grads = grads * sp.Min(pp_expr(spec, view) + S.m - 2, 1)
-    off = 0 if view.offload_optimizer else 1
-    scope = "one device of this stage"
-    return [
-        Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb), unit="bytes",
-             source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}"
-                    + _weights_source(view, eng), note=scope + (" (offloaded to host)" if _offloaded(view, eng) else "")),
-        Term(key="mem.grads", expr=grad_b * grads, unit="bytes",
-             source=f"{grad_b} bytes/param gradients; {_SRC_STATES}", note=scope),
-        Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
-             source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
-             note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
-        Term(key="mem.optimizer", expr=off * optimizer_state_bytes(view, eng, dense, expert, emb, vocab), unit="bytes",
-             source=f"{_optimizer_source(eng)}; {_SRC_STATES}",
-             note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
-    ]
-
-
-def _offloaded(view: Structure, eng: EngineProfile) -> bool:
-    return eng.weights_offloaded and view.zero >= eng.weights_sharded_from
-
-
-def weight_partitions(view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
-    """Bytes of the persistent weight partitions (ZeRO-sharded from ``weights_sharded_from``)
-    and, with ZeRO++ hpZ (``secondary_weight_shard``), the secondary partition over hpz ranks."""
-    weight_b = G.weight_bytes(view, eng)
-    out = weight_b * _sharding(view, eng, dense, expert, emb)(eng.weights_sharded_from)
-    hpz = eng.secondary_weight_shard
-    if hpz > 1 and view.zero >= eng.weights_sharded_from:
-        out += weight_b * (dense + expert) / hpz
-    return out
-
-
-def device_weights(view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
-    """The weight partitions on the device: none with ZeRO-3 parameter offload (weights_offloaded)."""
-    return sp.Integer(0) if _offloaded(view, eng) else weight_partitions(view, eng, dense, expert, emb)
-
-
-def _weights_source(view: Structure, eng: EngineProfile) -> str:
-    out = ""
-    if eng.secondary_weight_shard > 1 and view.zero >= eng.weights_sharded_from:
-        out += (f"; ZeRO++ hpZ secondary partition, params / {eng.secondary_weight_shard} in the weight dtype "
-                "(DeepSpeed partition_parameters.py:1900-1929)")
-    if _offloaded(view, eng):
-        out += "; ZeRO-3 offload_param: the partitions are in host memory"
-    return out
-
-
-def _optimizer_source(eng: EngineProfile) -> str:
-    src = f"optimizer states {eng.optimizer_bytes} bytes/param (8: Adam m and v in fp32; ndplan.optimizers)"
-    if eng.non_matrix_optimizer_bytes:
-        src += f", {eng.non_matrix_optimizer_bytes} for the embedding and output layer"
-    return src
 
 
 def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage,
@@ -490,18 +400,3 @@ def pp_recv_buffers_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stag
                        "pytorch#136380)" + ("; and the step's sent tensors, whose sends are waited for when the "
                        "step ends (MULTI_STAGE_RUNTIME)" if view.schedule in MULTI_STAGE_RUNTIME else ""),
                 note="zero when pp = 1")
-
-
-def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:
-    """Host bytes per device: master + optimizer states with optimizer offload, the weight
-    partitions with ZeRO-3 parameter offload."""
-    view = structure(spec, view)
-    eng = view.engine
-    dense, expert, emb = stage_params(spec, M, view, stage)
-    out = weight_partitions(view, eng, dense, expert, emb) if _offloaded(view, eng) else sp.Integer(0)
-    if not view.offload_optimizer:
-        return out
-    # the states that left HBM: mem.master and mem.optimizer of static_terms, same sharding
-    shard = _sharding(view, eng, dense, expert, emb)
-    return (out + G.master_bytes(view, eng) * shard(eng.master_sharded_from)
-            + optimizer_state_bytes(view, eng, dense, expert, emb, vocab_params(spec, M, view, stage)))

@@ -28,7 +28,8 @@ from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.local import act_context, device_params
-from ndplan.formulas.memory import chunk_activation, static_terms, weight_cast
+from ndplan.formulas.memory import chunk_activation, weight_cast
+from ndplan.formulas.states import static_terms
 from ndplan.formulas.step import head_parts, layer_parts
 from ndplan.ppb.instance import MODES, Layer
 from ndplan.strategy import Strategy

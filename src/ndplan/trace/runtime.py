@@ -426,7 +426,8 @@ def predicted(case: Case) -> dict[str, int]:
     from ndplan.formulas import params as P
     from ndplan.formulas.fsdp_phases import pp_final_reduce, pp_group_grads
     from ndplan.formulas.local import device_params
-    from ndplan.formulas.memory import gather_term, graph_constants_term, loss_logits, static_terms
+    from ndplan.formulas.memory import gather_term, graph_constants_term, loss_logits
+    from ndplan.formulas.states import static_terms
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
     if case.mode == "pp":
