@@ -460,3 +460,51 @@ def test_deepspeed_reduce_bucket_buffers(tmp_path, zero_doc, want):
     ci = read_config(f, model="llama3-8b", gpus=8, seq=SEQ)
     t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[0]["terms"]
     assert t.get("mem.reduce_buckets") == want
+
+
+@pytest.mark.parametrize("bf16,grads_per_param", [({}, 2 + 4), ({"immediate_grad_update": True}, 4)],
+                         ids=["lp-grads-kept", "immediate-grad-update"])
+def test_deepspeed_bf16_optimizer_at_zero1_with_fp32_accumulation(tmp_path, bf16, grads_per_param):
+    """DeepSpeed 0.19.8 runtime/engine.py:2305-2310: ZeRO-1, bf16 weights, grad_accum_dtype fp32 and
+    no offload build BF16_Optimizer. bf16_optimizer.py:181-183 clones the dp partition of the flat
+    bf16 group into an fp32 master (4 n / dp) on which the optimizer keeps its moments (8 n / dp,
+    :225); :191 allocates an fp32 gradient buffer of the whole group (4 n); each bf16 param.grad
+    (2 n) is added into it after the backward and zeroed, not freed (:508-530), unless
+    immediate_grad_update frees it in the hook (:707-715). No ZeRO reduce bucket; the bf16 master
+    keys are not read. llama3-8b on 8 ranks."""
+    import json
+    f = tmp_path / "ds.json"
+    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                             "bf16": {"enabled": True, "bf16_master_weights_and_grads": True} | bf16,
+                             "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}}))
+    ci = read_config(f, model="llama3-8b", gpus=8, seq=SEQ)
+    t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[0]["terms"]
+    n = _params("llama3-8b")
+    assert t["mem.grads"] == pytest.approx(grads_per_param * n, rel=1e-12)
+    assert (t["mem.master"], t["mem.optimizer"]) == (pytest.approx(4 * n / 8, rel=1e-12), pytest.approx(8 * n / 8, rel=1e-12))
+    assert "mem.reduce_buckets" not in t
+    assert any("BF16_Optimizer" in x for x in ci.notes)
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"zero_optimization": {"stage": 0}}, "data_types.grad_accum_dtype"),
+    ({"zero_optimization": {"stage": 1, "compute_grad_norm": False}}, "zero_optimization.compute_grad_norm"),
+    ({"zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp64"}}, "data_types.grad_accum_dtype"),
+], ids=["zero0-unsupported-mix", "no-grad-norm", "unknown-dtype"])
+def test_deepspeed_refuses_its_wrapper_mixes(tmp_path, doc, field):
+    """runtime/engine.py:2305-2309 (compute_grad_norm false refused by BF16_Optimizer), :2322-2323
+    (bf16 with fp32 accumulation and no ZeRO: NotImplementedError), config.py:144-149 (DtypeEnum)."""
+    with pytest.raises(NdplanError) as e:
+        _ds(tmp_path, {"data_types": {"grad_accum_dtype": "fp32"}} | doc)
+    assert e.value.field == field
+
+
+def test_deepspeed_bf16_optimizer_emit_reads_back(tmp_path):
+    from ndplan.export import emit
+    model = ndplan.load_model("llama3-8b")
+    for lp in (0, 2):
+        s = ndplan.Strategy(dp=8, gbs=16, zero=1, seq=SEQ,
+                            engine=derive("deepspeed", {"fp32_grad_accumulation": 1} | ({"lp_grad_bytes": lp} if lp else {})))
+        f = tmp_path / "ds.json"
+        f.write_text(emit("deepspeed", model, s))
+        assert read_config(f, model=model, gpus=8, seq=SEQ).strategy.engine == s.engine

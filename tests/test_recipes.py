@@ -514,8 +514,9 @@ def test_torchtitan_toml_recipe_split_and_flavor():
     ndplan.Strategy(dp=8, gbs=32, zero=0, engine="deepspeed"),
     ndplan.Strategy(dp=8, gbs=32, zero=3, engine="deepspeed[grad_bytes_fp32=2,master_bytes=2,optimizer_bytes=4,"
                                                  "secondary_weight_shard=4,weights_offloaded=1]"),
-    ndplan.Strategy(dp=8, gbs=32, zero=1, engine="deepspeed[non_matrix_optimizer_bytes=8,optimizer_bytes=4]")],
-    ids=["zero3-offload", "zero2-ckpt", "ulysses", "ddp", "bf16-states-hpz-offload-param", "muon"])
+    ndplan.Strategy(dp=8, gbs=32, zero=1, engine="deepspeed[non_matrix_optimizer_bytes=8,optimizer_bytes=4]"),
+    ndplan.Strategy(dp=8, gbs=32, zero=1, engine="deepspeed[fp32_grad_accumulation=1,lp_grad_bytes=2]")],
+    ids=["zero3-offload", "zero2-ckpt", "ulysses", "ddp", "bf16-states-hpz-offload-param", "muon", "bf16-optimizer"])
 def test_deepspeed_emit_passes_deepspeeds_config_class(s, monkeypatch):
     """deepspeed.runtime.config.DeepSpeedConfig parses the emitted JSON (its pydantic ZeRO and
     offload classes refuse unknown keys) and runs its batch assertion with the ranks the
@@ -534,6 +535,10 @@ def test_deepspeed_emit_passes_deepspeeds_config_class(s, monkeypatch):
     assert c.zero_config.zero_hpz_partition_size == max(eng.secondary_weight_shard, 1)
     assert (c.zero_config.offload_param is not None) == eng.weights_offloaded
     assert c.bfloat16_config.bf16_optimizer_states == (eng.master_bytes == 2)
+    # the dtypes engine.py:2294-2310 picks BF16_Optimizer from (bf16 model, fp32 accumulation, ZeRO-1)
+    want = C.torch.float32 if eng.fp32_grad_accumulation else None
+    assert (C.DtypeEnum(c.grad_accum_dtype).value if c.grad_accum_dtype else None) == want
+    assert c.bfloat16_config.immediate_grad_update == (eng.fp32_grad_accumulation and not eng.lp_grad_bytes)
 
 
 BAD_RECIPES = {  # name: (fixture, old text, new text, extra CLI args, field named)

@@ -37,6 +37,19 @@ class EngineProfile:
     beside the backward's activations: ZeRO-1/2 allocate it at the first gradient hook of each
     backward (stage_1_and_2.py:3256-3278, with contiguous_gradients, default True), ZeRO-3 once at
     init (stage3.py:780-784); 0: none (Megatron and FSDP2 reduce in place on views)."""
+    fp32_grad_accumulation: bool = False
+    """DeepSpeed ZeRO-1 with bf16 weights and ``data_types.grad_accum_dtype`` fp32 (no offload):
+    runtime/engine.py:2305-2310 (0.19.8) builds BF16_Optimizer instead of the ZeRO optimizer. It
+    shards the fp32 master and the optimizer states over dp (bf16_optimizer.py:181-183, 225) but
+    keeps one fp32 gradient buffer of the whole model (:191), allocates no reduce bucket (the
+    engine all-reduces that buffer in place, engine.py:3921-3932) and reads none of the ZeRO
+    optimizer's bf16 master/states keys."""
+    lp_grad_bytes: int = 0
+    """Bytes per parameter of 16-bit ``.grad`` tensors kept beside an fp32 gradient accumulation
+    buffer: DeepSpeed BF16_Optimizer adds each bf16 ``param.grad`` into the fp32 buffer after the
+    backward and zeroes it, not frees it (bf16_optimizer.py:508-530), unless
+    ``bf16.immediate_grad_update`` (default false, precision_config.py:51) frees it in the hook
+    (:707-715); 2 or 0. Memory only: the reduction runs on the fp32 buffer."""
     reduce_bucket_double: bool = False
     """ZeRO-1/2 with ``overlap_comm`` (default only at stage 3, zero/config.py:384-387): a second
     bucket buffer (stage_1_and_2.py:3272-3278)."""

@@ -105,6 +105,9 @@ def _engine_keys(s: Strategy) -> tuple[dict, list[str]]:
         doc[DM.HPZ] = eng.secondary_weight_shard
     if eng.weights_offloaded:
         doc |= {DM.OFFLOAD_PARAM: "cpu", "zero_optimization.offload_param.pin_memory": True}
+    if eng.fp32_grad_accumulation and s.zero == 1:
+        doc[DM.GRAD_ACCUM] = "fp32"
+        doc[DM.IMMEDIATE] = eng.lp_grad_bytes == 0
     if s.zero >= 1:
         doc[DM.BUCKET] = eng.reduce_bucket_elements or DEEPSPEED.reduce_bucket_elements
         doc[DM.OVERLAP] = bool(eng.reduce_bucket_double) if s.zero in (1, 2) else True

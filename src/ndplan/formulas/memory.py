@@ -347,7 +347,7 @@ def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
                 note="transient")]
     if eng.pp_recv_buffers_per_microbatch:
         out.append(pp_recv_buffers_term(spec, M, view, stage))
-    if eng.reduce_bucket_elements and view.zero >= 1:
+    if eng.reduce_bucket_elements and view.zero >= 1 and not (eng.fp32_grad_accumulation and view.zero == 1):
         out.append(reduce_bucket_term(view, eng))
     return out + [Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
                        source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device")]

@@ -62,8 +62,10 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
         Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb), unit="bytes",
              source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}"
                     + _weights_source(view, eng), note=scope + (" (offloaded to host)" if _offloaded(view, eng) else "")),
-        Term(key="mem.grads", expr=grad_b * grads, unit="bytes",
-             source=f"{grad_b} bytes/param gradients; {_SRC_STATES}", note=scope),
+        Term(key="mem.grads", expr=(grad_b + eng.lp_grad_bytes) * grads, unit="bytes",
+             source=f"{grad_b} bytes/param gradients" + (f" and {eng.lp_grad_bytes} bytes/param 16-bit .grad "
+                    "beside them (EngineProfile.lp_grad_bytes)" if eng.lp_grad_bytes else "") + f"; {_SRC_STATES}",
+             note=scope),
         Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
              source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),

@@ -13,7 +13,8 @@ offload <- ``zero_optimization.offload_optimizer.device`` cpu or nvme; recompute
 when ``activation_checkpointing`` is present or ``pipeline.activation_checkpoint_interval``
 > 0 (the JSON tunes the checkpointing the model code calls, assumed on every layer),
 else none; sp off (AutoTP has no sequence parallelism); engine deepspeed, with the
-optimizer type, bf16 master weights / gradients / optimizer states, ZeRO++ hpZ and ZeRO-3
+optimizer type, bf16 master weights / gradients / optimizer states, the BF16_Optimizer of
+ZeRO-1 with fp32 gradient accumulation, the reduce bucket, ZeRO++ hpZ and ZeRO-3
 ``offload_param`` as its settings (interop.deepspeed_memory).
 """
 

@@ -61,7 +61,54 @@ def _switch(flat: dict, key: str) -> bool:
     return v
 
 
-def precision_settings(flat: dict, zero: int, offload: bool, opt: dict, notes: list) -> dict:
+GRAD_ACCUM = "data_types.grad_accum_dtype"
+DS_DTYPES = {"fp32": ("torch.float32", "fp32", "float32", "float"), "bf16": ("torch.bfloat16", "bf16", "bfloat16"),
+             "fp16": ("torch.float16", "fp16", "float16", "half")}
+"""The spellings DeepSpeed's DtypeEnum accepts (runtime/config.py:144-149; int8 is not a gradient dtype)."""
+IMMEDIATE = "bf16.immediate_grad_update"
+
+
+def _bf16(flat: dict) -> bool:
+    """``bf16.enabled`` (or the old ``bfloat16`` section, precision_config.py:34-38)."""
+    return bool(flat.get("bf16.enabled", flat.get("bfloat16.enabled", False)))
+
+
+def _dtype(flat: dict, key: str):
+    v = flat.get(key)
+    if v is None:
+        return None
+    for name, spellings in DS_DTYPES.items():
+        if v in spellings:
+            return name
+    raise NdplanError(key, v, "not a dtype DeepSpeed accepts", 'give "fp32", "bf16" or "fp16"')
+
+
+def bf16_optimizer_settings(flat: dict, zero: int, offload: bool, notes: list) -> dict:
+    """fp32_grad_accumulation and lp_grad_bytes: the optimizer wrapper DeepSpeed picks from the
+    model and gradient-accumulation dtypes (runtime/engine.py:2294-2323): BF16_Optimizer at ZeRO-1
+    with bf16 weights and fp32 accumulation without offload (it refuses compute_grad_norm false,
+    :2307-2309); at ZeRO-0 a bf16 model with fp32 accumulation is "unsupported mix"
+    (NotImplementedError, :2322-2323)."""
+    acc = _dtype(flat, GRAD_ACCUM)
+    if not _bf16(flat) or acc != "fp32":
+        return {}
+    if zero == 0:
+        raise NdplanError(GRAD_ACCUM, flat[GRAD_ACCUM], "with bf16 weights and no ZeRO is refused by DeepSpeed "
+                          "(\"unsupported mix\", runtime/engine.py:2322-2323)",
+                          "set zero_optimization.stage 1 (BF16_Optimizer) or drop grad_accum_dtype")
+    if zero != 1 or offload:
+        return {}
+    if flat.get("zero_optimization.compute_grad_norm", True) is False:
+        raise NdplanError("zero_optimization.compute_grad_norm", False, "is refused at ZeRO-1 with bf16 weights and "
+                          "fp32 gradient accumulation (runtime/engine.py:2307-2309)", "drop the key")
+    immediate = _switch(flat, IMMEDIATE)
+    notes.append("ZeRO-1 with bf16 and grad_accum_dtype fp32: DeepSpeed's BF16_Optimizer (fp32 gradients of the "
+                 "whole model" + ("" if immediate else " beside the bf16 .grad") + ", no reduce bucket)")
+    return {"fp32_grad_accumulation": 1, "lp_grad_bytes": 0 if immediate else 2}
+
+
+def precision_settings(flat: dict, zero: int, offload: bool, opt: dict, notes: list,
+                       bf16_optimizer: bool = False) -> dict:
     """bf16 master weights, gradients and optimizer states (runtime/precision_config.py:63-71).
     With ``bf16_master_weights_and_grads`` the ZeRO optimizer's master partition and its gradient
     partitions take bf16 (base_optimizer.py:522-527; stage_1_and_2.py:559-561, 1899-1900): 2 + 2
@@ -78,6 +125,10 @@ def precision_settings(flat: dict, zero: int, offload: bool, opt: dict, notes: l
     if states and not master:
         raise NdplanError(BF16_STATES, True, f"needs {BF16_MASTER.split('.')[1]} (runtime/config.py:714)",
                           f'add "{BF16_MASTER.split(".")[1]}": true')
+    if bf16_optimizer:
+        notes.append(f"{BF16_MASTER if master else BF16_STATES}: not read by BF16_Optimizer (it keeps fp32 master "
+                     "partitions and fp32 states, bf16_optimizer.py:181-183)")
+        return {}
     if master and not states and not offload:
         raise NdplanError(BF16_MASTER, True, "with fp32 optimizer states needs ZeRO-Offload with DeepSpeedCPUAdam "
                           "(runtime/zero/stage_1_and_2.py:331-342, stage3.py:299-310)",
@@ -139,6 +190,7 @@ def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list) 
     """The deepspeed engine with the settings above (settings equal to the profile's left out)."""
     from ndplan.engines import DEEPSPEED, derive
     settings = optimizer_settings(flat, notes)
-    settings |= precision_settings(flat, zero, offload, settings, notes) | zero3_settings(flat, zero, notes)
-    settings |= bucket_settings(flat, zero, hidden_size, notes)
+    wrapper = bf16_optimizer_settings(flat, zero, offload, notes)
+    settings |= precision_settings(flat, zero, offload, settings, notes, bool(wrapper)) | wrapper
+    settings |= zero3_settings(flat, zero, notes) | bucket_settings(flat, zero, hidden_size, notes)
     return derive("deepspeed", {k: v for k, v in settings.items() if getattr(DEEPSPEED, k) != v})
