@@ -508,3 +508,72 @@ def test_deepspeed_bf16_optimizer_emit_reads_back(tmp_path):
         f = tmp_path / "ds.json"
         f.write_text(emit("deepspeed", model, s))
         assert read_config(f, model=model, gpus=8, seq=SEQ).strategy.engine == s.engine
+
+
+# --------------------------------------------------------------------------- Megatron flex dispatcher: DeepEP
+
+MG_DSV3 = __import__("pathlib").Path(__file__).parent / "data" / "recipes" / "megatron_deepseek_v3.sh"
+
+
+@pytest.mark.parametrize("ep,want", [
+    # n = 8 (one node, no RDMA): 10 channels x 8 peers; counters 10*8*(2*1 + 3)*4 = 1,600; dispatch and
+    # combine both receive 256 tokens per channel-peer, each 2*7168 + 8 + 128*8 + 128*4 + 128*4 = 16,392 B:
+    # 10*8*256*16,392 = 335,708,160; 335,709,760 rounded up to 128 = 335,709,824; + 160 B of signals and
+    # peer pointers + 32 MiB workspace
+    (8, 335_709_824 + 160 + 33_554_432),
+    # n = 16 (2 nodes): NVLink 288 tokens: 10*8*(2*2 + 3)*4 = 2,240 + 10*8*288*16,392 = 377,671,680 ->
+    # 377,673,920 -> 377,673,984. RDMA, dispatch (send 20, recv 128 aligned up to 140): 10*2*18*2*4 = 2,880
+    # + 10*2*140*(2*16,392 + 2*16) = 91,884,800 -> 91,887,744 (combine's 132 slots are fewer), in one
+    # 512 MiB NVSHMEM granule
+    (16, 377_673_984 + 160 + 536_870_912 + 33_554_432),
+], ids=["ep8", "ep16"])
+def test_megatron_deepep_buffer(clean_env_ep, ep, want):
+    """Megatron-LM fused_a2a.py:24-69 allocates one deep_ep.Buffer for the tp_ep group (etp 1 x ep)
+    sized by the larger of DeepEP's dispatch and combine configs (deep_ep/buffers/legacy.py:245-289) on
+    20 SMs (token_dispatcher.py:1287-1292), tokens of hidden x 2 bytes (DeepSeek-V3: 7168). Sizes from
+    csrc/legacy/config.hpp:53-98 (int64 top-k indices, 8-byte SourceMeta, 128 top-k and scales),
+    buffer.hpp:101-149 (signals, 32 MiB workspace), NVSHMEM granules of 2**29 (legacy.py:122)."""
+    clean_env_ep.setenv("EP", str(ep))
+    ci = read_config(MG_DSV3, gpus=256)
+    assert ci.strategy.ep == ep and "deepep_sms=20" in ci.strategy.engine
+    t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[-1]["terms"]
+    assert t["mem.dispatch_buffers"] == want
+
+
+@pytest.fixture
+def clean_env_ep(monkeypatch):
+    for name in ("EP", "TP", "MBS", "GBS", "NUM_NODES", "SHARDING_STRATEGY"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type alltoall --moe-enable-deepep",
+     "--moe-enable-deepep"),
+    ("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type flex --moe-expert-capacity-factor 1 "
+     "--moe-pad-expert-input-to-capacity", "--moe-pad-expert-input-to-capacity"),
+    ("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size 32", "--expert-model-parallel-size"),
+    ("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type flex --moe-flex-dispatcher-num-sms x",
+     "--moe-flex-dispatcher-num-sms"),
+], ids=["enable-deepep-without-flex", "deepep-pads", "group-outside-deepeps-table", "sms-not-a-number"])
+def test_megatron_deepep_refusals(tmp_path, clean_env_ep, old, new, field):
+    """transformer_config.py:1743-1761 (DeepEP needs flex; deepep cannot pad to capacity);
+    deep_ep/buffers/legacy.py:259 (etp 32 x ep 8 = 256 ranks: no DeepEP config)."""
+    text = MG_DSV3.read_text()
+    assert old in text
+    f = tmp_path / MG_DSV3.name
+    f.write_text(text.replace(old, new))
+    with pytest.raises(NdplanError) as e:
+        read_config(f, gpus=256)
+    assert e.value.field == field
+
+
+def test_megatron_deepep_emit_reads_back(tmp_path):
+    from ndplan.export import emit
+    model = ndplan.load_model("deepseek-v3")
+    s = ndplan.Strategy(dp=64, tp=1, ep=16, gbs=128, seq=SEQ, zero=1, recompute="full",
+                        engine=derive("megatron", {"deepep_sms": 24}))
+    f = tmp_path / "run.sh"
+    f.write_text(emit("megatron", model, s))
+    assert "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep" in f.read_text()
+    assert read_config(f, gpus=64).strategy.engine == s.engine

@@ -140,9 +140,10 @@ def test_megatron_deepseek_v3_mla_moe_mtp(clean_env):
     assert m.mtp_layers == 1 and m.layer_kinds[:4] == ("dense", "dense", "dense", "moe")
     assert (s.dp, s.tp, s.ep, s.etp, s.zero, s.grad_dtype, s.mbs, s.gbs) == (256, 1, 8, 1, 3, "bf16", 4, 2048)
     assert s.recompute == "selective"
-    # --recompute-modules mlp moe mla_up_proj layernorm, without core_attn (transformer_config.py:1943-1962)
-    assert s.engine == ("megatron[keep_core_attn=1,recompute_layernorm=1,recompute_mla_up_proj=1,recompute_mlp=1,"
-                        "recompute_moe=1]")
+    # --recompute-modules mlp moe mla_up_proj layernorm, without core_attn (transformer_config.py:1943-1962);
+    # --moe-token-dispatcher-type flex with the default backend deepep (transformer_config.py:898) on 20 SMs
+    assert s.engine == ("megatron[deepep_sms=20,keep_core_attn=1,recompute_layernorm=1,recompute_mla_up_proj=1,"
+                        "recompute_mlp=1,recompute_moe=1]")
 
 
 def test_megatron_gpt3_vocab_padding_and_vpp(clean_env):

@@ -50,6 +50,11 @@ class EngineProfile:
     backward and zeroes it, not frees it (bf16_optimizer.py:508-530), unless
     ``bf16.immediate_grad_update`` (default false, precision_config.py:51) frees it in the hook
     (:707-715); 2 or 0. Memory only: the reduction runs on the fp32 buffer."""
+    deepep_sms: int = 0
+    """DeepEP's normal-mode buffer (Megatron-LM ``--moe-token-dispatcher-type flex`` with the deepep
+    backend): the SMs its channels take (``--moe-flex-dispatcher-num-sms``, Megatron's default 20,
+    token_dispatcher.py:1287-1292), which with the group size and hidden size fixes the buffer
+    (formulas/deepep.py); 0: no DeepEP buffer (the all-to-all dispatcher's are per call)."""
     reduce_bucket_double: bool = False
     """ZeRO-1/2 with ``overlap_comm`` (default only at stage 3, zero/config.py:384-387): a second
     bucket buffer (stage_1_and_2.py:3272-3278)."""

@@ -180,7 +180,8 @@ def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
 
 def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     """The megatron engine's settings as the flags interop.megatron_memory reads them from:
-    --recompute-modules (selective only), the optimizer and its state dtypes, the MoE capacity."""
+    --recompute-modules (selective only), the optimizer and its state dtypes, the MoE capacity, the
+    DeepEP dispatcher."""
     from ndplan.engines import MEGATRON, profile
     from ndplan.interop import megatron_memory as MX
     eng, out, notes = profile(s.engine), {}, []
@@ -206,6 +207,9 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     elif states != (MEGATRON.optimizer_bytes, 0, MEGATRON.master_bytes):
         notes.append(f"optimizer states of {eng.optimizer_bytes} B (master {eng.master_bytes} B) per parameter: no "
                      "Megatron-LM optimizer keeps them; written as Adam")
+    if eng.deepep_sms and model.is_moe:
+        out |= {MX.FLAGS["dispatcher"]: "flex", MX.FLAGS["flex_backend"]: "deepep",
+                MX.FLAGS["flex_sms"]: eng.deepep_sms}
     if eng.moe_capacity_permille and model.is_moe:
         out |= {MX.FLAGS["capacity"]: f"{eng.moe_capacity_permille / 1000:g}", MX.SWITCHES["pad_capacity"]: True}
     return out, notes

@@ -349,6 +349,8 @@ def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
         out.append(pp_recv_buffers_term(spec, M, view, stage))
     if eng.reduce_bucket_elements and view.zero >= 1 and not (eng.fp32_grad_accumulation and view.zero == 1):
         out.append(reduce_bucket_term(view, eng))
+    if eng.deepep_sms and spec.is_moe:
+        out.append(deepep_term(spec, eng))
     return out + [Term(key="mem.reserve", expr=sp.Integer(eng.reserve_bytes), unit="bytes",
                        source=f"{eng.name} reserve: {eng.sources['reserve']}", note="per device")]
 
@@ -362,6 +364,18 @@ def reduce_bucket_term(view: Structure, eng: EngineProfile) -> Term:
                        "(DeepSpeed 0.19.8 runtime/zero/stage_1_and_2.py:3256-3278: allocated at each backward's first "
                        "gradient hook, a second with overlap_comm; stage3.py:780-784: one, at init)",
                 note="ZeRO >= 1; alive through backward")
+
+
+def deepep_term(spec: ModelSpec, eng: EngineProfile) -> Term:
+    """DeepEP's process-wide dispatch/combine buffer over the etp x ep group (formulas/deepep.py)."""
+    from ndplan.formulas import deepep
+    return Term(key="mem.dispatch_buffers", expr=deepep.buffer_expr(spec.hidden_size, eng.deepep_sms),
+                unit="bytes",
+                source=f"DeepEP normal-mode Buffer for etp*ep ranks, {eng.deepep_sms} SMs, bf16 tokens of "
+                       f"{spec.hidden_size}: NVLink buffer + RDMA buffer in 512 MiB NVSHMEM granules + 32 MiB "
+                       "workspace (Megatron-LM@d98e8a64 fused_a2a.py:24-69; deepseek-ai/DeepEP@dd758caf "
+                       "csrc/legacy/config.hpp:53-98, buffer.hpp:101-149)",
+                note="per device, kept for the run; DeepEP refuses group sizes outside its table (infinite here)")
 
 
 MULTI_STAGE_RUNTIME = ("interleaved", "zb-h1", "zbv")

@@ -23,9 +23,10 @@ each chunk, ``uniform`` -> every layer; uneven layers <- ``--decoder-first/last-
 num-layers`` or ``--pipeline-model-parallel-layout``; schedule interleaved when vpp > 1;
 engine megatron, with the optimizer (``--optimizer``, ``--sgd-momentum``, the
 precision-aware optimizer's state dtypes), ``--recompute-modules`` and the MoE capacity
-(``--moe-expert-capacity-factor``, ``--moe-pad-expert-input-to-capacity``) as its settings
+(``--moe-expert-capacity-factor``, ``--moe-pad-expert-input-to-capacity``) and DeepEP's
+buffer (``--moe-token-dispatcher-type flex`` with the deepep backend) as its settings
 (interop.megatron_memory). Read and stated in a note, not modelled: the fp8 recipe's
-transient copies, the MoE dispatcher type.
+transient copies, the allgather, hybridep and ncclep dispatchers' buffers.
 
 Architecture (dense, MoE, MLA, MTP, vocabulary) from the flags: interop.megatron_model;
 otherwise ``-m MODEL``.
@@ -49,7 +50,7 @@ from ndplan.points import default_schedule
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
 MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
-                "fp8_recipe": "--fp8-recipe", "dispatcher": "--moe-token-dispatcher-type"} | MX.FLAGS
+                "fp8_recipe": "--fp8-recipe"} | MX.FLAGS
 """Flags with a value that change memory and are not parallel degrees (argparse dest -> flag)."""
 MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"} | MX.SWITCHES
 """(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
@@ -235,9 +236,9 @@ def _fp8(args, notes: list) -> str:
 def _moe_notes(args, spec, notes: list) -> None:
     if not spec.is_moe:
         return
-    if args.dispatcher and args.dispatcher != "alltoall":
-        notes.append(f"{MEMORY_FLAGS['dispatcher']} {args.dispatcher}: the dispatcher's buffers are estimated "
-                     "as the all-to-all's")
+    if (args.dispatcher or "allgather") == "allgather":
+        notes.append(f"{MEMORY_FLAGS['dispatcher']} allgather" + ("" if args.dispatcher else " (Megatron's default)")
+                     + ": the dispatcher's buffers are estimated as the all-to-all's")
 
 
 def _expansions(ws, notes: list) -> None:
@@ -302,7 +303,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if not moe and (get("ep", 1) != 1 or args.experts):
         notes.append(f"{FLAG['ep']} / --num-experts ignored: {spec.name} has no experts")
     kw |= _recompute(args, notes)
-    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes)
+    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes, kw["ep"] * kw["etp"])
     _moe_notes(args, spec, notes)
     from ndplan.strategy import Strategy
     strat = Strategy(**kw)

@@ -1,6 +1,6 @@
 """Megatron-LM flags that change memory without changing the parallel degrees, read into
 engine settings (engines.derive on the megatron profile): the optimizer and its state
-dtypes, the per-module recompute list and the MoE capacity. Sources are at
+dtypes, the per-module recompute list, the MoE capacity and the DeepEP dispatcher. Sources are at
 NVIDIA/Megatron-LM@d98e8a64 (arguments.py, transformer_config.py, optimizer/).
 """
 
@@ -12,10 +12,12 @@ from ndplan.errors import NdplanError
 FLAGS = {"optimizer": "--optimizer", "sgd_momentum": "--sgd-momentum", "muon_scalar": "--muon-scalar-optimizer",
          "main_params_dtype": "--main-params-dtype", "exp_avg_dtype": "--exp-avg-dtype",
          "exp_avg_sq_dtype": "--exp-avg-sq-dtype", "main_grads_dtype": "--main-grads-dtype",
-         "capacity": "--moe-expert-capacity-factor"}
+         "capacity": "--moe-expert-capacity-factor", "dispatcher": "--moe-token-dispatcher-type",
+         "flex_backend": "--moe-flex-dispatcher-backend", "flex_sms": "--moe-flex-dispatcher-num-sms",
+         "deepep_sms": "--moe-deepep-num-sms"}
 """Flags with a value (argparse dest -> flag)."""
 SWITCHES = {"precision_aware": "--use-precision-aware-optimizer", "pad_capacity": "--moe-pad-expert-input-to-capacity",
-            "grouped_gemm": "--moe-grouped-gemm"}
+            "grouped_gemm": "--moe-grouped-gemm", "enable_deepep": "--moe-enable-deepep"}
 
 OPTIMIZER_CHOICES = ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")
 """--optimizer choices (arguments.py:2913-2917)."""
@@ -141,10 +143,68 @@ def capacity_settings(args, is_moe: bool, notes: list) -> dict:
     return {} if permille == 1000 else {"moe_capacity_permille": permille}
 
 
-def engine(args, is_moe: bool, selective: bool, notes: list) -> str:
+DISPATCHERS = ("allgather", "alltoall", "flex")
+FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
+"""TransformerConfig.moe_token_dispatcher_type and moe_flex_dispatcher_backend Literals
+(transformer_config.py:891-903; the flags are generated from the dataclass, arguments.py:2373)."""
+
+
+def _sms(args) -> int:
+    """moe_flex_dispatcher_num_sms, else the deprecated moe_deepep_num_sms (transformer_config.py:
+    1792-1810), else 20 (token_dispatcher.py:1287-1292)."""
+    for name in ("flex_sms", "deepep_sms"):
+        v = getattr(args, name)
+        if v is not None:
+            try:
+                n = int(v)
+            except ValueError:
+                raise NdplanError(FLAGS[name], v, "not a whole number", "give an even SM count such as 20") from None
+            if not 2 <= n <= 1024:
+                raise NdplanError(FLAGS[name], v, "not an SM count DeepEP can split into channels",
+                                  "give an even number of SMs such as 20")
+            return n
+    return 20
+
+
+def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
+    """deepep_sms for the flex dispatcher with the deepep backend, with Megatron's refusals:
+    --moe-enable-deepep needs flex (transformer_config.py:1743-1745), deepep cannot pad to
+    capacity (:1755-1761), the group tp_ep = etp x ep must have more than one rank
+    (token_dispatcher.py:1836), and DeepEP takes only the group sizes of its config table
+    (deep_ep/buffers/legacy.py:259)."""
+    from ndplan.formulas import deepep
+    kind = _choice(args, "dispatcher", DISPATCHERS, "allgather")
+    backend = _choice(args, "flex_backend", FLEX_BACKENDS, "deepep")
+    if args.enable_deepep:
+        if kind != "flex":
+            raise NdplanError(SWITCHES["enable_deepep"], True, "needs --moe-token-dispatcher-type flex "
+                              "(transformer_config.py:1743-1745)", "add --moe-token-dispatcher-type flex")
+        if getattr(args, "flex_backend") == "hybridep":
+            raise NdplanError(FLAGS["flex_backend"], "hybridep", "conflicts with --moe-enable-deepep "
+                              "(transformer_config.py:1746-1747)", "drop one of them")
+        backend = "deepep"
+    if not is_moe or kind != "flex":
+        return {}
+    if backend != "deepep":
+        notes.append(f"{FLAGS['flex_backend']} {backend}: its buffers are not modelled (estimated as the "
+                     "all-to-all's)")
+        return {}
+    if args.pad_capacity:
+        raise NdplanError(SWITCHES["pad_capacity"], True, "is refused by the flex dispatcher with the deepep "
+                          "backend (transformer_config.py:1755-1761)", "drop it or use --moe-token-dispatcher-type alltoall")
+    if ep_ranks not in deepep.CONFIGS:
+        raise NdplanError("--expert-model-parallel-size", ep_ranks, "DeepEP has no config for this many "
+                          "expert-tensor x expert-parallel ranks (deep_ep/buffers/legacy.py:259)",
+                          f"give etp x ep one of {', '.join(map(str, deepep.CONFIGS))}")
+    sms = _sms(args)
+    notes.append(f"DeepEP buffer for {ep_ranks} ranks with {sms} SMs (mem.dispatch_buffers)")
+    return {"deepep_sms": sms}
+
+
+def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1) -> str:
     """The megatron engine with all of the above (engines.derive; settings equal to the
     profile's are left out)."""
     from ndplan.engines import MEGATRON, derive
     settings = (optimizer_settings(args, notes) | recompute_settings(args, selective, notes)
-                | capacity_settings(args, is_moe, notes))
+                | capacity_settings(args, is_moe, notes) | dispatcher_settings(args, is_moe, ep_ranks, notes))
     return derive("megatron", {k: v for k, v in settings.items() if getattr(MEGATRON, k) != v})

@@ -36,7 +36,7 @@ from ndplan.strategy import Strategy
 from ndplan.symbols import model_symbols
 
 OVERHEAD_KEYS = ("mem.reserve", "mem.allocator", "mem.graph_constants", "mem.transient", "mem.comm_buffers",
-                 "mem.pp_buffers", "mem.zero3_gather", "mem.reduce_buckets")
+                 "mem.pp_buffers", "mem.zero3_gather", "mem.reduce_buckets", "mem.dispatch_buffers")
 """Per-stage memory Terms that belong to no layer (the allocator slack taken at the estimate's
 even split, its largest stage: a PPB plan moves layers, which changes it by slack x the moved bytes)."""
 
