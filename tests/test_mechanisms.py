@@ -577,3 +577,73 @@ def test_megatron_deepep_emit_reads_back(tmp_path):
     f.write_text(emit("megatron", model, s))
     assert "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep" in f.read_text()
     assert read_config(f, gpus=64).strategy.engine == s.engine
+
+
+# --------------------------------------------------------------------------- Megatron fp8 recipe (Transformer Engine)
+
+FP8 = {"fp8_linear_inputs": 1}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_fp8_dense_layer_saves_fp8_linear_inputs(tp):
+    """TE linear.py:418-437, 598-621 (TransformerEngine@d0067d0d): under fp8 each linear saves its
+    quantized input, 1 B per element: the q/k/v input (norm output) and the fc1 input, sbh/tp
+    each under SP, lose 1 B per element; the fc2 input (s f / tp) too; the o_proj input gains a
+    1 B fp8 copy beside the bf16 output flash attention keeps (a d = h for llama3-8b).
+    Net: s (h + f) / tp fewer bytes per layer."""
+    spec = ndplan.load_model("llama3-8b")
+    h, f = spec.hidden_size, spec.intermediate_size
+    base = layer_bytes(spec, "dense", "megatron", tp=tp, recompute="none")
+    fp8 = layer_bytes(spec, "dense", derive("megatron", FP8), tp=tp, recompute="none")
+    assert base - fp8 == SEQ * (h + f) // tp
+
+
+def test_fp8_moe_layer_saves_fp8_expert_fc2_inputs():
+    """Mixtral: the grouped expert fc2 inputs (s k f_e / tp token-expert rows under SP) are saved
+    in fp8; the router and the permuted tokens stay 16-bit; q/k/v input -s h, o_proj copy +s h
+    cancel (a d = h)."""
+    spec = ndplan.load_model("mixtral-8x7b")
+    k, fe = 2, 14336  # mistralai/Mixtral-8x7B-v0.1 config.json: num_experts_per_tok, intermediate_size
+    for tp in (1, 4):
+        base = layer_bytes(spec, "moe", "megatron", tp=tp, etp=tp, recompute="none")
+        fp8 = layer_bytes(spec, "moe", derive("megatron", FP8), tp=tp, etp=tp, recompute="none")
+        assert base - fp8 == SEQ * k * fe // tp
+
+
+MG_FP8 = __import__("pathlib").Path(__file__).parent / "data" / "recipes" / "megatron_llama3_8b_fp8.sh"
+
+
+@pytest.mark.parametrize("edit,cache", [
+    ({}, 1),  # --fp8-param-gather: fp8 primary weights, the transpose is the only copy
+    ({'"--fp8-param-gather"': '"--no-load-optim"'}, 2),  # fp8 compute on bf16 weights: cached row-wise + transpose
+    ({'"--fp8-param-gather"': '"--disable-parameter-transpose-cache"'}, 0),
+], ids=["fp8-param-gather", "fp8-compute", "no-transpose-cache"])
+def test_fp8_weight_cache(tmp_path, edit, cache):
+    """Megatron passes is_first_microbatch to every TE linear (extensions/transformer_engine.py:
+    1338-1345) unless --disable-parameter-transpose-cache, so TE caches the quantized weight
+    (linear.py:1958-1961, 2068-2071; base.py:792-890): 1 B row-wise plus, on Hopper's TN-only fp8
+    GEMMs, 1 B transpose (storage/float8_tensor_storage.py:281-317). llama3-8b layer weights per
+    layer: q, o 2 x 4096^2 + k, v 2 x 4096 x 1024 + gate, up, down 3 x 4096 x 14336 + 2 norms of
+    4096 = 218,112,000; 32 layers and the final norm (4096) on the one stage (tp 1)."""
+    text = MG_FP8.read_text()
+    for old, new in edit.items():
+        assert old in text
+        text = text.replace(old, new)
+    f = tmp_path / MG_FP8.name
+    f.write_text(text)
+    ci = read_config(f)
+    assert ci.strategy.tp == 1 and ci.strategy.pp == 1
+    t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[0]["terms"]
+    assert t.get("mem.fp8_weight_cache", 0) == cache * (32 * 218_112_000 + 4096)
+    assert "fp8_linear_inputs=1" in ci.strategy.engine
+
+
+@pytest.mark.parametrize("settings", [{"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": 2},
+                                      {"fp8_linear_inputs": 1}], ids=["cache", "no-cache"])
+def test_fp8_emit_reads_back(tmp_path, settings):
+    from ndplan.export import emit
+    model = ndplan.load_model("llama3-8b")
+    s = ndplan.Strategy(dp=8, tp=1, gbs=16, seq=SEQ, zero=1, engine=derive("megatron", settings))
+    f = tmp_path / "run.sh"
+    f.write_text(emit("megatron", model, s))
+    assert read_config(f, gpus=8).strategy.engine == s.engine

@@ -50,6 +50,23 @@ class EngineProfile:
     backward and zeroes it, not frees it (bf16_optimizer.py:508-530), unless
     ``bf16.immediate_grad_update`` (default false, precision_config.py:51) frees it in the hook
     (:707-715); 2 or 0. Memory only: the reduction runs on the fp32 buffer."""
+    fp8_linear_inputs: bool = False
+    """fp8 GEMMs in Transformer Engine linears (Megatron-LM ``--fp8-format``): each TE linear
+    quantizes its input and saves the fp8 copy for the weight gradient, 1 byte per element, instead
+    of the 16-bit input (NVIDIA/TransformerEngine@d0067d0d pytorch/module/linear.py:418-437, 598-621:
+    column-wise data only, or the row-wise local shard under sequence parallelism; layernorm_linear
+    likewise saves its fp8 ``ln_out``). Applies to the q/k/v, fc1, fc2 and expert/shared fc2 inputs;
+    the o_proj input gains an fp8 copy beside the attention output the flash kernel keeps. The MoE
+    router, the token permutation and the MLA up-projections keep 16-bit inputs here."""
+    fp8_weight_cache_bytes: int = 0
+    """Bytes per transformer-layer weight element of Transformer Engine's fp8 weight copies, kept for
+    the run: Megatron passes ``is_first_microbatch`` (megatron/core/extensions/transformer_engine.py:
+    1338-1345, unless ``--disable-parameter-transpose-cache``), so every TE linear caches its quantized
+    weight in ``_fp8_workspaces`` (TE linear.py:1958-1961, 2068-2071; base.py:792-890): row-wise data
+    (1) and, where fp8 GEMMs are TN-only (Hopper), its transpose (1) for the backward (storage/
+    float8_tensor_storage.py:281-317). With fp8 primary weights (``--fp8-param-gather``) only the
+    transpose is extra. 2 (fp8 compute, Hopper), 1 (fp8 primary weights on Hopper, or fp8 compute on
+    Blackwell), 0: none. Not applied under ZeRO-3 (weights gathered per layer)."""
     deepep_sms: int = 0
     """DeepEP's normal-mode buffer (Megatron-LM ``--moe-token-dispatcher-type flex`` with the deepep
     backend): the SMs its channels take (``--moe-flex-dispatcher-num-sms``, Megatron's default 20,

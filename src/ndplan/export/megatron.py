@@ -207,6 +207,13 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     elif states != (MEGATRON.optimizer_bytes, 0, MEGATRON.master_bytes):
         notes.append(f"optimizer states of {eng.optimizer_bytes} B (master {eng.master_bytes} B) per parameter: no "
                      "Megatron-LM optimizer keeps them; written as Adam")
+    if eng.fp8_linear_inputs:
+        out[FLAG["fp8_format"]] = "hybrid"
+        if not eng.fp8_weight_cache_bytes and s.zero < 3:
+            out[MX.SWITCHES["no_transpose_cache"]] = True
+    elif s.weight_dtype == "fp8":
+        notes.append("fp8 weights mean fp8 GEMMs in Megatron-LM: check on this file adds the fp8 copies of linear "
+                     "inputs and weight transposes (--set fp8_linear_inputs=1 --set fp8_weight_cache_bytes=1)")
     if eng.deepep_sms and model.is_moe:
         out |= {MX.FLAGS["dispatcher"]: "flex", MX.FLAGS["flex_backend"]: "deepep",
                 MX.FLAGS["flex_sms"]: eng.deepep_sms}

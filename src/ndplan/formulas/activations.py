@@ -45,6 +45,9 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
    ``selective_drops`` and ``comm_recompute_keeps_shard`` (what selective recompute
    frees), ``score_bytes`` / ``selective_score_bytes`` / ``selective_score_global``
    (scores without flash attention), ``cp_implies_sp``.
+12. fp8 GEMMs (``fp8_linear_inputs``, Transformer Engine): the saved inputs of the q/k/v, fc1
+   and fc2 linears take 1 byte per element; the o_proj saves an fp8 copy beside the output the
+   flash kernel keeps.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from ndplan.symbols import ModelSymbols
 ACT_BYTES = 2  # bf16/fp16 activations (Korthikanti Table 2 assumes 16-bit)
 MASK_BYTES = 1  # dropout masks are bytes (Korthikanti Sec. 4.1)
 FP32_BYTES = 4  # router logits, flash-attention log-sum-exp
+FP8_BYTES = 1  # fp8 copies of linear inputs (EngineProfile.fp8_linear_inputs)
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
     """Attention block activations by component (bytes per micro-batch)."""
     s, b, t, tsp = c.s, c.b, c.t, c.t_sp
     sbh = s * b * M.h
-    parts = {"norm_input": _norm(M, c), "qkv_input": ACT_BYTES * sbh / _gathered(c)}
+    parts = {"norm_input": _norm(M, c), "qkv_input": _linear_bytes(c) * sbh / _gathered(c)}
     if spec.is_mla:
         # each latent (q: ql, kv: kl) is a norm input (engine bytes, plus its statistic) and its
         # output feeds the up-projection (2 B); the shared rotary key part k_pe (dr) is kept too
@@ -123,10 +127,25 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
             heads = M.a + M.kv
             parts["qk_norm"] = (c.eng.norm_input_bytes * M.d + c.eng.norm_stat_bytes) * heads * s * b / t
     parts["core"] = core_attention(spec, M, c)
-    parts["o_input"] = ACT_BYTES * s * b * _o_width(spec, M) / t
+    parts["o_input"] = _o_input_bytes(c) * s * b * _o_width(spec, M) / t
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / tsp
     return parts
+
+
+def _linear_bytes(c: ActContext) -> int:
+    """Bytes per element of a saved linear-layer input: 1 under fp8 GEMMs
+    (EngineProfile.fp8_linear_inputs), else 16-bit."""
+    return FP8_BYTES if c.eng.fp8_linear_inputs else ACT_BYTES
+
+
+def _o_input_bytes(c: ActContext) -> int:
+    """The attention output, once (the flash kernel's saved output is the o_proj input); under fp8
+    GEMMs the o_proj saves its own fp8 copy beside the output flash attention keeps (without flash,
+    the core keeps its scores, not its output)."""
+    if not c.eng.fp8_linear_inputs:
+        return ACT_BYTES
+    return FP8_BYTES + (ACT_BYTES if c.flash else 0)
 
 
 def _o_width(spec: ModelSpec, M: ModelSymbols) -> sp.Expr:
@@ -157,17 +176,17 @@ def _ffn_parts(spec: ModelSpec, c: ActContext, width, tokens, t_width) -> dict[s
     """Saved tensors of an MLP of ``width`` over ``tokens`` tokens, width split by t_width."""
     if spec.gated_mlp:
         parts = {"gate_up": 2 * ACT_BYTES * tokens * width / t_width,
-                 "down_input": ACT_BYTES * tokens * width / t_width}
+                 "down_input": _linear_bytes(c) * tokens * width / t_width}
         extra = c.eng.swiglu_bytes_per_f - 3 * ACT_BYTES  # unfused graphs keep the SiLU output
         if extra:
             parts["act_out"] = extra * tokens * width / t_width
         return parts
-    return {"act_input": ACT_BYTES * tokens * width / t_width, "down_input": ACT_BYTES * tokens * width / t_width}
+    return {"act_input": ACT_BYTES * tokens * width / t_width, "down_input": _linear_bytes(c) * tokens * width / t_width}
 
 
 def mlp_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.Expr]:
     sbh = c.s * c.b * M.h
-    parts = {"norm_input": _norm(M, c), "fc1_input": ACT_BYTES * sbh / _gathered(c)}
+    parts = {"norm_input": _norm(M, c), "fc1_input": _linear_bytes(c) * sbh / _gathered(c)}
     parts |= _ffn_parts(spec, c, M.f, c.s * c.b, c.t)
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / c.t_sp

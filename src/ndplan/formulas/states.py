@@ -58,7 +58,8 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
         grads = grads * sp.Min(pp_expr(spec, view) + S.m - 2, 1)
     off = 0 if view.offload_optimizer else 1
     scope = "one device of this stage"
-    return [
+    cache = fp8_weight_cache_terms(view, eng, dense - vocab[0] + expert)
+    return cache + [
         Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb), unit="bytes",
              source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}"
                     + _weights_source(view, eng), note=scope + (" (offloaded to host)" if _offloaded(view, eng) else "")),
@@ -73,6 +74,19 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
              source=f"{_optimizer_source(eng)}; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
     ]
+
+
+def fp8_weight_cache_terms(view: Structure, eng: EngineProfile, layer_weights) -> list[Term]:
+    """Transformer Engine's cached fp8 weight copies (EngineProfile.fp8_weight_cache_bytes) of the
+    device's transformer-layer weights (its parameters less the vocabulary matrices; norms and the
+    router, under 0.1 %, are counted in)."""
+    if not eng.fp8_weight_cache_bytes or view.zero >= 3:
+        return []
+    return [Term(key="mem.fp8_weight_cache", expr=eng.fp8_weight_cache_bytes * layer_weights, unit="bytes",
+                 source=f"{eng.fp8_weight_cache_bytes} B per layer weight: Transformer Engine's fp8 workspace "
+                        "(row-wise, and its transpose on TN-only GPUs) cached across micro-batches "
+                        "(EngineProfile.fp8_weight_cache_bytes; TE@d0067d0d linear.py:1958-1961, 2068-2071)",
+                 note="one device of this stage, kept for the run")]
 
 
 def _offloaded(view: Structure, eng: EngineProfile) -> bool:

@@ -23,10 +23,10 @@ each chunk, ``uniform`` -> every layer; uneven layers <- ``--decoder-first/last-
 num-layers`` or ``--pipeline-model-parallel-layout``; schedule interleaved when vpp > 1;
 engine megatron, with the optimizer (``--optimizer``, ``--sgd-momentum``, the
 precision-aware optimizer's state dtypes), ``--recompute-modules`` and the MoE capacity
-(``--moe-expert-capacity-factor``, ``--moe-pad-expert-input-to-capacity``) and DeepEP's
-buffer (``--moe-token-dispatcher-type flex`` with the deepep backend) as its settings
-(interop.megatron_memory). Read and stated in a note, not modelled: the fp8 recipe's
-transient copies, the allgather, hybridep and ncclep dispatchers' buffers.
+(``--moe-expert-capacity-factor``, ``--moe-pad-expert-input-to-capacity``), DeepEP's
+buffer (``--moe-token-dispatcher-type flex`` with the deepep backend) and the fp8 recipe's
+saved fp8 inputs and cached fp8 weights as its settings (interop.megatron_memory). Read and stated in a note, not modelled: the fp8 GEMMs'
+quantisation scratch, the allgather, hybridep and ncclep dispatchers' buffers.
 
 Architecture (dense, MoE, MLA, MTP, vocabulary) from the flags: interop.megatron_model;
 otherwise ``-m MODEL``.
@@ -228,8 +228,8 @@ def _fp8(args, notes: list) -> str:
                      "embeddings, norms and biases in bf16)")
         return "fp8"
     if args.fp8_format:
-        notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {args.fp8_recipe or 'delayed'}: fp8 GEMMs; "
-                     "their transient fp8 copies of weights and activations are not modelled")
+        notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {args.fp8_recipe or 'delayed'}: fp8 GEMMs "
+                     "(the quantisation scratch of each GEMM is not modelled)")
     return "auto"
 
 
@@ -303,7 +303,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if not moe and (get("ep", 1) != 1 or args.experts):
         notes.append(f"{FLAG['ep']} / --num-experts ignored: {spec.name} has no experts")
     kw |= _recompute(args, notes)
-    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes, kw["ep"] * kw["etp"])
+    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes, kw["ep"] * kw["etp"], zero)
     _moe_notes(args, spec, notes)
     from ndplan.strategy import Strategy
     strat = Strategy(**kw)

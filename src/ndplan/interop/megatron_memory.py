@@ -1,6 +1,7 @@
 """Megatron-LM flags that change memory without changing the parallel degrees, read into
 engine settings (engines.derive on the megatron profile): the optimizer and its state
-dtypes, the per-module recompute list, the MoE capacity and the DeepEP dispatcher. Sources are at
+dtypes, the per-module recompute list, the MoE capacity, the DeepEP dispatcher and the fp8
+recipe's saved inputs and weight copies. Sources are at
 NVIDIA/Megatron-LM@d98e8a64 (arguments.py, transformer_config.py, optimizer/).
 """
 
@@ -17,7 +18,8 @@ FLAGS = {"optimizer": "--optimizer", "sgd_momentum": "--sgd-momentum", "muon_sca
          "deepep_sms": "--moe-deepep-num-sms"}
 """Flags with a value (argparse dest -> flag)."""
 SWITCHES = {"precision_aware": "--use-precision-aware-optimizer", "pad_capacity": "--moe-pad-expert-input-to-capacity",
-            "grouped_gemm": "--moe-grouped-gemm", "enable_deepep": "--moe-enable-deepep"}
+            "grouped_gemm": "--moe-grouped-gemm", "enable_deepep": "--moe-enable-deepep",
+            "no_transpose_cache": "--disable-parameter-transpose-cache"}
 
 OPTIMIZER_CHOICES = ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")
 """--optimizer choices (arguments.py:2913-2917)."""
@@ -201,10 +203,33 @@ def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
     return {"deepep_sms": sms}
 
 
-def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1) -> str:
+def fp8_settings(args, zero: int, notes: list) -> dict:
+    """fp8_linear_inputs and fp8_weight_cache_bytes under ``--fp8-format`` (Transformer Engine fp8
+    GEMMs in every transformer-layer linear; EngineProfile documents both with TE's lines): 2 bytes
+    of cached fp8 weight and transpose per layer weight, 1 with fp8 primary weights
+    (``--fp8-param-gather``: the transpose only), none with ``--disable-parameter-transpose-cache``
+    (transformer_engine.py:1338-1339) or under ZeRO-3. The TN-only fp8 GEMMs of Hopper are
+    assumed (a transpose per weight)."""
+    if not args.fp8_format:
+        return {}
+    cache = 0 if args.no_transpose_cache else (1 if args.fp8_param_gather else 2)
+    if args.no_transpose_cache:
+        notes.append(f"{SWITCHES['no_transpose_cache']}: each forward quantizes the weights anew; those fp8 "
+                     "copies, saved for the backward, are not modelled")
+    elif zero >= 3:
+        notes.append("fp8 weight copies under ZeRO-3 / Megatron-FSDP are not modelled")
+    else:
+        notes.append(f"fp8 GEMMs: linear inputs saved in fp8; {cache} B per layer weight of cached fp8 "
+                     "weight copies (Hopper's transposes; on Blackwell give --set fp8_weight_cache_bytes="
+                     f"{cache - 1})")
+    return {"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": cache}
+
+
+def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1, zero: int = 0) -> str:
     """The megatron engine with all of the above (engines.derive; settings equal to the
     profile's are left out)."""
     from ndplan.engines import MEGATRON, derive
     settings = (optimizer_settings(args, notes) | recompute_settings(args, selective, notes)
-                | capacity_settings(args, is_moe, notes) | dispatcher_settings(args, is_moe, ep_ranks, notes))
+                | capacity_settings(args, is_moe, notes) | dispatcher_settings(args, is_moe, ep_ranks, notes)
+                | fp8_settings(args, zero, notes))
     return derive("megatron", {k: v for k, v in settings.items() if getattr(MEGATRON, k) != v})

@@ -45,9 +45,11 @@ def _value(expr, point) -> float:
     return float(sp.sympify(expr).subs(point))
 
 
-def _static(spec, strat, eng, pieces, point, emb=False) -> int:
+def _static(spec, strat, eng, pieces, point, emb=False, vocab=False) -> int:
+    """Static bytes of ``pieces``: a layer, or (``vocab``) the input embedding (``emb``) or the head."""
     dense, expert = device_params(pieces)
-    terms = static_terms(spec, strat, eng, dense, expert, dense if emb else 0)
+    terms = static_terms(spec, strat, eng, dense, expert, dense if emb else 0,
+                         (dense, dense if emb else 0) if vocab else (0, 0))
     return int(round(sum(_value(t.expr, point) for t in terms)))
 
 
@@ -62,7 +64,7 @@ def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
     # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
     # (memory.stage_params); under zbv the head sits on stage 0
     tied_copy = G.head_stage(strat, strat.pp) != 0  # groups.tied_head_copy: the head not on stage 0
-    head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point)
+    head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point, vocab=True)
     return Layer(name="head", kind="head", forward_s=f, backward_input_s=b, backward_weight_s=w,
                  static_bytes=head_static,
                  activation_bytes={"none": int(round(_value(A.head_activation(spec, M, c), point)))})
@@ -90,7 +92,7 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
     c = ctx[strat.recompute]
     emb_pieces = P.embedding_pieces(spec, M)
     layers = [Layer(name="embedding", kind="embedding", forward_s=0.0, backward_input_s=0.0, backward_weight_s=0.0,
-                    static_bytes=_static(spec, strat, eng, emb_pieces, point, emb=True),
+                    static_bytes=_static(spec, strat, eng, emb_pieces, point, emb=True, vocab=True),
                     activation_bytes={"none": int(round(_value(A.embedding_activation(spec, M, c), point)))})]
     cache: dict[str, Layer] = {}
     for kind in spec.layer_kinds:
