@@ -647,3 +647,55 @@ def test_fp8_emit_reads_back(tmp_path, settings):
     f = tmp_path / "run.sh"
     f.write_text(emit("megatron", model, s))
     assert read_config(f, gpus=8).strategy.engine == s.engine
+
+
+# --------------------------------------------------------------------------- MindFormers AdamW step temporaries
+
+def test_mindformers_fused_adamw_has_no_step_temporaries(tmp_path):
+    """mindformers@fd4deebc core/optim/__init__.py:175-198: AdamW(use_fused=True) is FusedAdamW, whose
+    gen.AdamW kernel updates parameters, exp_avg and exp_avg_sq in place (fused_adamw.py:17-33, 172);
+    the composite AdamW (adamw.py:44-52) builds each new moment as an fp32 tensor before its assign:
+    8 B per local parameter while the step runs (the profile's). With everything recomputed those
+    temporaries are the dynamic peak of the composite, and the fused one's is lower."""
+    hw = ndplan.load_hardware("h100-sxm")
+    composite = _mf(tmp_path, {"optimizer.type": "AdamW", "recompute_config.recompute": True})
+    fused = _mf(tmp_path, {"optimizer.type": "AdamW", "optimizer.use_fused": True, "recompute_config.recompute": True})
+    assert "optimizer_step_temp_bytes=0" in fused.strategy.engine
+    assert "optimizer_step_temp_bytes" not in composite.strategy.engine
+    ta = ndplan.estimate(composite.model, hw, composite.strategy).per_stage[0]["terms"]
+    tb = ndplan.estimate(fused.model, hw, fused.strategy).per_stage[0]["terms"]
+    # the step runs after the backward, when the activations and gathered weights are gone: the
+    # composite's dynamic memory is the larger of the fused one's and its temporaries, as large as
+    # the fp32 moments they replace (2 x 4 B per optimizer-sharded parameter)
+    def dynamic(t):
+        return sum(v for k, v in t.items() if k in ("mem.activations", "mem.transient", "mem.zero3_gather"))
+    assert dynamic(ta) == pytest.approx(max(dynamic(tb), ta["mem.optimizer"]), rel=1e-9)
+    assert ta["mem.optimizer"] > dynamic(tb)
+
+
+@pytest.mark.parametrize("edit,field,opt_bytes", [
+    ({"optimizer.amsgrad": True}, "optimizer.amsgrad", None),
+    ({"optimizer.maximize": True}, "optimizer.maximize", None),
+    ({"optimizer.amsgrad": True, "optimizer.use_fused": True}, None, 12),
+], ids=["amsgrad-unfused", "maximize-unfused", "amsgrad-fused"])
+def test_mindformers_adamw_amsgrad(tmp_path, edit, field, opt_bytes):
+    """__init__.py:192-193 refuses amsgrad and maximize without use_fused; FusedAdamW with amsgrad
+    clones max_exp_avg_sq beside the two moments (fused_adamw.py:163-168): 3 x 4 B."""
+    if field:
+        with pytest.raises(NdplanError) as e:
+            _mf(tmp_path, {"optimizer.type": "AdamW"} | edit)
+        assert e.value.field == field
+        return
+    ci = _mf(tmp_path, {"optimizer.type": "AdamW"} | edit)
+    assert f"optimizer_bytes={opt_bytes}" in ci.strategy.engine
+
+
+@pytest.mark.parametrize("settings", [{"optimizer_step_temp_bytes": 0},
+                                      {"optimizer_step_temp_bytes": 0, "optimizer_bytes": 12}], ids=["fused", "amsgrad"])
+def test_mindformers_fused_adamw_emit_reads_back(tmp_path, settings):
+    from ndplan.export import emit
+    model = ndplan.load_model("llama3-8b")
+    s = ndplan.Strategy(dp=8, gbs=16, seq=SEQ, zero=1, engine=derive("mindspore", settings))
+    f = tmp_path / "mf.yaml"
+    f.write_text(emit("mindformers", model, s))
+    assert read_config(f, model=model, gpus=8).strategy.engine == s.engine

@@ -175,7 +175,10 @@ MINDSPORE = EngineProfile(
                   "V*h*4/8) while layer and head gradients are not; optimizer-parallel gathers keep 16-bit copies of the stage's weights",
         "optimizer_step": "AdamWeightDecay fp32 update temporaries, one set per local parameter (8 bytes), "
                           "alive only in the optimizer step: the measured flat dynamic floor of fully recomputed "
-                          "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB)",
+                          "stages (llama3/fullrec 8465 MiB ~ optimizer states 8161 MiB + 0.3 GiB); what the "
+                          "composite AdamW of the validation recipes builds: each new moment out of place, an fp32 "
+                          "tensor per state before its assign (mindformers@fd4deebc core/optim/adamw.py:44-52); "
+                          "the fused AdamW updates in place (0, interop.mindformers_memory)",
         "recompute_counts": "MindFormers LayerSetting._alloc_recompute_layer (mindformers/models/utils.py): an int "
                             "per stage in recompute/select_recompute is min(n, layers of the stage), allocated "
                             "round-robin over the pp_interleave_num chunks; each chunk recomputes its first layers. "

@@ -95,8 +95,8 @@ def plan_fields(p, balance) -> dict:
 
 def _engine_keys(model: ModelSpec, s: Strategy) -> dict:
     """The mindspore engine's settings as the keys interop.mindformers_memory reads them from:
-    the MoE capacity factor (-1, dynamic, when the engine routes dropless) and the optimizer
-    shard group."""
+    the MoE capacity factor (-1, dynamic, when the engine routes dropless), the optimizer
+    shard group and the fused AdamW (no step temporaries)."""
     from ndplan.engines import profile
     from ndplan.interop import mindformers_memory as MFM
     eng, doc = profile(s.engine), {}
@@ -104,6 +104,10 @@ def _engine_keys(model: ModelSpec, s: Strategy) -> dict:
         doc[f"{MFM.MOE}.capacity_factor"] = eng.moe_capacity_permille / 1000 if eng.moe_capacity_permille else -1
     if eng.optimizer_shard_size:
         doc[MFM.SHARD_SIZE] = eng.optimizer_shard_size
+    if eng.optimizer_step_temp_bytes == 0 and eng.optimizer_bytes in (8, 12):
+        doc |= {MFM.OPTIMIZER: "AdamW", "optimizer.use_fused": True}  # the in-place fused AdamW
+        if eng.optimizer_bytes == 12:
+            doc["optimizer.amsgrad"] = True
     return doc
 
 

@@ -1,5 +1,6 @@
 """MindFormers yaml keys that change memory without changing the parallel degrees, read
-into engine settings (engines.derive on the mindspore profile): the optimizer type, the
+into engine settings (engines.derive on the mindspore profile): the optimizer type (its states
+and step temporaries), the
 optimizer shard group (``optimizer_weight_shard_size``) and the MoE capacity. Sources are
 at mindspore-lab/mindformers@fd4deebc.
 """
@@ -20,10 +21,42 @@ BasicAdamW and FusedAdamW clone exp_avg and exp_avg_sq as float32, adamw.py:162-
 fused_adamw.py:163-193), and FP32StateAdamWeightDecay (the profile's, fp32 by name)."""
 
 
+def _flag(doc: dict, key: str) -> bool:
+    v = get(doc, key, False)
+    if not isinstance(v, bool):
+        raise NdplanError(key, v, "not true or false", f"write {key.rsplit('.', 1)[1]}: True")
+    return v
+
+
+def _fused_adamw(doc: dict, name: str, notes: list) -> dict:
+    """``optimizer.use_fused`` (AdamW's default False, core/optim/__init__.py:175-198) or the type
+    FusedAdamW: the fused in-place kernel (gen.AdamW, fused_adamw.py:17-33, 172) updates the
+    parameters and moments in place, so no optimizer-step temporaries (grads are cast to the
+    parameter dtype they already have); ``amsgrad`` adds max_exp_avg_sq (fused_adamw.py:168).
+    The composite AdamW (adamw.py:35-65) builds each new moment out of place before assigning it:
+    the profile's 8 bytes of step temporaries; it refuses amsgrad and maximize (__init__.py:192-193)."""
+    fused = name == "FusedAdamW" or _flag(doc, "optimizer.use_fused")
+    amsgrad, maximize = _flag(doc, "optimizer.amsgrad"), _flag(doc, "optimizer.maximize")
+    if not fused:
+        if amsgrad or maximize:
+            raise NdplanError("optimizer.amsgrad" if amsgrad else "optimizer.maximize", True, "needs use_fused: True "
+                              "(core/optim/__init__.py:192-193)", "add use_fused: True or drop the key")
+        return {}
+    notes.append("fused AdamW: parameters and moments updated in place (no optimizer-step temporaries)"
+                 + ("; amsgrad keeps max_exp_avg_sq" if amsgrad else ""))
+    out = {"optimizer_step_temp_bytes": 0}
+    if amsgrad:
+        out |= O.engine_settings(O.states("adam_amsgrad"))
+    return out
+
+
 def optimizer_settings(doc: dict, weight_bytes: int, notes: list) -> dict:
-    """optimizer_bytes of ``optimizer.type``: Adam's fp32 moments (the profile's 8), CAME's
-    exp_avg in the parameter dtype (``weight_bytes``), else counted as Adam with a note."""
+    """optimizer_bytes (and step temporaries) of ``optimizer.type``: Adam's fp32 moments (the
+    profile's 8), the fused AdamW's in-place update, CAME's exp_avg in the parameter dtype
+    (``weight_bytes``), else counted as Adam with a note."""
     name = get(doc, OPTIMIZER)
+    if name in ("AdamW", "FusedAdamW"):
+        return _fused_adamw(doc, name, notes)
     if name is None or name in FP32_ADAM:
         return {}
     if name == "Came":
@@ -31,6 +64,8 @@ def optimizer_settings(doc: dict, weight_bytes: int, notes: list) -> dict:
         if not isinstance(beta1, (int, float)) or isinstance(beta1, bool) or beta1 != beta1:
             raise NdplanError("optimizer.beta1", beta1, "not a number", "give e.g. 0.9")
         opt = O.states("came" if beta1 and beta1 > 0 else "came_no_momentum")
+        notes.append("Came: its step temporaries (the full-size update, its square and the instability matrix, "
+                     "came.py:60-140) are counted as AdamW's 8 bytes per parameter (not derived)")
         return O.engine_settings(opt, weight_bytes)
     notes.append(f"{OPTIMIZER} {name}: its states are counted as Adam's two fp32 moments (not modelled)")
     return {}
