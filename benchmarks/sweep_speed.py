@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from ndplan import load_hardware, load_model  # noqa: E402
 from ndplan.estimate import memory_kernel, time_kernel  # noqa: E402
 from ndplan.space import Group, generate  # noqa: E402
-from ndplan.sweep import evaluate_group, row_strategy, sweep  # noqa: E402
+from ndplan.sweep import evaluate_group, row_strategy, sweep, sweep_view  # noqa: E402
 from ndplan.structure import structure  # noqa: E402
 
 N_ROWS = 1_000_000
@@ -55,15 +55,16 @@ def evaluation_rate() -> None:
 
     # baseline: the same generated formulas, called one candidate at a time from Python
     strat = row_strategy({**{k: g.grid[k][0] for k in g.grid}, "vpp": g.vpp, "zero": g.zero, "sp": g.sp,
-                          "recompute": g.recompute, "schedule": g.schedule}, 8192, 1024, {})
-    view = structure(model, strat)
+                          "recompute": g.recompute, "schedule": g.schedule}, 8192, 1024, {},
+                         model.num_hidden_layers)
+    view = sweep_view(model, structure(model, strat))  # the sweep's own view: even and uneven rows
     fm, ft = memory_kernel(model, view), time_kernel(model, view)
     t0 = time.perf_counter()
     for i in range(N_LOOP):
         row = {k: float(v[i]) for k, v in big.grid.items()} | {"vpp": 1.0, "seq": 8192.0, "nrec": 0.0}
         pp = int(row["pp"])
         best = max(sum(fm._fn(*[row[a.name] if a.name != "stage" else float(st) for a in fm.args]))
-                   for st in {0, pp - 1})
+                   for st in {0, min(1, pp - 1), pp - 1})
         s = sum(ft._fn(*[row[a.name] if a.name in row else (0.0 if a.name == "stage" else hwv[a.name])
                          for a in ft.args]))
         assert abs(s - step[i]) <= 1e-9 * s and abs(np.ceil(best) - peak[i]) <= 1e-6 * best + 2

@@ -51,8 +51,11 @@ def _point(s: ndplan.Strategy, stage: int) -> dict:
     the stage and that stage's recompute count (0 when recompute_layers is None)."""
     rl = s.recompute_layers
     nrec = 0 if rl is None else (rl[stage] if isinstance(rl, tuple) else rl)
+    lps = s.layers_per_stage  # an uneven split at vpp 1: stage 0's and the last stage's layers
+    first, last = (lps[0], lps[-1]) if lps and s.vpp == 1 else (0, 0)
     return {S.dp: s.dp, S.tp: s.tp, S.pp: s.pp, S.vpp: s.vpp, S.cp: s.cp, S.ep: s.ep, S.etp: s.etp,
-            S.mbs: s.mbs, S.m: s.gbs // (s.dp * s.mbs), S.seq: s.seq, S.nrec: nrec, S.stage: stage}
+            S.mbs: s.mbs, S.m: s.gbs // (s.dp * s.mbs), S.seq: s.seq, S.nrec: nrec, S.stage: stage,
+            S.first_layers: first, S.last_layers: last}
 
 
 def _value(expr, point) -> float:
@@ -239,15 +242,18 @@ def test_two_hooks_never_share_a_kernel():
 def test_structure_holds_only_what_the_builders_read():
     """Numbers enter a Structure only where a builder branches on them (structure.py):
     pp for a layout not symbolic in pp, cp > 1 for an engine whose SP follows CP with sp
-    off, m for an uneven layout under vpp > 1."""
+    off, m for an uneven layout under vpp > 1; an ends layout at vpp 1 enters as kernel arguments."""
     from ndplan.structure import structure
     llama = MODELS["llama3-8b"]
     even = ndplan.Strategy(dp=2, pp=4, gbs=64)
     assert (structure(llama, even).pp, structure(llama, even).m, structure(llama, even).cp_gt1) == (None, None, None)
     uneven = ndplan.Strategy(pp=2, vpp=2, gbs=4, schedule="interleaved", layers_per_stage=(7, 9, 9, 7))
     assert structure(llama, uneven).pp == 2 and structure(llama, uneven).m == 4
-    uneven_1f1b = ndplan.Strategy(pp=2, gbs=4, layers_per_stage=(15, 17))
-    assert structure(llama, uneven_1f1b).pp == 2 and structure(llama, uneven_1f1b).m is None
+    uneven_1f1b = ndplan.Strategy(pp=4, gbs=4, layers_per_stage=(8, 7, 9, 8))  # middle stages differ
+    assert structure(llama, uneven_1f1b).pp == 4 and structure(llama, uneven_1f1b).m is None
+    ends = ndplan.Strategy(pp=4, gbs=4, layers_per_stage=(7, 9, 9, 7))  # first/last apart: kernel arguments
+    assert structure(llama, ends).pp is None and structure(llama, ends).ends
+    assert structure(llama, ends).layers_per_stage is None
     ms = ndplan.Strategy(cp=2, sp=False, engine="mindspore", seq=4096, gbs=1)
     assert structure(llama, ms).cp_gt1 is True
     assert structure(llama, dataclasses.replace(ms, engine="megatron")).cp_gt1 is None

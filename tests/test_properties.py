@@ -101,7 +101,15 @@ def point_of(strat, stage: int) -> dict:
     nrec = 0 if rl is None else (rl[stage] if isinstance(rl, tuple) else rl)
     return {"dp": strat.dp, "tp": strat.tp, "pp": strat.pp, "vpp": strat.vpp, "cp": strat.cp,
             "ep": strat.ep, "etp": strat.etp, "mbs": strat.mbs, "m": strat.gbs // (strat.dp * strat.mbs),
-            "seq": strat.seq, "nrec": nrec}
+            "seq": strat.seq, "nrec": nrec, **_ends(strat)}
+
+
+def _ends(strat) -> dict:
+    """first_layers/last_layers: stage 0's and the last stage's layers of an uneven split at vpp 1
+    (the only kernels that read them), else 0."""
+    lps = strat.layers_per_stage
+    first, last = (lps[0], lps[-1]) if lps and strat.vpp == 1 else (0, 0)
+    return {"first_layers": first, "last_layers": last}
 
 
 # ------------------------------------------------------------------------- (a)

@@ -64,24 +64,25 @@ def oracle(model, gpus, seq, gbs, dom):
     return valid
 
 
-# (model, gpus, seq, gbs, space given to generate, oracle loop values for etp..sp).
+# (model, gpus, seq, gbs, space given to generate, oracle loop values for etp..sp). Even splits
+# only: the uneven rows have their own brute-force oracle (tests/test_uneven_sweep.py).
 # Where the space says auto, the oracle loops over a superset of the auto values
 # (vpp over 1..num_hidden_layers) or the one value auto means (etp 1, sp True).
 ORACLE_CASES = [
     pytest.param("llama3-8b", 8, 4096, 16,
-                 {"mbs": [1, 2], "sp": [True, False], "zero": 1, "recompute": "none"},
+                 {"mbs": [1, 2], "sp": [True, False], "zero": 1, "recompute": "none", "uneven": False},
                  {"etp": [1], "vpp": range(1, 33), "mbs": [1, 2], "zero": [1], "recompute": ["none"],
                   "schedule": SCHEDULES, "sp": [True, False]}, id="llama3-8b-8gpu-auto-vpp"),
     pytest.param("llama3-8b", 16, 2052, 32,
-                 {"mbs": [1, 2], "vpp": [1, 2, 4], "zero": [0, 3], "recompute": ["none", "full"]},
+                 {"mbs": [1, 2], "vpp": [1, 2, 4], "zero": [0, 3], "recompute": ["none", "full"], "uneven": False},
                  {"etp": [1], "vpp": [1, 2, 4], "mbs": [1, 2], "zero": [0, 3], "recompute": ["none", "full"],
                   "schedule": SCHEDULES, "sp": [True]}, id="llama3-8b-16gpu-seq2052"),
     pytest.param("mixtral-8x7b", 16, 4096, 8,
-                 {"mbs": 1, "etp": [1, 2], "vpp": [1, 2, 3, 4], "zero": 1, "recompute": "selective"},
+                 {"mbs": 1, "etp": [1, 2], "vpp": [1, 2, 3, 4], "zero": 1, "recompute": "selective", "uneven": False},
                  {"etp": [1, 2], "vpp": [1, 2, 3, 4], "mbs": [1], "zero": [1], "recompute": ["selective"],
                   "schedule": SCHEDULES, "sp": [True]}, id="mixtral-16gpu-etp"),
     pytest.param("deepseek-v2-lite", 8, 4096, 12,
-                 {"mbs": 1, "sp": [True, False], "zero": 1, "recompute": "none"},
+                 {"mbs": 1, "sp": [True, False], "zero": 1, "recompute": "none", "uneven": False},
                  {"etp": [1], "vpp": range(1, 28), "mbs": [1], "zero": [1], "recompute": ["none"],
                   "schedule": SCHEDULES, "sp": [True, False]}, id="deepseek-v2-lite-8gpu-mla"),
 ]
@@ -112,7 +113,10 @@ def test_group_arrays():
     keys = {g: i for i, g in enumerate((g.schedule, g.vpp, g.recompute, g.zero, g.sp) for g in cands.groups)}
     assert len(keys) == len(cands.groups), "one group per categorical combination"
     for g in cands.groups:
-        assert set(g.grid) == {"dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m"}
+        assert set(g.grid) == {"dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m", "first_layers", "last_layers", "uneven"}
+        even = g.grid["uneven"] == 0  # even rows: L/pp on the first and last stage (mixtral: 32 layers)
+        assert (g.grid["first_layers"][even] * g.grid["pp"][even] == 32).all()
+        assert (g.grid["first_layers"][~even] + g.grid["last_layers"][~even] < 64).all()
         assert {len(a) for a in g.grid.values()} == {len(g)} and len(g) > 0
         assert all(a.dtype.kind == "i" and not a.flags.writeable for a in g.grid.values())
         assert (g.grid["m"] * g.grid["dp"] * g.grid["mbs"] == gbs).all()
@@ -162,7 +166,7 @@ def test_why_agrees_with_generate_counts():
     """why() over every point of the product generate considers gives its counts."""
     model, gpus, seq, gbs = spec("mixtral-8x7b"), 8, 4096, 8
     space = {"ep": [1, 2, 8], "etp": [1, 2], "vpp": [1, 2, 3], "mbs": [1, 2], "zero": 1,
-             "recompute": "none", "sp": [True, False]}
+             "recompute": "none", "sp": [True, False], "uneven": False}  # uneven rows: test_uneven_sweep.py
     cands = generate(model, gpus, seq, gbs, space)
     tally = Counter()
     valid = set(rows_of(cands))
@@ -200,7 +204,7 @@ def test_every_candidate_is_a_valid_strategy(name, gpus, seq, gbs):
     cands = generate(model, gpus, seq, gbs)
     assert cands.generated == cands.valid + sum(cands.rejected.values())
     for g in cands.groups:
-        for s, i in zip(group_strategies(g, seq, gbs, rows := sorted({0, len(g) // 2, len(g) - 1})), rows):
+        for s, i in zip(group_strategies(model, g, seq, gbs, rows := sorted({0, len(g) // 2, len(g) - 1})), rows):
             s.check(model, gpus)
             assert s.m == g.grid["m"][i]
 

@@ -142,7 +142,7 @@ def test_time_kernel_equals_subs(name, schedule, recompute, zero, dp, tp, cp, mb
     bd = step_time(model, model_symbols(model), strat)
     hw = load_hardware(random.Random(seed).choice(["h100-sxm", "a100-80gb", "ascend-910b"])).kernel_values()
     point = {S.dp: dp, S.tp: tp, S.pp: pp, S.vpp: vpp, S.cp: cp, S.ep: ep, S.etp: 1, S.mbs: mbs, S.m: strat.m,
-             S.seq: 4096, S.nrec: 0, S.stage: 0}
+             S.seq: 4096, S.nrec: 0, S.stage: 0, S.first_layers: 0, S.last_layers: 0}  # even: not read
     point |= {S.BY_NAME[k]: v for k, v in hw.items()}
     point = {k: sp.Float(v, 30) if isinstance(v, float) else sp.Integer(v) for k, v in point.items()}
     out = compile_breakdown(bd, S.STRATEGY_SYMBOLS + S.HW_SYMBOLS)(**{k.name: float(v) for k, v in point.items()})

@@ -23,15 +23,27 @@ from ndplan.errors import NdplanError
 from ndplan.estimate import estimate
 from ndplan.labels import label
 from ndplan.report import cli as report_cli
+from ndplan.layouts import RANGE_TEXT
 from ndplan.space import DIMS, load_space, normalize_space, why
 from ndplan.sweep import SORT_KEYS, SweepResult, find_min_gpus, mem_limit, sweep
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 
 
+_DIM_HELP = {
+    "uneven": "Uneven pipeline layouts: true, false or auto (both; even only for models whose dense and MoE "
+              f"layers interleave). The family, per (pp, vpp): {RANGE_TEXT}. Megatron writes it as "
+              "--decoder-first/last-pipeline-num-layers (or a --pipeline-model-parallel-layout under vpp), "
+              "MindFormers as offsets, torchtitan as module names per stage.",
+    "first_layers": "Decoder layers of pipeline stage 0 (even rows: L/pp): one value, a comma list, or auto (any).",
+    "last_layers": "Decoder layers of the last pipeline stage (even rows: L/pp): one value, a comma list, or auto.",
+}
+
+
 def _dim_options(fn):
     for dim in reversed(DIMS):
-        fn = click.option(f"--{dim}", dim, default=None, metavar="V|V1,V2|auto",
-                          help=f"Constrain {dim}: one value fixes it, a comma list enumerates it, auto explores it.")(fn)
+        fn = click.option(f"--{dim.replace('_', '-')}", dim, default=None, metavar="V|V1,V2|auto",
+                          help=_DIM_HELP.get(dim, f"Constrain {dim}: one value fixes it, a comma list enumerates it, "
+                                                  "auto explores it."))(fn)
     return fn
 
 
@@ -254,6 +266,8 @@ def sweep_cmd(**opts):
       ndplan sweep -m llama3-70b -H a100-80gb --gpus 64 --gbs 64 --mem-fraction 0.9 --top 3
       ndplan sweep -m llama3-8b -H a100-80gb --gbs 256 --seq 4096 --find-min-gpus
       ndplan sweep -m llama3-8b --gpus 64 --gbs 512 --emit torchtitan --emit-all --emit-out configs
+      ndplan sweep -m llama3.1-405b -H h100-sxm --gpus 2048 --seq 8192 --gbs 2048 --tp 8 --pp 16 --cp 1 \\
+          --vpp 1 --zero 1 --schedule 1f1b --uneven true --top 3
     """
     job = _prepare(opts)
     r = _run(job)

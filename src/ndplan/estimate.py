@@ -22,6 +22,7 @@ from ndplan.formulas.memory import OUTSIDE_TENSOR_KEYS, STATIC_KEYS, stage_memor
 from ndplan.formulas.states import host_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import cached_kernel
+from ndplan.layouts import ends_of
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
 from ndplan.strategy import Strategy
 from ndplan.structure import Structure, kernel_key, structure
@@ -32,10 +33,13 @@ from ndplan.symbols import model_symbols
 
 def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
     """Values of the strategy symbols (stage excluded; nrec taken at ``stage`` when
-    recompute_layers is per stage)."""
+    recompute_layers is per stage; first_layers/last_layers those of an ends layout,
+    layouts.ends_of, else 0: no other kernel reads them)."""
+    ends = ends_of(strat.pp, strat.vpp, strat.schedule, strat.layers_per_stage) or (0, 0)  # read by ends kernels only
     return {S.dp: strat.dp, S.tp: strat.tp, S.pp: strat.pp, S.vpp: strat.vpp, S.cp: strat.cp,
             S.ep: strat.ep, S.etp: strat.etp, S.mbs: strat.mbs, S.m: strat.m, S.seq: strat.seq,
-            S.nrec: strat.nrec[stage] if isinstance(strat.nrec, tuple) else strat.nrec}
+            S.nrec: strat.nrec[stage] if isinstance(strat.nrec, tuple) else strat.nrec,
+            S.first_layers: ends[0], S.last_layers: ends[1]}
 
 
 def stage_breakdown(model: ModelSpec, view: Structure, stage: int | None = None) -> Breakdown:

@@ -110,7 +110,7 @@ _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
 #: Modules whose code decides a kernel's expressions (the CLI and reports do not).
 _EXPR_MODULES = ("formulas", "catalog", "engines.py", "engine_fields.py", "torch_facts.py", "units.py", "vocab.py",
-                 "symbols.py", "strategy.py", "structure.py", "terms.py", "kernels.py", "estimate.py", "sweep.py")
+                 "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "kernels.py", "estimate.py", "sweep.py")
 _VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py")
 """Modules the formulas import that decide no expression: messages, input bounds, catalog paths,
 validity rules (they reject strategies, never change a Term) and hooks (each hook is in the key)."""

@@ -6,7 +6,8 @@ Every item is ``field=value`` with the Strategy field's own name (as ``--why`` a
 ``sp=on|off``; recompute limited to the first N layers reads ``selective[first N]``
 (``selective[first 4,2,0,0]`` with one count per stage, as --recompute-layers takes it).
 The short form (``label``) has the swept fields and ``sp=off`` only when it is off (the
-canonical default); the full form adds gbs, m, seq, sp and engine.
+canonical default); the full form adds gbs, m, seq, sp and engine. An uneven layout ends
+either form: ``first_layers=7 last_layers=7`` (layouts.py), else ``layers_per_stage=...``.
 """
 
 from __future__ import annotations
@@ -44,4 +45,20 @@ def label(s, full: bool = False, sep: str = " ") -> str:
     ``Strategy.as_dict()``) in one line; ``full`` adds gbs, m, seq, sp and engine."""
     p = _mapping(s)
     keys = FULL if full else SHORT + (() if p["sp"] else ("sp",))
-    return sep.join(f"{k}={_value(p, k)}" for k in keys)
+    return sep.join([f"{k}={_value(p, k)}" for k in keys] + _layout_items(p))
+
+
+def _layout_items(p: Mapping) -> list[str]:
+    """``first_layers=F last_layers=Lst`` for an uneven sweep row or an ends layout
+    (layouts.py), ``layers_per_stage=a,b,...`` for any other given split, else nothing."""
+    if "uneven" in p:
+        return [f"first_layers={_value(p, 'first_layers')}", f"last_layers={_value(p, 'last_layers')}"] \
+            if p["uneven"] else []
+    lps = p.get("layers_per_stage")
+    if not lps:
+        return []
+    from ndplan.layouts import ends_of
+    ends = ends_of(p["pp"], p["vpp"], p["schedule"], tuple(lps))
+    if ends is None:
+        return [f"layers_per_stage={','.join(map(str, lps))}"]
+    return [f"first_layers={ends[0]}", f"last_layers={ends[1]}"]

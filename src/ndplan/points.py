@@ -86,7 +86,17 @@ ROW_FIELDS = {"dp": int, "tp": int, "pp": int, "cp": int, "ep": int, "etp": int,
               "zero": int, "sp": bool, "recompute": str, "schedule": str}
 
 
-def strategy_from_row(row: Mapping, seq: int, gbs: int, base: Mapping | None = None) -> Strategy:
+def strategy_from_row(row: Mapping, seq: int, gbs: int, base: Mapping | None = None,
+                      num_layers: int | None = None) -> Strategy:
     """The Strategy of one sweep candidate (numpy scalars welcome; ``m`` is derived)
-    with the sweep's seq, gbs and fixed fields ``base`` (engine, dtypes, ...)."""
-    return Strategy(**{k: t(row[k]) for k, t in ROW_FIELDS.items()}, gbs=gbs, seq=seq, **(base or {}))
+    with the sweep's seq, gbs and fixed fields ``base`` (engine, dtypes, ...). A row of an
+    uneven layout (``uneven`` 1: first_layers/last_layers, layouts.py) needs the model's
+    ``num_layers`` and becomes ``layers_per_stage``."""
+    fields_ = {k: t(row[k]) for k, t in ROW_FIELDS.items()}
+    if row.get("uneven"):
+        if num_layers is None:
+            raise ValueError("an uneven sweep row needs num_layers")
+        from ndplan.layouts import layers_per_stage
+        fields_["layers_per_stage"] = layers_per_stage(num_layers, fields_["pp"], fields_["vpp"], fields_["schedule"],
+                                                       int(row["first_layers"]), int(row["last_layers"]))
+    return Strategy(**fields_, gbs=gbs, seq=seq, **(base or {}))

@@ -51,6 +51,13 @@ def field_of(rule: Rule, c) -> str:
     return rule.field(c) if callable(rule.field) else rule.field
 
 
+def _split_given(c):
+    """A layer split is given: a Strategy's layers_per_stage, or (space._Ctx) the rows of an
+    uneven layout (its ``uneven`` bool array)."""
+    uneven = getattr(c, "uneven", None)
+    return np.asarray(c.layers_per_stage is not None if uneven is None else uneven, dtype=bool)
+
+
 def _experts_dense(c):
     return (not c.model.is_moe) & ((c.ep != 1) | (c.etp != 1))
 
@@ -118,7 +125,7 @@ RULES: tuple[Rule, ...] = (
          lambda c: f"pp*vpp={c.pp * c.vpp} exceeds num_hidden_layers={c.model.num_hidden_layers}",
          lambda c: "lower pp or vpp"),
     Rule("layers", "num_hidden_layers % (pp*vpp) == 0 (even split)", "model", "pp",
-         lambda c: (c.layers_per_stage is None) & (c.model.num_hidden_layers % (c.pp * c.vpp) != 0),
+         lambda c: ~_split_given(c) & (c.model.num_hidden_layers % (c.pp * c.vpp) != 0),
          lambda c: c.pp,
          lambda c: f"num_hidden_layers={c.model.num_hidden_layers} is not divisible by pp*vpp={c.pp * c.vpp}",
          lambda c: "give an uneven split (--layers-per-stage; in a launch file its first/last-stage "

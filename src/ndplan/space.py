@@ -20,6 +20,13 @@ recompute   none, selective, full
 schedule    gpipe, 1f1b, interleaved, zb-h1, zbv (``dualpipe-v`` is read as zbv)
 sp          True only: sequence parallelism is on whenever tp > 1 (list
             ``[true, false]`` to compare)
+uneven      False and True: the even split and the "ends" layouts of layouts.py
+            (first and last stage apart, middle stages even), for models whose
+            dense layers come first (all dense, all MoE, DeepSeek); even only for
+            other layer patterns
+first_layers, last_layers
+            any: the decoder layers of stage 0 / stage pp-1 (even rows: L/pp);
+            list values to keep only those counts
 ==========  ==================================================================
 
 Candidates are built as numpy arrays, never by exceptions in a loop: the world rule
@@ -57,16 +64,23 @@ from ndplan import limits
 from ndplan import points as P
 from ndplan import rules as R
 from ndplan.formulas.groups import micro_batches
+from ndplan.formulas.placement import leading_dense
+from ndplan.layouts import RANGE_TEXT, ends_options
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
 from ndplan.vocab import ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULE_ALIASES, SCHEDULES, ZERO_LEVELS as ZERO_STAGES
 
-DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "recompute", "schedule", "sp")
+DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero", "recompute", "schedule", "sp", "uneven",
+        "first_layers", "last_layers")
 WORLD_DIMS = ("dp", "tp", "pp", "cp")
 #: Positive-integer dimensions.
 DEGREE_DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
-#: Keys of ``Group.grid``; ``m`` = gbs // (dp*mbs) micro-batches per step.
-GRID_KEYS = ("dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m")
+#: Layer-count dimensions (positive integers; kernel arguments, not categorical).
+LAYER_DIMS = ("first_layers", "last_layers")
+#: Keys of ``Group.grid``; ``m`` = gbs // (dp*mbs) micro-batches per step; first_layers and
+#: last_layers the decoder layers of stage 0 and pp-1 (L/pp for even rows), uneven 1 for
+#: the rows of an ends layout (layouts.py).
+GRID_KEYS = ("dp", "tp", "pp", "cp", "ep", "etp", "mbs", "m", "first_layers", "last_layers", "uneven")
 AUTO_MBS = tuple(range(1, 9))
 #: Sweep arguments people put in a space file by mistake.
 _NOT_DIMS = {"gbs": "--gbs", "seq": "--seq", "gpus": "--gpus", "model": "--model", "hardware": "--hardware"}
@@ -93,7 +107,9 @@ class _Ctx:
     schedule: str
     sp: bool
     layers_per_stage: None = None
-    """The space makes even splits only."""
+    """The space gives uneven splits as ``uneven`` rows (first/last counts), not lists."""
+    uneven: np.ndarray | bool = False
+    """Rows of an ends layout (layouts.py): the even-split rule does not apply to them."""
 
     @property
     def m(self) -> np.ndarray:
@@ -178,7 +194,7 @@ def _values(dim: str, value) -> tuple | None:
 
 def _value(dim: str, item):
     """Check and convert one value of ``dim``."""
-    if dim == "sp":
+    if dim in ("sp", "uneven"):
         if isinstance(item, bool):
             return item
         words = {"true": True, "on": True, "false": False, "off": False}  # on/off: as labels.py prints it
@@ -201,7 +217,8 @@ def _value(dim: str, item):
         return int(item)
     if isinstance(item, bool) or not isinstance(item, int):
         raise NdplanError(dim, item, "not an integer", "give a whole number >= 1 (or a list of them, or auto)")
-    hi = {"mbs": limits.MAX_BATCH, "vpp": limits.MAX_LAYERS}.get(dim, limits.MAX_DEVICES)
+    hi = {"mbs": limits.MAX_BATCH, "vpp": limits.MAX_LAYERS, "first_layers": limits.MAX_LAYERS,
+          "last_layers": limits.MAX_LAYERS}.get(dim, limits.MAX_DEVICES)
     return limits.count(dim, item, 1, hi)
 
 
@@ -237,8 +254,13 @@ def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None]) -> dict
         "ep": _divisors(math.gcd(model.num_experts, gpus)) if model.is_moe else (1,),
         "etp": (1,), "vpp": auto_vpp, "mbs": AUTO_MBS, "zero": ZERO_STAGES,
         "recompute": RECOMPUTE_MODES, "schedule": SCHEDULES, "sp": (True,),
+        "uneven": (False, True) if leading_dense(model) is not None else (False,),
+        "first_layers": None, "last_layers": None,  # any count
         **dict.fromkeys(WORLD_DIMS, divs),
     }
+    if cons["uneven"] and True in cons["uneven"] and leading_dense(model) is None:
+        raise NdplanError("uneven", True, f"model {model.name} interleaves its dense and MoE layers",
+                          "the sweep's uneven layouts need the dense layers first; use uneven: false")
     return {d: cons[d] if cons[d] is not None else auto[d] for d in DIMS}
 
 
@@ -298,6 +320,34 @@ def _base_grid(gpus: int, dom: dict[str, tuple]) -> dict[str, np.ndarray]:
     return {**{d: fact[d][idx] for d in WORLD_DIMS}, "ep": ep, "etp": etp, "mbs": mbs}
 
 
+def _layout_rows(model: ModelSpec, pp: np.ndarray, vpp: int, dom: dict) -> tuple[np.ndarray, ...]:
+    """(base row index, first_layers, last_layers, uneven) of every layout row at ``vpp``:
+    per base row its even split (first = last = L/pp; 0 when L does not divide, which the
+    even-split rule rejects) and, with uneven in the space, each ends layout of
+    layouts.ends_options, both kept only where the first/last counts are in the space."""
+    L = model.num_hidden_layers
+    firsts, lasts = dom["first_layers"], dom["last_layers"]
+
+    def listed(f: int, last: int) -> bool:
+        return (firsts is None or f in firsts) and (lasts is None or last in lasts)
+    parts = []
+    for u in np.unique(pp):
+        opts = []
+        if False in dom["uneven"]:
+            even = L // u if L % (u * vpp) == 0 else 0
+            if even == 0 or listed(even, even):
+                opts.append((even, even, False))
+        if True in dom["uneven"]:
+            opts += [(f, last, True) for f, last in ends_options(L, int(u), vpp) if listed(f, last)]
+        idx = np.nonzero(pp == u)[0]
+        parts += [(idx, np.full(len(idx), f, np.int64), np.full(len(idx), last, np.int64), np.full(len(idx), unv))
+                  for f, last, unv in opts]
+    if not parts:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty, np.empty(0, bool)
+    return tuple(np.concatenate(x) for x in zip(*parts))
+
+
 def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None = None) -> Candidates:
     """Every candidate of the space that satisfies RULES, grouped by categorical knobs.
 
@@ -312,39 +362,49 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
     rejected = dict.fromkeys(R.GROUPS, 0)
     static: dict[int, np.ndarray] = {}
     groups: list[Group] = []
+    base_ctx = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=1, schedule="1f1b", sp=True, **base)
+    generated = 0
+    layouts: dict[int, tuple] = {}
     for schedule, vpp, sp in itertools.product(dom["schedule"], dom["vpp"], dom["sp"]):
-        c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, **base)
-        alive = np.ones(n, dtype=bool)
+        if vpp not in layouts:
+            layouts[vpp] = _layout_rows(model, base["pp"], vpp, dom)
+        rows, first, last, uneven = layouts[vpp]
+        k = len(rows)
+        generated += k * per_combo
+        c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, uneven=uneven,
+                 **{d: v[rows] for d, v in base.items()})
+        alive = np.ones(k, dtype=bool)
         for i, rule in enumerate(R.RULES):
             if not rule.static:
-                fails = rule.fails(c)
-            elif i in static:
-                fails = static[i]
+                fails = np.broadcast_to(rule.fails(c), (k,))
             else:
-                fails = static[i] = rule.fails(c)
-            bad = alive & np.broadcast_to(fails, (n,))
+                if i not in static:
+                    static[i] = np.broadcast_to(rule.fails(base_ctx), (n,))
+                fails = static[i][rows]
+            bad = alive & fails
             rejected[rule.group] += int(bad.sum()) * per_combo
             alive &= ~bad
         if not alive.any():
             continue
-        grid = {d: base[d][alive] for d in base}
+        grid = {d: base[d][rows][alive] for d in base}
         grid["m"] = micro_batches(gbs, grid["dp"], grid["mbs"])
+        grid |= {"first_layers": first[alive], "last_layers": last[alive], "uneven": uneven[alive].astype(np.int64)}
         for a in grid.values():
             a.flags.writeable = False
         for zero, recompute in itertools.product(dom["zero"], dom["recompute"]):
             groups.append(Group(schedule=schedule, vpp=vpp, recompute=recompute, zero=zero, sp=sp,
                                 grid=dict(grid)))  # own dict, shared read-only arrays
-    generated = n * len(dom["schedule"]) * len(dom["vpp"]) * len(dom["sp"]) * per_combo
     return Candidates(groups=groups, generated=generated, rejected=rejected)
 
 
-def group_strategies(group: Group, seq: int, gbs: int, rows=None, engine: str = "megatron") -> list[Strategy]:
+def group_strategies(model: ModelSpec, group: Group, seq: int, gbs: int, rows=None,
+                     engine: str = "megatron") -> list[Strategy]:
     """``Strategy`` objects for some rows of a group (all rows when ``rows`` is None)."""
     rows = range(len(group)) if rows is None else rows
     cat = {"vpp": group.vpp, "zero": group.zero, "sp": group.sp, "recompute": group.recompute,
            "schedule": group.schedule}
-    return [P.strategy_from_row({**{k: group.grid[k][i] for k in GRID_KEYS}, **cat}, seq, gbs, {"engine": engine})
-            for i in rows]
+    return [P.strategy_from_row({**{k: group.grid[k][i] for k in GRID_KEYS}, **cat}, seq, gbs, {"engine": engine},
+                                model.num_hidden_layers) for i in rows]
 
 
 # --------------------------------------------------------------------------- why
@@ -367,6 +427,8 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
             raise NdplanError(dim, list(vals), "several values", "a point takes one value per dimension")
     p = {}
     for dim in DIMS[1:]:
+        if dim in LAYER_DIMS + ("uneven",):
+            continue  # _layout_reason
         if given[dim] is not None:
             p[dim] = given[dim][0]
         else:
@@ -380,12 +442,37 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
         return f"world: dp*tp*pp*cp={p['dp']}*{p['tp']}*{p['pp']}*{p['cp']}={p['dp'] * rest} != gpus={gpus}"
     c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, **{d: p[d] for d in DEGREE_DIMS if d != "vpp"},
              vpp=p["vpp"], schedule=p["schedule"], sp=p["sp"])
+    layout = _layout_point(model, p, given)
+    if isinstance(layout, str):
+        return layout
+    c.uneven = layout["uneven"]
     rule = R.first_failure(c, ("strategy", "schedule", "model", "canonical"))
     if rule is not None:
         return f"{rule.group}: {R.field_of(rule, c)}={rule.value(c)}: {rule.problem(c)}"
+    p |= layout
     for dim in DIMS:
-        if p[dim] not in dom[dim]:
+        if dom[dim] is not None and p[dim] not in dom[dim]:
             how = "given" if cons[dim] is not None else "auto"
             return (f"space: {dim}={p[dim]} is outside the {how} values of this sweep "
                     f"({', '.join(map(str, dom[dim]))}); list it in the space")
     return None
+
+
+def _layout_point(model: ModelSpec, p: dict, given: dict) -> dict | str:
+    """{uneven, first_layers, last_layers} of a ``why`` point (the even split unless first
+    or last counts other than L/pp are given), or the reason the counts are no layout of
+    the sweep's family (layouts.RANGE_TEXT)."""
+    L, pp, vpp = model.num_hidden_layers, p["pp"], p["vpp"]
+    even = L // pp
+    f = given["first_layers"][0] if given["first_layers"] is not None else None
+    last = given["last_layers"][0] if given["last_layers"] is not None else None
+    want = given["uneven"][0] if given["uneven"] is not None else None
+    if want is not True and f in (None, even) and last in (None, even):
+        return {"uneven": False, "first_layers": even, "last_layers": even}
+    options = ends_options(L, pp, vpp)
+    fits = [o for o in options if f in (None, o[0]) and last in (None, o[1])]
+    if not fits:
+        return (f"layout: first_layers={f} last_layers={last} with pp={pp} vpp={vpp} is no uneven layout of the "
+                f"sweep for {L} layers ({RANGE_TEXT}); the ones there: "
+                f"{', '.join(f'{a}/{b}' for a, b in options) or 'none'}")
+    return {"uneven": True, "first_layers": fits[0][0], "last_layers": fits[0][1]}

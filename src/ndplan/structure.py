@@ -7,8 +7,10 @@ formulas/step.py) branch in Python on categorical fields (schedule, recompute mo
 ZeRO level, engine settings, ...) and, in three cases, on a numeric field:
 
 * ``pp`` when the layer layout cannot be written in the symbols pp and stage (an
-  uneven ``layers_per_stage``, or MoE layers that do not follow the dense ones):
-  layer counts are counted from the layer list (formulas/placement.py);
+  uneven ``layers_per_stage`` that is no "ends" layout, or MoE layers that do not
+  follow the dense ones): layer counts are counted from the layer list
+  (formulas/placement.py). An ends layout (layouts.py) is the field ``ends``: its
+  first/last stage counts are the kernel arguments first_layers and last_layers;
 * ``cp > 1`` when the engine turns sequence parallelism on under CP
   (``cp_implies_sp``) and the strategy has sp off;
 * ``m`` when a given uneven layout runs under vpp > 1: the peak is a max over the
@@ -27,7 +29,7 @@ from dataclasses import dataclass, fields
 
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import EngineProfile, profile
-from ndplan.formulas.placement import symbolic_layout
+from ndplan.formulas.placement import ends_layout, symbolic_layout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,7 @@ class Structure:
     weight_dtype: str
     offload_optimizer: bool
     layers_per_stage: tuple[int, ...] | None
+    """A concrete uneven split (None for even and for ends layouts)."""
     partial_recompute: bool
     """``recompute_layers`` is given (its counts are the kernel argument nrec)."""
     pp: int | None = None
@@ -55,6 +58,9 @@ class Structure:
     """cp > 1, only when the engine's sequence parallelism follows CP and sp is off."""
     m: int | None = None
     """Micro-batches, only when the peak is a max over held vectors (else None)."""
+    ends: bool = False
+    """The layout is an ends layout in the symbols first_layers/last_layers (layouts.py); the
+    sweep evaluates even rows through it too (first = last = L/pp)."""
     hooks: tuple = ()
     """Registered Term hooks, ((key, registration number, fn), ...) sorted by key (hooks.py)."""
 
@@ -83,14 +89,16 @@ def structure(spec: ModelSpec, strat, engine: EngineProfile | None = None, hooks
     from ndplan import hooks as H
     eng = engine or profile(strat.engine)
     symbolic = symbolic_layout(spec, strat)
+    ends = symbolic and ends_layout(spec, strat)
+    lps = None if ends else strat.layers_per_stage
     return Structure(
         engine=eng, schedule=strat.schedule, vpp=strat.vpp, recompute=strat.recompute, zero=strat.zero,
         sp=strat.sp, flash_attention=strat.flash_attention, order=strat.order, grad_dtype=strat.grad_dtype,
         weight_dtype=strat.weight_dtype, offload_optimizer=strat.offload_optimizer,
-        layers_per_stage=strat.layers_per_stage, partial_recompute=strat.recompute_layers is not None,
+        layers_per_stage=lps, partial_recompute=strat.recompute_layers is not None, ends=ends,
         pp=None if symbolic else strat.pp,
         cp_gt1=(strat.cp > 1) if (eng.cp_implies_sp and not strat.sp) else None,
-        m=strat.m if peaks_over_held_vectors(strat) else None,
+        m=strat.m if strat.vpp > 1 and lps is not None else None,  # peaks_over_held_vectors of the view
         hooks=H.registered() if hooks is None else hooks)
 
 

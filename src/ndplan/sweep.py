@@ -10,6 +10,7 @@ stage with ``estimate.estimate`` for their full breakdowns.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -37,11 +38,12 @@ from ndplan.symbols import model_symbols
 SORT_KEYS = ("time", "memory", "mfu")
 #: Columns of the candidate table, in order (axis 1 of ``Table.numeric``).
 CATEGORICAL = ("schedule", "vpp", "recompute", "zero", "sp")
-PEAK_STAGES = """Stages evaluated for the peak: 0 (embedding, most in-flight micro-batches), pp-1
-(head, loss) and, for models whose first k layers are dense, the first stage holding no
-dense layer. In-flight activations never grow with the stage index and the stages in
-between hold the same layers as one of these, so their maximum is the maximum over all
-stages for the even splits a sweep generates (tests/test_sweep.py holds it to
+PEAK_STAGES = """Stages evaluated for the peak: 0 (embedding, most in-flight micro-batches), 1 (the
+first middle stage of an uneven layout), pp-1 (head, loss) and, for models whose first k
+layers are dense, the first stage holding no dense layer. In-flight activations never
+grow with the stage index and the stages in between hold the same layers as one of
+these, so their maximum is the maximum over all stages for the even and ends layouts a
+sweep generates (tests/test_sweep.py and tests/test_uneven_sweep.py hold it to
 estimate())."""
 
 
@@ -93,7 +95,7 @@ class SweepResult:
         return utilization(self.flops_per_step, np.asarray(step_s), self.gpus, self.hardware.bf16_flop_per_s)
 
     def strategy(self, i: int) -> Strategy:
-        return row_strategy(self.table.point(i), self.seq, self.gbs, self.base)
+        return row_strategy(self.table.point(i), self.seq, self.gbs, self.base, self.model.num_hidden_layers)
 
     def to_json(self) -> dict:
         t = self.table
@@ -126,7 +128,8 @@ def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping
            "schedule": group.schedule}
 
     def view_at(i: int):
-        return structure(model, row_strategy({**{k: g[k][i] for k in GRID_KEYS}, **cat}, seq, gbs, base))
+        return sweep_view(model, structure(model, row_strategy({**{k: g[k][i] for k in GRID_KEYS}, **cat}, seq, gbs,
+                                                               base, model.num_hidden_layers)))
     first = view_at(0)
     cols = [NUMERIC_FIELDS[f] for f in NUMERIC_FIELDS if getattr(first, f) is not None]
     if not cols:
@@ -142,14 +145,29 @@ def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping
     return [(view, np.nonzero(np.isin(inverse.ravel(), us))[0]) for view, us in by_key.values()]
 
 
-def peak_stages(model: ModelSpec, pp: np.ndarray, vpp: int) -> list[np.ndarray]:
-    """Stage index arrays to evaluate (see PEAK_STAGES)."""
+def sweep_view(model: ModelSpec, view):
+    """The view a sweep row is evaluated under: a symbolic layout as an ends layout, so even
+    rows (first = last = L/pp) and uneven ones share one kernel."""
+    if view.layers_per_stage is None and leading_dense(model) is not None and not view.ends:
+        return dataclasses.replace(view, ends=True)
+    return view
+
+
+def peak_stages(model: ModelSpec, pp: np.ndarray, vpp: int, first: np.ndarray | None = None,
+                last_layers: np.ndarray | None = None) -> list[np.ndarray]:
+    """Stage index arrays to evaluate (see PEAK_STAGES); ``first``, ``last_layers``: the
+    first_layers and last_layers columns (None: the even split)."""
     last = pp - 1
     k = leading_dense(model) or 0
-    stages = [np.zeros_like(pp), last]
-    if 0 < k < model.num_hidden_layers:
-        per_chunk = model.num_hidden_layers / (pp * vpp)
-        stages.append(np.minimum(np.ceil(k / per_chunk), last).astype(pp.dtype))
+    L = model.num_hidden_layers
+    stages = [np.zeros_like(pp), np.minimum(1, last), last]
+    if 0 < k < L:
+        if first is None:
+            first = last_layers = L // pp
+        mid = (L - first - last_layers) / np.maximum(pp - 2, 1)  # only read where pp > 2; even rows: L/pp
+        # first stage whose first chunk starts at or after layer k (row 0 of the virtual stages)
+        j = np.where(k * vpp <= first, 1, 1 + np.ceil((k * vpp - first) / np.maximum(mid, 1)))
+        stages.append(np.minimum(j, last).astype(pp.dtype))
     return stages
 
 
@@ -174,7 +192,8 @@ def _evaluate_rows(model, group, view, rows, seq, hw_values):
     g = {k: group.grid[k][rows].astype(float) for k in GRID_KEYS}
     args = {**g, "vpp": float(group.vpp), "seq": float(seq), "nrec": 0.0}
     if symbolic_layout(model, view):
-        stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp)
+        stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp, group.grid["first_layers"][rows],
+                                 group.grid["last_layers"][rows])
         mk = memory_kernel(model, view)
         peak = functools.reduce(np.maximum, [_total(mk(**args, stage=st.astype(float))) for st in stage_sets])
     else:
@@ -229,7 +248,7 @@ def rank(table: Table, fits: np.ndarray, sort: str) -> np.ndarray:
     secondary = table.step_s if sort == "memory" else table.peak_bytes
     ties = [g["dp"], g["tp"], g["pp"], g["cp"], g["ep"], g["etp"], g["vpp"], g["mbs"], g["zero"],
             np.array([_REC_ORDER[r] for r in g["recompute"]]), np.array([_SCHED_ORDER[s] for s in g["schedule"]]),
-            ~g["sp"].astype(bool)]
+            ~g["sp"].astype(bool), g["uneven"], g["first_layers"], g["last_layers"]]
     keys = ties[::-1] + [np.round(secondary, 12), np.round(primary, 12), ~fits]
     return np.lexsort(keys)
 
@@ -289,7 +308,7 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
     feasible = int(fits.sum())
     front = pareto_front(table.peak_bytes[:feasible], table.step_s[:feasible]) if feasible else np.empty(0, int)
     front = np.sort(front)  # rank order
-    top_est = [estimate(model, hw, row_strategy(table.point(i), seq, gbs, base), gpus)
+    top_est = [estimate(model, hw, row_strategy(table.point(i), seq, gbs, base, model.num_hidden_layers), gpus)
                for i in range(min(top, feasible))]
     flops = float(FL.model_flops_per_sequence(model, model_symbols(model), seq)) * gbs
     return SweepResult(model=model, hardware=hw, gpus=gpus, seq=seq, gbs=gbs, mem_limit_bytes=cap,

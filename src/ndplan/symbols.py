@@ -16,6 +16,10 @@ Strategy symbols (positive integers):
     seq   sequence length (tokens)
     stage pipeline stage index, 0 .. pp-1
     nrec  layers per stage chunk that are fully recomputed ("recompute the first N")
+    first_layers, last_layers
+          decoder layers of stage 0 and of stage pp-1 in an uneven "ends" layout
+          (layouts.py; the middle stages hold the rest evenly); kernels of even
+          layouts do not read them
 
 Model symbols (used as symbols only with ``explain --symbolic``; otherwise the
 model's integers are substituted at build time): h, L, a, kv, d, f, V, ...
@@ -48,6 +52,8 @@ m = _pos("m")
 seq = _pos("seq")
 stage = _nonneg("stage")
 nrec = _nonneg("nrec")
+first_layers = _nonneg("first_layers")
+last_layers = _nonneg("last_layers")
 
 
 def _posreal(name: str) -> sp.Symbol:
@@ -74,7 +80,8 @@ HW_SYMBOLS: tuple[sp.Symbol, ...] = (peak, eff_gemm, eff_attn, hbm_bytes_per_s, 
                                      eff_intra, eff_inter, lat_intra, lat_inter, node)
 
 #: Strategy symbols in the canonical argument order of compiled kernels.
-STRATEGY_SYMBOLS: tuple[sp.Symbol, ...] = (dp, tp, pp, vpp, cp, ep, etp, mbs, m, seq, stage, nrec)
+STRATEGY_SYMBOLS: tuple[sp.Symbol, ...] = (dp, tp, pp, vpp, cp, ep, etp, mbs, m, seq, stage, nrec, first_layers,
+                                           last_layers)
 BY_NAME: dict[str, sp.Symbol] = {s.name: s for s in STRATEGY_SYMBOLS + HW_SYMBOLS}
 
 

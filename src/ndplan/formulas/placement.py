@@ -4,8 +4,14 @@ Even split (Megatron default): every virtual stage v holds Lc = L/(pp*vpp) conse
 layers [v*Lc, (v+1)*Lc). For models whose first ``k`` layers are dense and the rest
 MoE (DeepSeek first_k_dense_replace, all-MoE Mixtral/Qwen3-MoE, all-dense models) the
 dense count of virtual stage v is min(max(k - v*Lc, 0), Lc), a closed form in the
-symbols pp and stage. Uneven splits (``layers_per_stage``) and other MoE patterns are
-counted from the layer list with concrete pp and stage.
+symbols pp and stage. "Ends" layouts (layouts.py: stage 0 and stage pp-1 apart, the
+middle stages even) are closed forms too, in the symbols first_layers (F) and
+last_layers (Lst): stage s holds n(s) = F [s = 0] + Lst [s = pp-1 > 0] + M [0 < s < pp-1]
+layers, M = (L - F - Lst) / max(pp - 2, 1), n(s)/vpp per chunk; virtual stage (row r,
+position q) starts at r*L/vpp + (F [q > 0] + M max(q - 1, 0)) / vpp (interleaved: row =
+chunk, position = stage; zbv's second chunk runs the stages backwards). Other uneven
+splits (``layers_per_stage``) and other MoE patterns are counted from the layer list
+with concrete pp and stage.
 
 The embedding (and learned positions) sit on the device running virtual stage 0
 (stage 0); the final norm, output head, loss and MTP modules on the device running
@@ -35,9 +41,25 @@ def leading_dense(spec: ModelSpec) -> int | None:
     return k if all(x == "dense" for x in kinds[:k]) and all(x == "moe" for x in kinds[k:]) else None
 
 
-def symbolic_layout(spec: ModelSpec, strat: Strategy) -> bool:
-    """Can layer counts be written in the symbols pp and stage (even split, leading-dense)?"""
-    return strat.layers_per_stage is None and leading_dense(spec) is not None
+def ends_layout(spec: ModelSpec, strat) -> bool:
+    """Is the layout an "ends" layout written in the symbols first_layers/last_layers? A
+    Structure says so (``ends``); a Strategy when its layers_per_stage is one
+    (layouts.ends_of), the layers are leading-dense and vpp is 1. Under vpp > 1 a given
+    layout keeps its exact max over held vectors (structure.peaks_over_held_vectors),
+    which needs concrete pp and m; the sweep evaluates such rows as ends layouts with the
+    in-flight split, as it does even ones (schedules.py docstring: at most one
+    micro-batch of the embedding/head chunk's extra under-counted)."""
+    if hasattr(strat, "ends"):
+        return strat.ends
+    from ndplan.layouts import ends_of
+    return (strat.vpp == 1 and leading_dense(spec) is not None
+            and ends_of(strat.pp, strat.vpp, strat.schedule, strat.layers_per_stage) is not None)
+
+
+def symbolic_layout(spec: ModelSpec, strat) -> bool:
+    """Can layer counts be written in the symbols pp and stage (even split or an "ends"
+    layout, leading-dense layers)?"""
+    return leading_dense(spec) is not None and (strat.layers_per_stage is None or ends_layout(spec, strat))
 
 
 def pp_expr(spec: ModelSpec, strat: Strategy):
@@ -69,6 +91,9 @@ def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None
     """(dense layers, MoE layers) in chunk ``chunk`` of ``stage``; ``L`` is the layer
     count as an expression (a symbol under ``explain --symbolic``)."""
     v = virtual_stage(strat.schedule, stage, chunk, pp)
+    concrete = strat.layers_per_stage is not None and _is_num(v) and _is_num(pp)
+    if not concrete and symbolic_layout(spec, strat) and ends_layout(spec, strat):
+        return _ends_chunk(spec, strat, stage, chunk, pp, sp.Integer(spec.num_hidden_layers) if L is None else L)
     if strat.layers_per_stage is not None or leading_dense(spec) is None:
         if not (_is_num(v) and _is_num(pp)):
             raise ValueError("uneven or interleaved-MoE layouts need concrete pp and stage")
@@ -88,4 +113,35 @@ def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None
     if k == 0:
         return sp.Integer(0), lc
     n_dense = sp.Min(sp.Max(k - v * lc, 0), lc)
+    return n_dense, lc - n_dense
+
+
+def _ends_counts(stage, pp, L):
+    """(layers of ``stage``, layers before it in its row x vpp) of an ends layout."""
+    from ndplan import symbols as S
+    F, Lst = S.first_layers, S.last_layers
+    first = is_first(stage)
+    last = is_last(stage, pp) * (1 - first)  # pp = 1: the one stage is the first
+    mid = (L - F - Lst) / sp.Max(pp - 2, 1)
+    n = first * F + last * Lst + (1 - first - last) * mid
+    return n, mid
+
+
+def _ends_chunk(spec: ModelSpec, strat, stage, chunk: int, pp, L) -> tuple:
+    """(dense, MoE) layers of chunk ``chunk`` of ``stage`` in an ends layout (module docstring)."""
+    from ndplan import symbols as S
+    F, Lst = S.first_layers, S.last_layers
+    n, mid = _ends_counts(stage, pp, L)
+    lc = n / strat.vpp
+    k = leading_dense(spec)
+    if k == spec.num_hidden_layers:
+        return lc, sp.Integer(0)
+    if k == 0:
+        return sp.Integer(0), lc
+    if strat.schedule == "zbv" and chunk == 1:  # stages pp-1 .. 0 after the first half
+        before = (1 - is_last(stage, pp)) * Lst + sp.Max(pp - 2 - stage, 0) * mid
+    else:
+        before = (1 - is_first(stage)) * F + sp.Max(stage - 1, 0) * mid
+    start = chunk * L / strat.vpp + before / strat.vpp
+    n_dense = sp.Min(sp.Max(k - start, 0), lc)
     return n_dense, lc - n_dense

@@ -207,11 +207,14 @@ def optimizer_bytes_per_param(eng: EngineProfile, view: Structure) -> int:
 
 def _stages(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, c: ActContext):
     """(per-layer parts, head parts, the stages evaluated, their parts, index of the head's
-    stage): the first and last stage of a symbolic layout, else every stage."""
+    stage): the first and last stage of a symbolic layout (and a middle one of an ends
+    layout), else every stage."""
     layer = {k: (layer_parts(spec, M, view, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
     head = head_parts(spec, M, c)
     if symbolic_layout(spec, view):
         stages = [sp.Integer(0), pp_expr(spec, view) - 1]
+        if view.ends:  # the middle stages hold M layers each: stage 1 stands for them
+            stages.insert(1, sp.Min(1, S.pp - 1))
     else:
         stages = [sp.Integer(i) for i in range(view.pp)]
     per_stage = [stage_parts(spec, M, view, s, eng, layer, head) for s in stages]

@@ -1,0 +1,98 @@
+"""Uneven pipeline layouts of the form the frameworks run: first and last stage apart,
+the middle stages even ("ends" layouts). Plain integers; formulas/placement.py has the
+symbolic layer counts, space.py puts the family in the sweep.
+
+A layout is (F, Lst): stage 0 holds F decoder layers, stage pp-1 holds Lst, each of the
+pp-2 middle stages M = (L - F - Lst) / (pp - 2); every stage's layers are dealt evenly
+over its vpp chunks (F/vpp per chunk of stage 0, ...). This is Megatron-LM's
+``--decoder-first/last-pipeline-num-layers`` (NVIDIA/Megatron-LM@d98e8a64
+transformer_block.py:104-146 get_num_layers_to_build: the first/last counts are given
+to all virtual chunks of that rank, the rest split evenly; transformer_config.py:
+2294-2345: each count > 0 and divisible by vpp, the middle layers divisible by the
+middle stages, none left over when pp = 2; transformer_block.py:175-178: every rank's
+count divisible by vpp), MindFormers ``offset`` lists whose middle entries are equal, and
+torchtitan's ``pipeline_parallel_first/last_stage_less_layers`` split at vpp = 1.
+
+The sweep's family (``ends_options``), per chunk (c = count / vpp):
+
+* pp >= 3: M divisible by vpp, and the first and last chunk counts each within
+  ``BELOW`` layers under and ``ABOVE`` over the middle chunk count: M/vpp - 2 <=
+  F/vpp, Lst/vpp <= M/vpp + 1, both >= 1;
+* pp = 2: F + Lst = L, F/vpp and Lst/vpp >= 1 and at most ``BELOW + ABOVE`` apart;
+* the even split (F = Lst = M) is not an "ends" layout: it is the sweep's even row.
+
+Why fewer layers at the ends: stage 0 holds the embedding and, under 1F1B, the most
+micro-batches in flight; the last stage holds the output head and the loss (Llama 3
+405B: one layer fewer on each, Dubey et al. 2024 Sec. 3.3.2). One more is allowed
+where a layer count leaves no other choice.
+"""
+
+from __future__ import annotations
+
+from ndplan.formulas.schedules import virtual_stage
+
+BELOW = 2
+"""Layers per chunk the first/last stage may hold under the middle count."""
+ABOVE = 1
+"""Layers per chunk the first/last stage may hold over the middle count."""
+RANGE_TEXT = (f"pp >= 3: the middle pp-2 stages even (M layers, M divisible by vpp); the first and last "
+              f"stages each between M - {BELOW}*vpp and M + {ABOVE}*vpp layers (multiples of vpp, at least vpp); "
+              f"pp = 2: the two stages' counts (multiples of vpp) at most {BELOW + ABOVE}*vpp apart")
+
+
+def middle(L: int, pp: int, first: int, last: int) -> int:
+    """Layers of each middle stage (0 when pp <= 2)."""
+    return (L - first - last) // (pp - 2) if pp > 2 else 0
+
+
+def ends_options(L: int, pp: int, vpp: int) -> list[tuple[int, int]]:
+    """Every (F, Lst) of the family (module docstring) for L layers on pp x vpp chunks,
+    the even split excluded, in increasing (F, Lst)."""
+    out = []
+    if pp == 2:
+        for f in range(vpp, L, vpp):
+            last = L - f
+            if last % vpp == 0 and last >= vpp and abs(f - last) <= (BELOW + ABOVE) * vpp and f != last:
+                out.append((f, last))
+        return out
+    if pp < 2:
+        return out
+    for mc in range(1, L // ((pp - 2) * vpp) + 1):  # middle layers per chunk
+        rest = L - (pp - 2) * vpp * mc
+        for fc in range(max(1, mc - BELOW), mc + ABOVE + 1):
+            lc = rest / vpp - fc
+            if lc == int(lc) and max(1, mc - BELOW) <= lc <= mc + ABOVE and (fc, lc) != (mc, mc):
+                out.append((fc * vpp, int(lc) * vpp))
+    return sorted(out)
+
+
+def stage_of(schedule: str, v: int, pp: int) -> int:
+    """The stage running virtual stage v (schedules.virtual_stage inverted)."""
+    for chunk in (0, 1) if schedule == "zbv" else (v // pp,):
+        for s in range(pp):
+            if virtual_stage(schedule, s, chunk, pp) == v:
+                return s
+    raise ValueError(f"virtual stage {v} of pp={pp} under {schedule}")
+
+
+def layers_per_stage(L: int, pp: int, vpp: int, schedule: str, first: int, last: int) -> tuple[int, ...]:
+    """Decoder layers of every virtual stage in model order (Strategy.layers_per_stage)."""
+    mid = middle(L, pp, first, last)
+    per_stage = [first] + [mid] * (pp - 2) + [last]
+    return tuple(per_stage[stage_of(schedule, v, pp)] // vpp for v in range(pp * vpp))
+
+
+def ends_of(pp: int, vpp: int, schedule: str, lps: tuple[int, ...] | None) -> tuple[int, int] | None:
+    """(F, Lst) when ``lps`` (Strategy.layers_per_stage) is an ends layout (every chunk of a
+    stage equal, the middle stages equal, each count at least 1 per chunk), else None."""
+    if lps is None or pp < 2 or len(lps) != pp * vpp:
+        return None
+    by_stage: dict[int, set] = {}
+    for v, n in enumerate(lps):
+        by_stage.setdefault(stage_of(schedule, v, pp), set()).add(n)
+    if any(len(counts) != 1 or min(counts) < 1 for counts in by_stage.values()):
+        return None
+    counts = [by_stage[s].pop() * vpp for s in range(pp)]
+    if len(set(counts[1:-1])) > 1:
+        return None
+    return counts[0], counts[-1]
