@@ -290,3 +290,57 @@ def test_the_cache_key_covers_every_module_the_formulas_import():
     tops = {m.split(".")[0] + ("" if (pkg / m.split(".")[0]).is_dir() else ".py") for m in seen}
     missing = tops - set(kernels._EXPR_MODULES) - set(kernels._VALUE_FREE_MODULES)
     assert not missing, missing
+
+
+#: Pairs of catalog models of one architecture class (same layer pattern and structural
+#: flags, different sizes): the second must be answered by the first one's kernels.
+SAME_CLASS = [("llama3-8b", "llama3-70b"), ("mixtral-8x7b", "mixtral-8x22b"), ("qwen3-8b", "qwen3-32b"),
+              ("qwen3-30b-a3b", "qwen3-235b-a22b")]
+CLASS_STRATEGIES = [ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8, recompute="selective"),
+                    ndplan.Strategy(dp=2, tp=2, pp=2, vpp=2, gbs=8, schedule="interleaved", zero=3, engine="fsdp"),
+                    ndplan.Strategy(dp=2, pp=2, vpp=2, gbs=4, schedule="zbv", recompute="full", sp=False,
+                                    engine="mindspore"),
+                    ndplan.Strategy(dp=4, tp=2, gbs=16, zero=2, engine="deepspeed", flash_attention=False)]
+
+
+def _with_ep(model, s: ndplan.Strategy) -> ndplan.Strategy:
+    return dataclasses.replace(s, ep=2) if model.is_moe else s
+
+
+@pytest.mark.parametrize("pair", SAME_CLASS, ids=["-".join(p) for p in SAME_CLASS])
+def test_a_second_model_of_a_class_is_answered_by_the_first_ones_kernels(pair):
+    """Model sizes are kernel arguments (kernels.model_kernel): after the first model's
+    estimates, the second one's compile nothing, and equal its own fresh substitution."""
+    a, b = (ndplan.load_model(n) for n in pair)
+    assert a.layer_pattern == b.layer_pattern and a.hidden_size != b.hidden_size
+    both = [s for s in CLASS_STRATEGIES if all(_valid(x, _with_ep(x, s)) for x in (a, b))]
+    assert len(both) >= 2
+    for s in both:
+        ndplan.estimate(a, HW, _with_ep(a, s))
+    builds = []
+    with kernels.compile_listener(lambda: builds.append(1)):
+        for s in both:
+            sb = _with_ep(b, s)
+            _assert_matches(b, sb, _oracle(b, sb))
+    assert builds == []
+
+
+def _valid(model, s: ndplan.Strategy) -> bool:
+    try:
+        s.check(model)
+        return True
+    except NdplanError:
+        return False
+
+
+def test_the_oracle_catches_a_kernel_shared_across_models_that_differ(monkeypatch):
+    """The check above has teeth: if the stored kernel's key forgot what the builder read
+    from the model (readlog.values_of), a GPT-style model (LayerNorm, biases, learned
+    positions, a 2-matrix MLP) would get Llama's kernel and disagree with its substitution."""
+    from ndplan import readlog
+    monkeypatch.setattr(readlog, "values_of", lambda spec, names: ())
+    a, b = ndplan.load_model("llama3-8b"), ndplan.load_model("megatron-gpt-1.7b")
+    s = ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8, seq=2048)
+    ndplan.estimate(a, HW, s)
+    with pytest.raises(AssertionError):
+        _assert_matches(b, s, _oracle(b, s))

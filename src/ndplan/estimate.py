@@ -21,7 +21,7 @@ from ndplan.formulas.step import step_time
 from ndplan.formulas.memory import OUTSIDE_TENSOR_KEYS, STATIC_KEYS, stage_memory
 from ndplan.formulas.states import host_memory
 from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
-from ndplan.kernels import cached_kernel
+from ndplan.kernels import model_kernel
 from ndplan.layouts import ends_of
 from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
 from ndplan.strategy import Strategy
@@ -42,29 +42,31 @@ def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
             S.first_layers: ends[0], S.last_layers: ends[1]}
 
 
-def stage_breakdown(model: ModelSpec, view: Structure, stage: int | None = None) -> Breakdown:
+def stage_breakdown(model: ModelSpec, view: Structure, stage: int | None = None, M=None) -> Breakdown:
     """Memory Terms of a stage. ``stage=None`` keeps the stage index a symbol where the
-    layout allows it (even split); otherwise give the stage number."""
+    layout allows it (even split); otherwise give the stage number. ``M``: the model sizes
+    (default the model's numbers; kernels pass ModelSymbols.symbolic())."""
     view = structure(model, view)
+    M = model_symbols(model) if M is None else M
     if stage is None:
         stage = S.stage if symbolic_stage_ok(model, view) else 0
-    if not isinstance(stage, sp.Symbol) and not symbolic_stage_ok(model, view):
-        # uneven layouts: layer counts need concrete pp and stage
-        return stage_memory(model, model_symbols(model), view, sp.Integer(stage))
-    return stage_memory(model, model_symbols(model), view, stage)
+    return stage_memory(model, M, view, stage if isinstance(stage, sp.Symbol) else sp.Integer(stage))
 
 
 def memory_kernel(model: ModelSpec, view: Structure, stage: int | None = None):
     """The compiled memory kernel of ``view`` (``stage``: the concrete stage of a
-    non-symbolic layout, else None), cached under the key derived from ``view``."""
-    return cached_kernel(kernel_key(model, view, "memory", stage), lambda: stage_breakdown(model, view, stage),
-                         use_disk=not view.hooks)
+    non-symbolic layout, else None), shared by the models the builder cannot tell apart
+    (kernels.model_kernel) and bound to this model's sizes."""
+    view = structure(model, view)
+    return model_kernel(model, kernel_key(None, view, "memory", stage),
+                        lambda spec, M: stage_breakdown(spec, view, stage, M), STRATEGY_SYMBOLS,
+                        use_disk=not view.hooks)
 
 
 def time_kernel(model: ModelSpec, view: Structure):
     """The compiled step-time kernel of ``view`` (arguments: strategy and hardware symbols)."""
-    return cached_kernel(kernel_key(model, view, "time"), lambda: step_time(model, model_symbols(model), view),
-                         STRATEGY_SYMBOLS + HW_SYMBOLS, use_disk=not view.hooks)
+    return model_kernel(model, kernel_key(None, view, "time"), lambda spec, M: step_time(spec, M, view),
+                        STRATEGY_SYMBOLS + HW_SYMBOLS, use_disk=not view.hooks)
 
 
 @dataclass

@@ -16,7 +16,10 @@ name=value``); a hook replaces a whole Term, for example a measured TP overlap::
 Hooks apply wherever the Term is built (estimate, explain, sweep kernels). A hook
 receives the strategy's ``Structure`` (structure.py: the categorical fields one kernel
 serves), not the numbers: one compiled kernel serves every dp, tp, ... so a hook writes
-its dependence on them with the symbols (``ndplan.symbols.tp``). The registry is read
+its dependence on them with the symbols (``ndplan.symbols.tp``). In kernels the model
+sizes are symbols too (``ndplan.symbols.MODEL_ARGS``: h, L, a, ...) and the spec a hook
+receives records what it reads (readlog.py), so a hook that reads ``spec.hidden_size``
+gets a kernel per hidden size and one that writes ``term.expr * 2`` shares it. The registry is read
 once, when the Structure is built (``registered``); the builders apply the hooks the
 Structure carries. While a hook is registered, compiled kernels are not written to or
 read from the disk cache (a Python function has no stable identity across runs).

@@ -110,7 +110,8 @@ _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
 #: Modules whose code decides a kernel's expressions (the CLI and reports do not).
 _EXPR_MODULES = ("formulas", "catalog", "engines.py", "engine_fields.py", "torch_facts.py", "units.py", "vocab.py",
-                 "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "kernels.py", "estimate.py", "sweep.py")
+                 "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "kernels.py", "estimate.py", "sweep.py",
+                 "readlog.py")
 _VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py")
 """Modules the formulas import that decide no expression: messages, input bounds, catalog paths,
 validity rules (they reject strategies, never change a Term) and hooks (each hook is in the key)."""
@@ -173,6 +174,64 @@ def _from_source(keys: list[str], args: tuple[str, ...], source: str, code=None)
     return Kernel(keys, tuple(sp.Symbol(a) for a in args), fn)
 
 
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps([_sources_digest(), *parts]).encode()).hexdigest()[:32]
+
+
+def _remember(digest: str, kernel: Kernel) -> Kernel:
+    _MEMORY[digest] = kernel
+    while len(_MEMORY) > MEMORY_KERNELS:
+        _MEMORY.popitem(last=False)
+    return kernel
+
+
+def _load(digest: str, names: tuple[str, ...], use_disk: bool) -> Kernel | None:
+    """The kernel stored under ``digest`` (memory, then disk), or None."""
+    if digest in _MEMORY:
+        _MEMORY.move_to_end(digest)
+        return _MEMORY[digest]
+    path = cache_dir() / f"{digest}.json"
+    if not (use_disk and path.exists()):
+        return None
+    try:
+        data = json.loads(path.read_text())
+        code_path = path.with_suffix(".code")  # same Python: sys.version is in the digest
+        code = marshal.loads(code_path.read_bytes()) if code_path.exists() else None
+        return _remember(digest, _from_source(data["keys"], names, data["source"], code))
+    except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
+        return None  # a corrupt entry is rebuilt
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _build(bd: Breakdown, args: tuple[sp.Symbol, ...], digest: str, use_disk: bool) -> Kernel:
+    """Lambdify ``bd`` over ``args``, remember it, and store its source (and code) on disk."""
+    exprs = [sp.sympify(t.expr) for t in bd]
+    free = set().union(*[e.free_symbols for e in exprs]) - set(args)
+    if free:
+        raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
+    source = inspect.getsource(_lambdify(args, exprs))
+    kernel = _from_source(bd.keys(), tuple(a.name for a in args), source)
+    if use_disk:
+        try:  # the code first: a reader that finds the .json finds its code
+            path = cache_dir() / f"{digest}.json"
+            _write_atomic(path.with_suffix(".code"), marshal.dumps(compile(source, "<ndplan-kernel>", "exec")))
+            _write_atomic(path, json.dumps({"keys": bd.keys(), "source": source}).encode())
+        except OSError:
+            pass  # a read-only cache only costs speed
+    return _remember(digest, kernel)
+
+
+def _announce() -> None:
+    for fn in list(_COMPILE_LISTENERS):
+        fn()
+
+
 def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS,
                   use_disk: bool = True) -> Kernel:
     """The kernel of ``build()``, compiled once per ``key`` (memory, then disk).
@@ -183,43 +242,76 @@ def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Sy
     from ndplan import hooks
     names = tuple(a.name for a in args)
     use_disk = use_disk and not hooks.active()
-    digest = hashlib.sha256(json.dumps([_sources_digest(), repr(key), names]).encode()).hexdigest()[:32]
-    if digest in _MEMORY:
-        _MEMORY.move_to_end(digest)
-        return _MEMORY[digest]
-    path = cache_dir() / f"{digest}.json"
-    kernel = None
-    if use_disk and path.exists():
-        try:
-            data = json.loads(path.read_text())
-            code_path = path.with_suffix(".code")  # same Python: sys.version is in the digest
-            code = marshal.loads(code_path.read_bytes()) if code_path.exists() else None
-            kernel = _from_source(data["keys"], names, data["source"], code)
-        except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
-            kernel = None  # a corrupt entry is rebuilt
+    digest = _digest(repr(key), names)
+    kernel = _load(digest, names, use_disk)
     if kernel is None:
-        for fn in list(_COMPILE_LISTENERS):
-            fn()
-        bd = build()
-        exprs = [sp.sympify(t.expr) for t in bd]
-        free = set().union(*[e.free_symbols for e in exprs]) - set(args)
-        if free:
-            raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-        fn = _lambdify(args, exprs)
-        source = inspect.getsource(fn)
-        kernel = _from_source(bd.keys(), names, source)
+        _announce()
+        kernel = _build(build(), args, digest, use_disk)
+    return kernel
+
+
+class BoundKernel:
+    """A kernel over strategy (and hardware) and model symbols with the model's sizes bound."""
+
+    def __init__(self, kernel: Kernel, model_values: dict[str, float]):
+        self.kernel = kernel
+        self.keys = kernel.keys
+        self.model_values = model_values
+
+    def __call__(self, **values) -> dict[str, np.ndarray]:
+        return self.kernel(**values, **self.model_values)
+
+
+_READ_SETS: dict[str, list[tuple[str, ...]]] = {}
+"""Per model-free kernel key: the attribute-name lists builders have read (readlog.py)."""
+
+
+def _read_sets(base: str, use_disk: bool) -> list[tuple[str, ...]]:
+    if base not in _READ_SETS:
+        sets: list[tuple[str, ...]] = []
+        path = cache_dir() / f"reads-{base}.json"
+        if use_disk and path.exists():
+            try:
+                sets = [tuple(x) for x in json.loads(path.read_text())]
+            except (OSError, ValueError, TypeError):
+                sets = []
+        _READ_SETS[base] = sets
+    return _READ_SETS[base]
+
+
+def model_kernel(spec, key: object, build: Callable, args: tuple[sp.Symbol, ...], use_disk: bool = True
+                 ) -> BoundKernel:
+    """The kernel of ``build(spec_log, M)`` with the model sizes as kernel arguments, shared
+    by every model that agrees with ``spec`` on what the builder read (readlog.py).
+
+    ``key``: the model-free part (structure.kernel_key(None, view, ...)); ``build`` gets a
+    readlog.ReadLog of the spec and the symbolic ModelSymbols. The stored kernel is keyed
+    by ``key`` and the names and values of the attributes the build read; a lookup tries
+    each name list seen under ``key`` with this model's values."""
+    from ndplan import hooks
+    from ndplan.readlog import ReadLog, values_of
+    from ndplan.symbols import MODEL_ARGS, model_arg_values
+    use_disk = use_disk and not hooks.active()
+    full_args = tuple(args) + MODEL_ARGS
+    names = tuple(a.name for a in full_args)
+    base = _digest(repr(key), names)
+    bound = model_arg_values(spec)
+    for read in _read_sets(base, use_disk):
+        kernel = _load(_digest(base, values_of(spec, read)), names, use_disk)
+        if kernel is not None:
+            return BoundKernel(kernel, bound)
+    _announce()
+    log = ReadLog(spec)
+    from ndplan.symbols import ModelSymbols
+    bd = build(log, ModelSymbols.symbolic())
+    read = log.names()
+    kernel = _build(bd, full_args, _digest(base, values_of(spec, read)), use_disk)
+    sets = _read_sets(base, use_disk)
+    if read not in sets:
+        sets.append(read)
         if use_disk:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                code_tmp = path.with_suffix(f".{os.getpid()}.codetmp")
-                code_tmp.write_bytes(marshal.dumps(compile(source, "<ndplan-kernel>", "exec")))
-                code_tmp.replace(path.with_suffix(".code"))
-                tmp.write_text(json.dumps({"keys": bd.keys(), "source": source}))
-                tmp.replace(path)
+                _write_atomic(cache_dir() / f"reads-{base}.json", json.dumps(sets).encode())
             except OSError:
-                pass  # a read-only cache only costs speed
-    _MEMORY[digest] = kernel
-    while len(_MEMORY) > MEMORY_KERNELS:
-        _MEMORY.popitem(last=False)
-    return kernel
+                pass
+    return BoundKernel(kernel, bound)

@@ -26,6 +26,7 @@ from ndplan.errors import NdplanError, warn
 from ndplan.estimate import Estimate, estimate, memory_kernel, time_kernel
 from ndplan.formulas import flops as FL
 from ndplan.formulas.placement import leading_dense, symbolic_layout
+from ndplan.layouts import ends_of
 from ndplan.throughput import utilization
 from ndplan.space import GRID_KEYS, Candidates, Group, generate
 from ndplan.points import strategy_from_row
@@ -146,10 +147,16 @@ def _subgroups(model: ModelSpec, group: Group, seq: int, gbs: int, base: Mapping
 
 
 def sweep_view(model: ModelSpec, view):
-    """The view a sweep row is evaluated under: a symbolic layout as an ends layout, so even
-    rows (first = last = L/pp) and uneven ones share one kernel."""
-    if view.layers_per_stage is None and leading_dense(model) is not None and not view.ends:
-        return dataclasses.replace(view, ends=True)
+    """The view a sweep row is evaluated under: an even or ends layout as an ends layout, so
+    even rows (first = last = L/pp) and uneven ones share one kernel. Under vpp > 1 a given
+    ends layout is a concrete split with its exact held-vector peak (one kernel per pp, m and
+    stage, structure.peaks_over_held_vectors); the sweep ranks it with the in-flight split as
+    it does even rows (placement.ends_layout)."""
+    if leading_dense(model) is None or view.ends:
+        return view
+    lps = view.layers_per_stage
+    if lps is None or (view.pp is not None and ends_of(view.pp, view.vpp, view.schedule, lps) is not None):
+        return dataclasses.replace(view, ends=True, layers_per_stage=None, pp=None, m=None)
     return view
 
 

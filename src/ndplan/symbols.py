@@ -134,3 +134,14 @@ class ModelSymbols:
 def model_symbols(spec) -> ModelSymbols:
     """``ModelSymbols.of(spec)``: a catalog model's sizes as SymPy Integers."""
     return ModelSymbols.of(spec)
+
+
+#: Model-size symbols in the canonical argument order of compiled kernels (kernels.model_kernel):
+#: kernels are built over ModelSymbols.symbolic() and get a model's sizes as arguments.
+MODEL_ARGS: tuple[sp.Symbol, ...] = tuple(getattr(ModelSymbols.symbolic(), f.name) for f in fields(ModelSymbols))
+
+
+def model_arg_values(spec) -> dict[str, float]:
+    """A model's sizes by kernel argument name (MODEL_ARGS)."""
+    concrete = ModelSymbols.of(spec)
+    return {f.name: float(getattr(concrete, f.name)) for f in fields(ModelSymbols)}

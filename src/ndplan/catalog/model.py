@@ -89,6 +89,42 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     @property
+    def layer_pattern(self) -> tuple:
+        """The layer-kind pattern with no layer count in it where there is none to give:
+        ("dense",) all dense, ("moe",) all MoE, ("leading", k) k dense then MoE, else
+        ("mixed", layer_kinds). Kernels are keyed by what builders read (kernels.py), so
+        builders read this instead of the per-layer list wherever the pattern suffices."""
+        kinds = self.layer_kinds
+        k = kinds.count("dense")
+        if k == len(kinds):
+            return ("dense",)
+        if all(x == "dense" for x in kinds[:k]):
+            return ("leading", k) if k else ("moe",)
+        return ("mixed", kinds)
+
+    @property
+    def has_q_lora(self) -> bool:
+        """MLA compresses q through a low-rank latent (q_lora_rank > 0)."""
+        return self.q_lora_rank > 0
+
+    @property
+    def has_shared_experts(self) -> bool:
+        return self.shared_intermediate_size > 0
+
+    @property
+    def implicit_qkv_bias(self) -> bool:
+        """q/k/v biases that the model_type implies though config.json does not spell them out."""
+        return self.model_type in QKV_BIAS_TYPES
+
+    @property
+    def edge_layer_kinds(self) -> tuple[str, ...]:
+        """Kinds of the first three and the last three decoder layers (every layer when there
+        are fewer than six): code that looks only at the ends of the stack reads this, which
+        is the same at every depth of a pattern."""
+        kinds = self.layer_kinds
+        return kinds if len(kinds) < 6 else kinds[:3] + kinds[-3:]
+
+    @property
     def architecture(self) -> str:
         parts = []
         if self.is_mla:

@@ -61,6 +61,7 @@ from ndplan.engines import MEGATRON, EngineProfile
 from ndplan.errors import NdplanError
 from ndplan.formulas import traced as T
 from ndplan.symbols import ModelSymbols
+from ndplan.formulas.placement import has_kind
 
 ACT_BYTES = 2  # bf16/fp16 activations (Korthikanti Table 2 assumes 16-bit)
 MASK_BYTES = 1  # dropout masks are bytes (Korthikanti Sec. 4.1)
@@ -111,8 +112,8 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
     if spec.is_mla:
         # each latent (q: ql, kv: kl) is a norm input (engine bytes, plus its statistic) and its
         # output feeds the up-projection (2 B); the shared rotary key part k_pe (dr) is kept too
-        latents = (M.ql if spec.q_lora_rank else 0) + M.kl
-        norms = 2 if spec.q_lora_rank else 1
+        latents = (M.ql if spec.has_q_lora else 0) + M.kl
+        norms = 2 if spec.has_q_lora else 1
         parts["mla_latents"] = ((c.eng.norm_input_bytes + ACT_BYTES) * latents + c.eng.norm_stat_bytes * norms
                                 + ACT_BYTES * M.dr) * s * b
         v_width = M.dv + (M.dn if c.eng.mla_value_keeps_kv_up else 0)
@@ -201,7 +202,7 @@ def moe_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.E
              "router_logits": FP32_BYTES * s * b * M.E / tsp,
              "expert_io": 2 * ACT_BYTES * tokens_e * M.h}
     parts |= {f"expert_{k}": v for k, v in _ffn_parts(spec, c, M.fe, tokens_e, c.etp).items()}
-    if spec.shared_intermediate_size:
+    if spec.has_shared_experts:
         parts |= {f"shared_{k}": v for k, v in _ffn_parts(spec, c, M.fs, s * b, c.t).items()}
     if spec.hidden_dropout > 0:
         parts["dropout_mask"] = MASK_BYTES * sbh / tsp
@@ -256,7 +257,7 @@ def mm_outputs(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> li
     t = c.t
     widths: list[sp.Expr] = []
     if spec.is_mla:
-        widths += [M.ql, M.a * (M.dn + M.dr) / t] if spec.q_lora_rank else [M.a * (M.dn + M.dr) / t]
+        widths += [M.ql, M.a * (M.dn + M.dr) / t] if spec.has_q_lora else [M.a * (M.dn + M.dr) / t]
         widths += [M.kl + M.dr, M.a * (M.dn + M.dv) / t]
     elif not spec.attention_bias and c.eng.fused_qkv:
         widths.append((M.a + 2 * M.kv) * M.d / t)
@@ -267,7 +268,7 @@ def mm_outputs(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> li
     mlp_width = M.f
     if kind == "moe":
         widths.append(M.E)  # router logits (torchtitan's and transformers' bf16 nn.Linear gates)
-        mlp_width = M.fs if spec.shared_intermediate_size else None
+        mlp_width = M.fs if spec.has_shared_experts else None
     if mlp_width is not None and not spec.mlp_bias:
         widths += [mlp_width / t, mlp_width / t] if spec.gated_mlp else [mlp_width / t]
         widths.append(M.h)
@@ -286,7 +287,7 @@ def op_sac_layer(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> 
     saved = sp.Add(*mms[0::2])
     layer_input = ACT_BYTES * c.s * c.b * M.h / c.t_sp
     attention = ACT_BYTES * c.s * c.b * _o_width(spec, M) / c.t + core_attention(spec, M, c)
-    row_parallel = 1 + int(kind != "moe" or bool(spec.shared_intermediate_size))  # o, and a dense down
+    row_parallel = 1 + int(kind != "moe" or spec.has_shared_experts)  # o, and a dense down
     scatter = row_parallel * ACT_BYTES * c.s * c.b * M.h / c.t * sp.Min(c.t - 1, 1) if c.sp else 0
     return layer_input + saved + attention + scatter
 
@@ -369,7 +370,7 @@ def _traced(spec: ModelSpec, M: ModelSymbols, c: ActContext, site: str, policy: 
     out = T.local_bytes(c.traced, site, policy, M, c)
     if out is not None:
         return out
-    if site in ("dense", "moe") and site not in spec.layer_kinds:
+    if site in ("dense", "moe") and not has_kind(spec, site):
         return sp.Integer(0)
     raise NdplanError("--activations", "traced", f"the trace has no {site} site under recompute policy {policy}",
                       f"trace it with ndplan trace (policies traced: {', '.join(c.traced.policies())}) or use "

@@ -41,6 +41,7 @@ import sympy as sp
 from ndplan.catalog.model import ModelSpec
 from ndplan.formulas.activations import ACT_BYTES, ActContext
 from ndplan.symbols import ModelSymbols
+from ndplan.formulas.placement import has_kind, layer_count
 
 CAUSAL_FACTOR = sp.Rational(1, 2)
 """Fraction of the s x s score blocks a causal mask leaves (FlashAttention-2 Sec. 3.1)."""
@@ -75,7 +76,7 @@ def attention_gemms(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> list[Gem
     if spec.is_mla:
         qk = M.dn + M.dr
         out = [Gemm("attn.q_down", tok, M.h, M.ql), Gemm("attn.q_up", tok, M.ql, M.a * qk / t)] \
-            if spec.q_lora_rank else [Gemm("attn.q", tok, M.h, M.a * qk / t)]
+            if spec.has_q_lora else [Gemm("attn.q", tok, M.h, M.a * qk / t)]
         return out + [Gemm("attn.kv_down", tok, M.h, M.kl + M.dr),
                       Gemm("attn.kv_up", tok, M.kl, M.a * (M.dn + M.dv) / t),
                       Gemm("attn.o", tok, M.a * M.dv / t, M.h)]
@@ -103,7 +104,7 @@ def ffn_gemms(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> lis
     pairs = c.s * c.b * M.k * c.capacity * c.etp / c.t_sp
     out = [Gemm("moe.router", c.s * c.b / c.t_sp, M.h, M.E)]
     out += _mlp(spec, "moe.experts", pairs / local_experts, M.h, M.fe, c.etp, local_experts)
-    if spec.shared_intermediate_size:
+    if spec.has_shared_experts:
         out += _mlp(spec, "moe.shared", tok, M.h, M.fs, c.t)
     return out
 
@@ -135,8 +136,8 @@ def model_flops_per_sequence(spec: ModelSpec, M: ModelSymbols, seq) -> sp.Expr:
     c = _unsharded(seq)
     fwd = sp.Integer(0)
     for kind in ("dense", "moe"):
-        n = spec.layer_kinds.count(kind)
-        if n:
+        n = layer_count(spec, M, kind)
+        if has_kind(spec, kind):
             fwd += n * (sum(g.flops for g in layer_gemms(spec, M, c, kind)) + core_flops(spec, M, c, seq))
     fwd += sum(g.flops for g in head_gemms(spec, M, c))
     return (1 + GEMM_BACKWARD_FACTOR) * fwd
@@ -150,8 +151,8 @@ def recompute_flops_per_sequence(spec: ModelSpec, M: ModelSymbols, seq, mode: st
     c = _unsharded(seq)
     out = sp.Integer(0)
     for kind in ("dense", "moe"):
-        n = spec.layer_kinds.count(kind)
-        if n:
+        n = layer_count(spec, M, kind)
+        if has_kind(spec, kind):
             core = core_flops(spec, M, c, seq)
             out += n * (core if mode == "selective" else sum(g.flops for g in layer_gemms(spec, M, c, kind)) + core)
     return out

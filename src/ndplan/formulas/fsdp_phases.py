@@ -15,7 +15,7 @@ from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.local import act_context, device_params, largest_kind, layer_params
-from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr
+from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, is_first, pp_expr
 from ndplan.structure import Structure
 from ndplan.symbols import ModelSymbols
 from ndplan.units import DTYPE_BYTES
@@ -116,9 +116,10 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     if not eng.reduce_scatter_input_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
         return None
     ctx, pp = act_context(spec, view), pp_expr(spec, view)
-    kinds = spec.layer_kinds or ["dense"]
-    size = {k: layer_params(spec, M, k) for k in set(kinds)}
-    gathered = {k: gathered_layer(spec, M, eng, k) for k in set(kinds)}
+    present = [k for k in ("dense", "moe") if has_kind(spec, k)]
+    size = {k: layer_params(spec, M, k) for k in present}
+    gathered = {k: gathered_layer(spec, M, eng, k) for k in present}
+    kinds = spec.edge_layer_kinds  # only the layers at either end are looked at below
     nd, nm = chunk_layers(spec, view, stage, 0, pp, M.L)
     layers = nd * size.get("dense", 0) + nm * size.get("moe", 0)
     head, emb = M.V * M.h / S.tp, device_params(P.embedding_pieces(spec, M))[0]

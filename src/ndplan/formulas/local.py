@@ -15,6 +15,7 @@ from ndplan.formulas import params as P
 from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols, model_symbols
+from ndplan.readlog import derived
 
 
 def _per_device(pieces: list[P.Piece], tp, ep_etp) -> tuple[sp.Expr, sp.Expr]:
@@ -81,7 +82,9 @@ def act_context(spec: ModelSpec, view: Structure) -> A.ActContext:
                         traced_mode=view.recompute)
 
 
+@derived
 def largest_kind(spec: ModelSpec) -> str:
-    """The decoder layer kind with the most parameters (the largest FSDP group)."""
-    concrete = model_symbols(spec)  # compare sizes in numbers (M may be symbolic: explain --symbolic)
+    """The decoder layer kind with the most parameters (the largest FSDP group): compared in
+    numbers (M may be symbolic), recorded as one read of the model (readlog.derived)."""
+    concrete = model_symbols(spec)
     return max(("dense", "moe") if spec.is_moe else ("dense",), key=lambda k: P.total(P.layer_pieces(spec, concrete, k)))

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from ndplan.catalog.model import QKV_BIAS_TYPES, ModelSpec
+from ndplan.catalog.model import ModelSpec
 from ndplan.symbols import ModelSymbols
+from ndplan.formulas.placement import has_kind, layer_count
+from ndplan.readlog import derived
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def _norm(spec: ModelSpec, width) -> sp.Expr:
 def attention_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
     if spec.is_mla:
         qk = M.dn + M.dr
-        if spec.q_lora_rank:
+        if spec.has_q_lora:
             q = [Piece("attn.q_down", M.h * M.ql + M.ql, "rep"), Piece("attn.q_up", M.ql * M.a * qk, "tp")]
         else:
             q = [Piece("attn.q", M.h * M.a * qk, "tp")]
@@ -58,7 +60,7 @@ def attention_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
     pieces = [Piece("attn.qkv", qkv, "tp"), Piece("attn.o", M.a * M.d * M.h, "tp")]
     if spec.attention_bias:
         pieces.append(Piece("attn.qkv_bias", (M.a + 2 * M.kv) * M.d, "tp"))
-        if spec.model_type not in QKV_BIAS_TYPES:
+        if not spec.implicit_qkv_bias:
             pieces.append(Piece("attn.o_bias", M.h, "rep"))
     if spec.qk_norm:
         pieces.append(Piece("attn.qk_norm", 2 * M.d, "rep"))
@@ -77,7 +79,7 @@ def mlp_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
 def moe_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
     pieces = [Piece("moe.router", M.E * M.h + (M.E if spec.router_bias else 0), "rep"),
               Piece("moe.experts", M.E * 3 * M.h * M.fe, "expert")]
-    if spec.shared_intermediate_size:
+    if spec.has_shared_experts:
         pieces.append(Piece("moe.shared", 3 * M.h * M.fs, "tp"))
     return pieces
 
@@ -102,8 +104,8 @@ def float8_linear_pieces(spec: ModelSpec, M: ModelSymbols, kind: str) -> list[Pi
     (torchtitan's MoE configs filter ``router.gate``), the routed experts (``GroupedExperts``,
     not an ``nn.Linear``), the embedding and the output layer (``filter_fqns = ["output"]``
     in torchtitan's train configs). MLA's down-projections count without their norms."""
-    m = _widths(ModelSymbols.of(spec))  # divisibility on the real widths (M may be symbolic)
-    fits = lambda *dims: all(int(m[d]) % FLOAT8_DIM_MULTIPLE == 0 for d in dims)  # noqa: E731
+    ok = float8_widths(spec)
+    fits = lambda *dims: all(d in ok for d in dims)  # noqa: E731
     shape = {  # piece -> (weight elements, dims that must be multiples of 16)
         "attn.qkv": (M.h * (M.a + 2 * M.kv) * M.d, ("h", "ad", "kvd")),
         "attn.o": (M.a * M.d * M.h, ("h", "ad")),
@@ -125,6 +127,13 @@ def float8_linear_pieces(spec: ModelSpec, M: ModelSymbols, kind: str) -> list[Pi
         if fits(*dims):
             out.append(Piece(piece.name, piece.count if count is None else count, piece.shard))
     return out
+
+
+@derived
+def float8_widths(spec: ModelSpec) -> tuple[str, ...]:
+    """The linear widths (names of ``_widths``) that are multiples of FLOAT8_DIM_MULTIPLE, on
+    the real sizes (M may be symbolic; one recorded read of the model, readlog.derived)."""
+    return tuple(k for k, v in _widths(ModelSymbols.of(spec)).items() if v % FLOAT8_DIM_MULTIPLE == 0)
 
 
 def _widths(M: ModelSymbols) -> dict[str, int]:
@@ -165,8 +174,8 @@ def params_total(spec: ModelSpec, M: ModelSymbols, *, mtp: bool = False) -> sp.E
     """Total parameters as transformers counts them (main model; MTP only if asked)."""
     n = total(embedding_pieces(spec, M)) + total(head_pieces(spec, M, tied_copy=False))
     for kind in ("dense", "moe"):
-        cnt = spec.layer_kinds.count(kind)
-        if cnt:
+        cnt = layer_count(spec, M, kind)
+        if has_kind(spec, kind):
             n += cnt * total(layer_pieces(spec, M, kind))
     if mtp:
         n += spec.mtp_layers * total(mtp_pieces(spec, M))
@@ -177,5 +186,5 @@ def params_active(spec: ModelSpec, M: ModelSymbols) -> sp.Expr:
     """Parameters a token passes through: routed experts count k of E."""
     n = params_total(spec, M)
     if spec.is_moe:
-        n -= spec.layer_kinds.count("moe") * (M.E - M.k) * 3 * M.h * M.fe
+        n -= layer_count(spec, M, "moe") * (M.E - M.k) * 3 * M.h * M.fe
     return sp.expand(n)

@@ -35,10 +35,32 @@ def _is_num(x) -> bool:
 
 
 def leading_dense(spec: ModelSpec) -> int | None:
-    """k if the layers are k dense followed by only MoE (or all dense), else None."""
-    kinds = spec.layer_kinds
-    k = kinds.count("dense")
-    return k if all(x == "dense" for x in kinds[:k]) and all(x == "moe" for x in kinds[k:]) else None
+    """k if the layers are k dense followed by only MoE (or all dense: k = L), else None."""
+    pattern = spec.layer_pattern
+    return {"dense": spec.num_hidden_layers if pattern[0] == "dense" else None, "moe": 0,
+            "leading": pattern[-1], "mixed": None}[pattern[0]]
+
+
+def mixed_layers(spec: ModelSpec) -> bool:
+    """Do dense and MoE layers interleave (no closed-form layout; leading_dense is None)?"""
+    return spec.layer_pattern[0] == "mixed"
+
+
+def layer_count(spec: ModelSpec, M, kind: str):
+    """Decoder layers of ``kind`` ("dense" or "moe") as an expression in M.L (and the
+    count of leading dense layers), from the layer pattern (ModelSpec.layer_pattern)."""
+    pattern = spec.layer_pattern
+    if pattern[0] == "mixed":
+        return sp.Integer(spec.layer_kinds.count(kind))
+    if pattern[0] == "leading":
+        return sp.Integer(pattern[1]) if kind == "dense" else M.L - pattern[1]
+    return M.L if kind == pattern[0] else sp.Integer(0)
+
+
+def has_kind(spec: ModelSpec, kind: str) -> bool:
+    """Does the model have a decoder layer of ``kind``?"""
+    pattern = spec.layer_pattern
+    return kind in pattern[1] if pattern[0] == "mixed" else pattern[0] == "leading" or pattern[0] == kind
 
 
 def ends_layout(spec: ModelSpec, strat) -> bool:
@@ -52,14 +74,14 @@ def ends_layout(spec: ModelSpec, strat) -> bool:
     if hasattr(strat, "ends"):
         return strat.ends
     from ndplan.layouts import ends_of
-    return (strat.vpp == 1 and leading_dense(spec) is not None
+    return (strat.vpp == 1 and not mixed_layers(spec)
             and ends_of(strat.pp, strat.vpp, strat.schedule, strat.layers_per_stage) is not None)
 
 
 def symbolic_layout(spec: ModelSpec, strat) -> bool:
     """Can layer counts be written in the symbols pp and stage (even split or an "ends"
     layout, leading-dense layers)?"""
-    return leading_dense(spec) is not None and (strat.layers_per_stage is None or ends_layout(spec, strat))
+    return not mixed_layers(spec) and (strat.layers_per_stage is None or ends_layout(spec, strat))
 
 
 def pp_expr(spec: ModelSpec, strat: Strategy):
@@ -94,7 +116,7 @@ def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None
     concrete = strat.layers_per_stage is not None and _is_num(v) and _is_num(pp)
     if not concrete and symbolic_layout(spec, strat) and ends_layout(spec, strat):
         return _ends_chunk(spec, strat, stage, chunk, pp, sp.Integer(spec.num_hidden_layers) if L is None else L)
-    if strat.layers_per_stage is not None or leading_dense(spec) is None:
+    if strat.layers_per_stage is not None or mixed_layers(spec):
         if not (_is_num(v) and _is_num(pp)):
             raise ValueError("uneven or interleaved-MoE layouts need concrete pp and stage")
         v = int(v)
@@ -106,12 +128,13 @@ def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None
             start = v * n
         kinds = spec.layer_kinds[start:start + n]
         return sp.Integer(kinds.count("dense")), sp.Integer(kinds.count("moe"))
-    k = leading_dense(spec)
+    pattern = spec.layer_pattern[0]
     lc = (sp.Integer(spec.num_hidden_layers) if L is None else L) / (pp * strat.vpp)
-    if k == spec.num_hidden_layers:
+    if pattern == "dense":
         return lc, sp.Integer(0)
-    if k == 0:
+    if pattern == "moe":
         return sp.Integer(0), lc
+    k = leading_dense(spec)
     n_dense = sp.Min(sp.Max(k - v * lc, 0), lc)
     return n_dense, lc - n_dense
 
@@ -133,11 +156,12 @@ def _ends_chunk(spec: ModelSpec, strat, stage, chunk: int, pp, L) -> tuple:
     F, Lst = S.first_layers, S.last_layers
     n, mid = _ends_counts(stage, pp, L)
     lc = n / strat.vpp
-    k = leading_dense(spec)
-    if k == spec.num_hidden_layers:
+    pattern = spec.layer_pattern[0]
+    if pattern == "dense":
         return lc, sp.Integer(0)
-    if k == 0:
+    if pattern == "moe":
         return sp.Integer(0), lc
+    k = leading_dense(spec)
     if strat.schedule == "zbv" and chunk == 1:  # stages pp-1 .. 0 after the first half
         before = (1 - is_last(stage, pp)) * Lst + sp.Max(pp - 2 - stage, 0) * mid
     else:

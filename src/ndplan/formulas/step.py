@@ -60,7 +60,7 @@ from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ACT_BYTES, ActContext
 from ndplan.formulas import groups as G
 from ndplan.formulas.local import act_context, stage_params
-from ndplan.formulas.placement import chunk_layers, head_device_flag, pp_expr, symbolic_layout
+from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, layer_count, pp_expr, symbolic_layout
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
@@ -94,7 +94,7 @@ def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str
         pairs = tok * M.k * c.capacity * c.etp / c.t_sp
         total += 2 * 2 * ACT_BYTES * pairs * M.h  # permute and unpermute: read + write
         total += act_io * ACT_BYTES * pairs * M.fe / c.etp
-        if spec.shared_intermediate_size:
+        if spec.has_shared_experts:
             total += act_io * ACT_BYTES * tok * M.fs / c.t
     else:
         total += act_io * ACT_BYTES * tok * M.f / c.t
@@ -209,7 +209,7 @@ def _stages(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfil
     """(per-layer parts, head parts, the stages evaluated, their parts, index of the head's
     stage): the first and last stage of a symbolic layout (and a middle one of an ends
     layout), else every stage."""
-    layer = {k: (layer_parts(spec, M, view, c, k, eng) if k in spec.layer_kinds else _zero()) for k in ("dense", "moe")}
+    layer = {k: (layer_parts(spec, M, view, c, k, eng) if has_kind(spec, k) else _zero()) for k in ("dense", "moe")}
     head = head_parts(spec, M, c)
     if symbolic_layout(spec, view):
         stages = [sp.Integer(0), pp_expr(spec, view) - 1]
@@ -221,12 +221,12 @@ def _stages(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfil
     return layer, head, stages, per_stage, G.head_stage(view, len(stages))
 
 
-def _all_layers(spec: ModelSpec, view: Structure, layer: dict, head: dict, ref: dict) -> dict:
+def _all_layers(spec: ModelSpec, M: ModelSymbols, view: Structure, layer: dict, head: dict, ref: dict) -> dict:
     """One micro-batch's work summed over stages: every layer once, the head (and MTP) once."""
     out = _zero()
     for kind in ("dense", "moe"):
-        n = spec.layer_kinds.count(kind)
-        if n:
+        n = layer_count(spec, M, kind)
+        if has_kind(spec, kind):
             out = _add(out, layer[kind], n)
     out = _add(out, head)
     if spec.mtp_layers:
@@ -274,7 +274,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     tot = [sum(p[k] for k in PARTS) for p in per_stage]
     ref, t_ref = per_stage[ref_i], tot[ref_i]
     t_max = C.vmax(*tot) if len(tot) > 1 else t_ref
-    all_layers = _all_layers(spec, view, layer, head, ref)
+    all_layers = _all_layers(spec, M, view, layer, head, ref)
     t_sum = sum(all_layers[k] for k in PARTS)
     bubble = _pipeline_bubble(view, ref, t_ref, t_max, t_sum, all_layers["W"])
     dense, expert, emb = stage_params(spec, M, view, stages[ref_i])
