@@ -56,6 +56,8 @@ from dataclasses import dataclass, replace
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Min
+
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import MEGATRON, EngineProfile
 from ndplan.errors import NdplanError
@@ -288,7 +290,7 @@ def op_sac_layer(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> 
     layer_input = ACT_BYTES * c.s * c.b * M.h / c.t_sp
     attention = ACT_BYTES * c.s * c.b * _o_width(spec, M) / c.t + core_attention(spec, M, c)
     row_parallel = 1 + int(kind != "moe" or spec.has_shared_experts)  # o, and a dense down
-    scatter = row_parallel * ACT_BYTES * c.s * c.b * M.h / c.t * sp.Min(c.t - 1, 1) if c.sp else 0
+    scatter = row_parallel * ACT_BYTES * c.s * c.b * M.h / c.t * Min(c.t - 1, 1) if c.sp else 0
     return layer_input + saved + attention + scatter
 
 
@@ -339,7 +341,7 @@ def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str,
             # selective acts only when SP splits over tp > 1 devices (EngineProfile.selective_needs_tp);
             # gate = 0 at tp = 1, where the SP layout is the non-SP one
             stored = sp.Add(*parts.values())
-            gate = sp.Min(c.t - 1, 1) if c.sp_flag else 0
+            gate = Min(c.t - 1, 1) if c.sp_flag else 0
             return stored - gate * (stored - sp.Add(*keep.values()))
         parts = keep
     return sp.Add(*parts.values())

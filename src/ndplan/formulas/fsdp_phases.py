@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Max, Min
+
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import EngineProfile
@@ -73,7 +75,7 @@ def loss_chunk_buffers(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.
     ``ChunkedLossWrapper.__call__``, ``GradAccumulator``)."""
     ctx, eng = act_context(spec, view), view.engine
     tokens = ctx.s * ctx.b
-    hidden = (A.FP32_BYTES + A.ACT_BYTES * sp.Min(ctx.b - 1, 1)) * tokens * M.h
+    hidden = (A.FP32_BYTES + A.ACT_BYTES * Min(ctx.b - 1, 1)) * tokens * M.h
     return hidden + A.ACT_BYTES * tokens * M.V / S.tp / eng.loss_chunks
 
 
@@ -91,7 +93,7 @@ def _chunked_head_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
 def _unpiped(spec: ModelSpec, view: Structure) -> sp.Expr:
     """1 without pipelining, 0 with it, for engines whose FSDP holds the stage unsharded under
     pipelining (``pp_unsharded_stage_bytes``: no per-layer gather or reduce-scatter phases then)."""
-    return 1 - sp.Min(pp_expr(spec, view) - 1, 1) if view.engine.pp_unsharded_stage_bytes else sp.Integer(1)
+    return 1 - Min(pp_expr(spec, view) - 1, 1) if view.engine.pp_unsharded_stage_bytes else sp.Integer(1)
 
 
 def head_group(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.Expr:
@@ -128,7 +130,7 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     second = kinds[1] if len(kinds) > 1 else first
     mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
     if view.partial_recompute:  # is the first layer recomputed: every N-th only for N = 1, the first N if N >= 1
-        rec = _spread(nd + nm)[2] if eng.recompute_layers_spread else sp.Min(S.nrec, 1)
+        rec = _spread(nd + nm)[2] if eng.recompute_layers_spread else Min(S.nrec, 1)
         first_act = (rec * A.layer_activation(spec, M, ctx, first, view.recompute)
                      + (1 - rec) * A.layer_activation(spec, M, ctx, first, "none"))
     else:
@@ -154,7 +156,7 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     if rebuilds_in_backward(view):
         held = dict(after_head=after_head, emb_act=emb_act, head=head, layers=layers, written=written, n=nd + nm)
         phases += _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held)
-    return backward_phases_on(spec, view) * sp.Max(*phases)
+    return backward_phases_on(spec, view) * Max(*phases)
 
 
 def _spread(n) -> tuple[sp.Expr, sp.Expr, sp.Expr, sp.Expr]:
@@ -162,16 +164,16 @@ def _spread(n) -> tuple[sp.Expr, sp.Expr, sp.Expr, sp.Expr]:
     (EngineProfile.recompute_layers_spread): (plain layers before the last wrapped one, layers
     after it, 1 when the first layer is wrapped (N = 1), 1 when the last is (N divides n));
     both flags 0 when nrec = 0."""
-    r = sp.Max(sp.Min(S.nrec, n), 1)
+    r = Max(Min(S.nrec, n), 1)
     every = sp.floor(n / r)
     after = n - r * every
-    some = sp.Min(S.nrec, 1)
-    return r * (every - 1), after, some * (1 - sp.Min(every - 1, 1)), some * (1 - sp.Min(after, 1))
+    some = Min(S.nrec, 1)
+    return r * (every - 1), after, some * (1 - Min(every - 1, 1)), some * (1 - Min(after, 1))
 
 
 def backward_phases_on(spec: ModelSpec, view: Structure) -> sp.Expr:
     """1 where FSDP's per-layer backward phases run (no pipelining, dp*cp > 1), else 0."""
-    return _unpiped(spec, view) * sp.Min(G.dense_shard_ranks() - 1, 1)
+    return _unpiped(spec, view) * Min(G.dense_shard_ranks() - 1, 1)
 
 
 def rebuilds_in_backward(view: Structure) -> bool:
@@ -215,14 +217,14 @@ def _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held) -> list[sp.
     plain_act = {k: A.layer_activation(spec, M, ctx, k, "none") for k in set(kinds)}
     if view.partial_recompute and eng.recompute_layers_spread:
         plain, after, _, _ = _spread(held["n"])
-        ran = sp.Min(after, 1)  # a plain layer after it: its reduce-scatter input, else the output layer's
-        wrapped_inputs = sp.Min(S.nrec, held["n"]) * inputs[first]
-        return [sp.Min(S.nrec, 1) * (held["emb_act"] + plain * plain_act[first] + wrapped_inputs
+        ran = Min(after, 1)  # a plain layer after it: its reduce-scatter input, else the output layer's
+        wrapped_inputs = Min(S.nrec, held["n"]) * inputs[first]
+        return [Min(S.nrec, 1) * (held["emb_act"] + plain * plain_act[first] + wrapped_inputs
                                      + rebuilt[first] + rs_in * (ran * size[first] + (1 - ran) * head)
                                      + written * (head + after * size[first]) + 2 * gathered[first])]
     if view.partial_recompute:
         n = S.nrec
-        return [sp.Min(n, 1) * (held["emb_act"] + n * inputs[first] + rebuilt[first] + rs_in * size[first]
+        return [Min(n, 1) * (held["emb_act"] + n * inputs[first] + rebuilt[first] + rs_in * size[first]
                                 + written * (head + held["layers"] - n * size[first]) + 2 * gathered[first])]
     before = kinds[-2] if len(kinds) > 1 else last
     phases = [held["after_head"] + rebuilt[last] + rs_in * head + written * head + gathered[last] + gathered[before]]
@@ -241,7 +243,7 @@ def _rs_bytes(eng: EngineProfile, group, prefetched_bytes, written) -> sp.Expr:
     makes (``reduce_scatter_copy_bytes``); beside them the next group's prefetched weights
     (``prefetched_bytes``: gathered_layer, or the 16-bit embedding). The group's own unsharded
     weights are freed before (post_backward reshards first, _fsdp_param_group.py:637-638)."""
-    grads_or_out = sp.Max(A.ACT_BYTES, written + eng.reduce_scatter_copy_bytes)
+    grads_or_out = Max(A.ACT_BYTES, written + eng.reduce_scatter_copy_bytes)
     return prefetched_bytes + (eng.reduce_scatter_input_bytes + grads_or_out) * group
 
 
@@ -251,7 +253,7 @@ def _piped_fsdp(spec: ModelSpec, view: Structure) -> sp.Expr | None:
     eng = view.engine
     if not eng.pp_unsharded_stage_bytes or view.zero < eng.weights_sharded_from or eng.gather_whole_stage:
         return None
-    return sp.Min(pp_expr(spec, view) - 1, 1) * sp.Min(G.dense_shard_ranks() - 1, 1)
+    return Min(pp_expr(spec, view) - 1, 1) * Min(G.dense_shard_ranks() - 1, 1)
 
 
 def pp_group_grads(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr | None:

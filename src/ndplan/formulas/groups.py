@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Min
+
 from ndplan import symbols as S
 from ndplan.engines import EngineProfile
 from ndplan.vocab import HEAD_ON_FIRST_STAGE
@@ -80,7 +82,7 @@ def state_shard_ranks(eng: EngineProfile):
     k = eng.optimizer_shard_size
     if not k:
         return dense_shard_ranks(), expert_shard_ranks()
-    return sp.Min(dense_shard_ranks(), k), sp.Min(expert_shard_ranks(), k)
+    return Min(dense_shard_ranks(), k), Min(expert_shard_ranks(), k)
 
 
 def head_stage(view, pp: int) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Max, Min
+
 from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
@@ -65,8 +67,8 @@ def chunk_activation(spec, M, ctx, view, nd, nm, cast, nrec=S.nrec) -> sp.Expr:
     if not view.partial_recompute:
         return nd * act[("dense", view.recompute)] + nm * act[("moe", view.recompute)]
     mode = view.recompute
-    rec_d = sp.Min(nrec, nd)  # the first N layers of the chunk (dense layers come first)
-    rec_m = sp.Min(nrec - rec_d, nm)
+    rec_d = Min(nrec, nd)  # the first N layers of the chunk (dense layers come first)
+    rec_m = Min(nrec - rec_d, nm)
     return (rec_d * act[("dense", mode)] + (nd - rec_d) * act[("dense", "none")]
             + rec_m * act[("moe", mode)] + (nm - rec_m) * act[("moe", "none")])
 
@@ -99,7 +101,7 @@ def _grads_beside(grads: Term, dynamic: list[Term]) -> Term:
     """Gradients that build up during backward (EngineProfile.grads_built_in_backward): the
     part of them above the activations, transients and gather buffers they replace."""
     dyn = sp.Add(*(t.expr for t in dynamic))
-    return Term(key=grads.key, expr=sp.Max(grads.expr - dyn, 0), unit=grads.unit,
+    return Term(key=grads.key, expr=Max(grads.expr - dyn, 0), unit=grads.unit,
                 source=grads.source + "; freed when each step begins and written group by group in backward, "
                        "so the peak holds max(gradients, activations + transient + gather) above the other states",
                 note=grads.note + " (the part above the dynamic memory)")
@@ -159,7 +161,7 @@ def activation_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) ->
     per_mb, pp = chunk_activations(spec, M, view, stage), pp_expr(spec, view)
     if peaks_over_held_vectors(view):
         vectors = held_profiles(view.schedule, int(stage), int(pp), view.vpp, view.m)
-        acts = sp.Max(*[sum(h * a for h, a in zip(vec, per_mb)) for vec in vectors])
+        acts = Max(*[sum(h * a for h, a in zip(vec, per_mb)) for vec in vectors])
         how = "max over the held vectors of the schedule's op order (schedules.held_profiles)"
     else:
         acts = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) * a for c, a in enumerate(per_mb))
@@ -185,7 +187,7 @@ def _held_loss(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.E
     if not per_logit:
         return sp.Integer(0)
     held = inflight(view.schedule, stage, head_chunk(view.schedule, view.vpp), pp, view.vpp, S.m)
-    others = sp.Max(held - 1, 0) * head_device_flag(view.schedule, stage, pp)
+    others = Max(held - 1, 0) * head_device_flag(view.schedule, stage, pp)
     return others * per_logit * ctx.s * ctx.b * M.V / S.tp
 
 
@@ -214,7 +216,7 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
             gather += head_group(spec, M, view, stage)
             what += "; the output layer's 16-bit weights, kept gathered from its forward into backward"
         if eng.pp_unsharded_stage_bytes:
-            piped = sp.Min(pp - 1, 1)
+            piped = Min(pp - 1, 1)
             # gathered in the first forward, kept to the step's end (float8 all-gather: 1 B per swapped weight)
             weights_16 = A.ACT_BYTES * (dense + expert) - float8_stage_saving(spec, M, view, stage)
             grads_acc = (eng.pp_unsharded_stage_bytes - A.ACT_BYTES) * (dense + expert)  # from the first backward
@@ -223,7 +225,7 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
             # + grads), kept = held_after_first_backward / held at the peak
             total = sum(inflight(view.schedule, stage, c, pp, view.vpp, S.m) for c in range(view.vpp))
             freed = (1 - held_after_first_backward(view.schedule, stage, pp, view.vpp, S.m) / total) * acts
-            piped_gather = weights_16 + sp.Max(0, grads_acc - freed)
+            piped_gather = weights_16 + Max(0, grads_acc - freed)
             gather = (1 - piped) * gather + piped * piped_gather
             what += (f"; with pp > 1, {eng.pp_unsharded_stage_bytes} B per stage parameter: its 16-bit unsharded "
                      f"weights from the first forward ({A.ACT_BYTES}) and the fp32 unsharded gradients accumulated "
@@ -232,7 +234,7 @@ def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EnginePr
     if eng.sharded_weights_cast_once and G.weight_bytes(view, eng) > A.ACT_BYTES:
         note = "wide weights: the 16-bit cast copy exists even when dp*cp = 1"
     else:
-        gather = gather * sp.Min(G.state_shard_ranks(eng)[0] - 1, 1)
+        gather = gather * Min(G.state_shard_ranks(eng)[0] - 1, 1)
         note = "zero when dp*cp = 1"
     src = f"ZeRO-3/FSDP/optimizer-parallel all-gather buffers: {what}"
     if "gather" in eng.sources:
@@ -280,13 +282,13 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     freed = gathered_at_loss(spec, M, view)
     if eng.gathered_inputs_kept:  # the output layer's gathered input is saved, no all-gather is in flight
         freed = freed + head_device_flag(view.schedule, stage, pp_expr(spec, view)) * sp_gather_buffer(spec, M, view)
-    loss_phase = logits if freed == 0 else sp.Max(logits - freed, 0)
+    loss_phase = logits if freed == 0 else Max(logits - freed, 0)
     rebuild = rebuilt_layer(spec, M, ctx, kind, view.recompute if rebuilds_in_backward(view) else "full",
                             workspace=False)
     backward = fsdp_backward_reduce(spec, M, view, acts, stage)
     if backward is not None and rebuilds_in_backward(view) and not eng.backward_layer_workspace:
         rebuild *= 1 - backward_phases_on(spec, view)  # FSDP's backward phases place the rebuild themselves
-    transient = sp.Max(loss_phase, rebuild) if one_layer else loss_phase
+    transient = Max(loss_phase, rebuild) if one_layer else loss_phase
     why = ("compiled loss: saved bf16 logits and their bf16 gradient, engines.COMPILED_LOSS_BYTES"
            if eng.compiled_loss else eng.sources['logits'])
     src = (f"max of exclusive transients: loss logits {logit_bytes} bytes per token x "
@@ -300,7 +302,7 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
                 "input, gathered_inputs_kept): the logits less those Terms")
     if backward is not None:
         # the reduce-scatter phase replaces the activations and the forward's gather
-        transient = sp.Max(transient, backward - acts - gather)
+        transient = Max(transient, backward - acts - gather)
         src += ("; FSDP's backward reduce-scatters: at the largest, its buffers, the sharded gradients written "
                 "and the activations not yet freed (fsdp_backward_reduce)")
         if rebuilds_in_backward(view) and not eng.backward_layer_workspace:
@@ -310,7 +312,7 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     group_grads, final = pp_group_grads(spec, M, view), pp_final_reduce(spec, M, view)
     if final is not None:
         # after the last backward the activations are gone: the reduce replaces them
-        transient = sp.Max(transient, group_grads, final - acts)
+        transient = Max(transient, group_grads, final - acts)
         src += ("; under pipelining with FSDP, one group's 16-bit gradients before they are accumulated "
                 "(pp_group_grads), or the final reduce-scatter of the accumulated gradients, which runs after "
                 "every activation is freed: two layers' sharded fp32 outputs (pp_final_reduce)")
@@ -319,7 +321,7 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         # gathered 16-bit weights are alive: activations + gather + transient =
         # max(forward/backward phase, optimizer-step temporaries)
         step_tmp = (0 if view.offload_optimizer else 1) * eng.optimizer_step_temp_bytes * opt_shard
-        transient = sp.Max(transient, step_tmp - acts - gather)
+        transient = Max(transient, step_tmp - acts - gather)
         src += (f"; optimizer-step temporaries {eng.optimizer_step_temp_bytes} bytes/param, which replace the "
                 f"activations and gathered weights ({eng.sources['optimizer_step']})")
     return Term(key="mem.transient", expr=transient, unit="bytes", source=src,
@@ -332,7 +334,7 @@ def sp_gather_buffer(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Ex
     if not (view.sp and view.engine.comm_buffer_sp_gather):
         return sp.Integer(0)
     ctx = act_context(spec, view)
-    return A.ACT_BYTES * ctx.s * ctx.b * M.h * sp.Min(S.tp - 1, 1)
+    return A.ACT_BYTES * ctx.s * ctx.b * M.h * Min(S.tp - 1, 1)
 
 
 def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile,
@@ -407,7 +409,7 @@ def pp_recv_buffers_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stag
         # run so far (vpp*m - held_after_first_backward) of the chunks that send gradients
         done = vpp * S.m - held_after_first_backward(view.schedule, stage, pp, vpp, S.m)
         expr += S.m * receives_grads + done * receives_acts / vpp
-    expr = sp.Min(pp - 1, 1) * hidden * expr
+    expr = Min(pp - 1, 1) * hidden * expr
     return Term(key="mem.pp_buffers", expr=expr, unit="bytes",
                 source="torch.distributed.pipelining receive buffers, one per micro-batch and receiving chunk, "
                        "kept for the run (" + view.engine.name + ": PipelineStage, torch 2.13 stage.py:2254-2320; "

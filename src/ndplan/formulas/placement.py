@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Max, Min
+
 from ndplan.catalog.model import ModelSpec
 from ndplan.formulas.schedules import virtual_stage
 from ndplan.strategy import Strategy
@@ -91,13 +93,13 @@ def pp_expr(spec: ModelSpec, strat: Strategy):
 
 
 def is_first(stage):
-    return sp.Integer(1 if int(stage) == 0 else 0) if _is_num(stage) else sp.Max(0, 1 - stage)
+    return sp.Integer(1 if int(stage) == 0 else 0) if _is_num(stage) else Max(0, 1 - stage)
 
 
 def is_last(stage, pp):
     if _is_num(stage) and _is_num(pp):
         return sp.Integer(1 if int(stage) == int(pp) - 1 else 0)
-    return sp.Max(0, stage - pp + 2)
+    return Max(0, stage - pp + 2)
 
 
 def head_device_flag(schedule: str, stage, pp):
@@ -135,7 +137,7 @@ def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None
     if pattern == "moe":
         return sp.Integer(0), lc
     k = leading_dense(spec)
-    n_dense = sp.Min(sp.Max(k - v * lc, 0), lc)
+    n_dense = Min(Max(k - v * lc, 0), lc)
     return n_dense, lc - n_dense
 
 
@@ -145,7 +147,7 @@ def _ends_counts(stage, pp, L):
     F, Lst = S.first_layers, S.last_layers
     first = is_first(stage)
     last = is_last(stage, pp) * (1 - first)  # pp = 1: the one stage is the first
-    mid = (L - F - Lst) / sp.Max(pp - 2, 1)
+    mid = (L - F - Lst) / Max(pp - 2, 1)
     n = first * F + last * Lst + (1 - first - last) * mid
     return n, mid
 
@@ -163,9 +165,9 @@ def _ends_chunk(spec: ModelSpec, strat, stage, chunk: int, pp, L) -> tuple:
         return sp.Integer(0), lc
     k = leading_dense(spec)
     if strat.schedule == "zbv" and chunk == 1:  # stages pp-1 .. 0 after the first half
-        before = (1 - is_last(stage, pp)) * Lst + sp.Max(pp - 2 - stage, 0) * mid
+        before = (1 - is_last(stage, pp)) * Lst + Max(pp - 2 - stage, 0) * mid
     else:
-        before = (1 - is_first(stage)) * F + sp.Max(stage - 1, 0) * mid
+        before = (1 - is_first(stage)) * F + Max(stage - 1, 0) * mid
     start = chunk * L / strat.vpp + before / strat.vpp
-    n_dense = sp.Min(sp.Max(k - start, 0), lc)
+    n_dense = Min(Max(k - start, 0), lc)
     return n_dense, lc - n_dense

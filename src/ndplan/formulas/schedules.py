@@ -47,17 +47,19 @@ from functools import lru_cache
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Max, Min
+
 
 def _min(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
-    return sp.Min(a, b)
+    return Min(a, b)
 
 
 def _max(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
-    return sp.Max(a, b)
+    return Max(a, b)
 
 
 def inflight(schedule: str, stage, chunk, pp, vpp, m):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Min
+
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import EngineProfile
@@ -55,7 +57,7 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
         grads = shard(eng.grads_sharded_from)
     if not eng.grads_without_accumulation:
         # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
-        grads = grads * sp.Min(pp_expr(spec, view) + S.m - 2, 1)
+        grads = grads * Min(pp_expr(spec, view) + S.m - 2, 1)
     off = 0 if view.offload_optimizer else 1
     scope = "one device of this stage"
     cache = fp8_weight_cache_terms(view, eng, dense - vocab[0] + expert)

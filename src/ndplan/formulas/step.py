@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Min
+
 from ndplan import hooks
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
@@ -214,7 +216,7 @@ def _stages(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfil
     if symbolic_layout(spec, view):
         stages = [sp.Integer(0), pp_expr(spec, view) - 1]
         if view.ends:  # the middle stages hold M layers each: stage 1 stands for them
-            stages.insert(1, sp.Min(1, S.pp - 1))
+            stages.insert(1, Min(1, S.pp - 1))
     else:
         stages = [sp.Integer(i) for i in range(view.pp)]
     per_stage = [stage_parts(spec, M, view, s, eng, layer, head) for s in stages]

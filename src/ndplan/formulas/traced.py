@@ -51,6 +51,8 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from ndplan.formulas.minmax import Min
+
 Monomial = tuple[int, tuple[tuple[str, int], ...]]
 """(integer coefficient in bytes, ((size name, power), ...)), names as in trace.fit."""
 
@@ -106,7 +108,7 @@ def divisor(names: frozenset[str], s_power: int, c, has_b: bool = True) -> sp.Ex
     if not has_b:  # per-sequence tensors (rotary tables, position ids): every rank holds them whole
         return sp.Integer(1)
     if ROUTED in names:  # token-expert pairs on a device; expert widths split over etp
-        pairs = c.capacity * sp.Min(c.etp, c.t_sp) / c.t_sp
+        pairs = c.capacity * Min(c.etp, c.t_sp) / c.t_sp
         return (c.etp if names & EXPERT_WIDTHS else sp.Integer(1)) / pairs
     if names & COLUMN_PARALLEL:
         return c.t
