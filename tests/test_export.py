@@ -499,3 +499,21 @@ def test_a_derived_engine_exports_as_its_base():
     hw = load_hardware("h100-sxm")
     a, b = layers_from_model(DENSE, hw, base)[0], layers_from_model(DENSE, hw, derived)[0]
     assert [x.static_bytes for x in a] == [x.static_bytes for x in b]
+
+
+@pytest.mark.parametrize("flags", [
+    "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6 "
+    "--num-virtual-stages-per-pipeline-rank 2",
+    "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5",
+    "--pipeline-model-parallel-size 4 --decoder-last-pipeline-num-layers 2",
+    "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 14 --decoder-last-pipeline-num-layers 18",
+    "--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 8 --num-virtual-stages-per-pipeline-rank 4",
+])
+def test_megatron_reader_splits_first_last_counts_as_megatron_does(flags, tmp_path):
+    """The reader's layers per virtual stage equal Megatron's own split (the transcription
+    above, megatron_layers): a count given for one end only leaves the other end with the
+    middle count, and under vpp > 1 each count is dealt over the rank's chunks."""
+    from ndplan.interop import megatron as mg
+    text = f"torchrun pretrain_gpt.py --num-layers 32 --micro-batch-size 1 --global-batch-size 48 --seq-length 4096 {flags}\n"
+    ci = mg.read(tmp_path / "run.sh", text, model=load_model("llama3-8b"), gpus=48)
+    assert list(ci.strategy.layers_per_stage) == megatron_layers(megatron_parse(text.split("pretrain_gpt.py")[1]))

@@ -32,9 +32,12 @@ from __future__ import annotations
 from ndplan.formulas.schedules import virtual_stage
 
 BELOW = 2
-"""Layers per chunk the first/last stage may hold under the middle count."""
+"""Layers per chunk the first/last stage may hold under the middle count: 2 admits
+torchtitan's default split of DeepSeek-V3 (61 layers on 16 stages with embedding and
+output counted as layers: 3/4x14/2, the last stage 2 under) and Llama 3 405B's 7/8x14/7."""
 ABOVE = 1
-"""Layers per chunk the first/last stage may hold over the middle count."""
+"""Layers per chunk the first/last stage may hold over the middle count: 1 admits the
+splits whose middle count is rounded down (e.g. 126 layers on 16 stages: 8/8x14/6)."""
 RANGE_TEXT = (f"pp >= 3: the middle pp-2 stages even (M layers, M divisible by vpp); the first and last "
               f"stages each between M - {BELOW}*vpp and M + {ABOVE}*vpp layers (multiples of vpp, at least vpp); "
               f"pp = 2: the two stages' counts (multiples of vpp) at most {BELOW + ABOVE}*vpp apart")

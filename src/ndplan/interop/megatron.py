@@ -46,6 +46,7 @@ from ndplan.interop import megatron_memory as MX, megatron_model as MM, shell
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
+from ndplan.layouts import layers_per_stage
 
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
@@ -138,19 +139,31 @@ def _getter(args):
 
 
 def _layers(args, L: int, pp: int, vpp: int):
+    """Decoder layers per virtual stage from the layout or the first/last-stage counts, as
+    Megatron splits them (NVIDIA/Megatron-LM@d98e8a64 transformer_block.py:103-146: the
+    given counts come off L and off the stages, the rest divides evenly over the stages left,
+    a count is given to every virtual chunk of its rank; :175-178 each rank's count divisible
+    by vpp); layouts.layers_per_stage deals them in model order."""
     first, last = _int(args, "first_layers", FLAG["first_layers"]), _int(args, "last_layers", FLAG["last_layers"])
     if args.layout:
         groups = args.layout.split("|")
         return tuple(g.count("t") for g in groups)
     if first is None and last is None:
         return None
-    first = first if first is not None else (L - (last or 0)) // pp
-    last = last if last is not None else (L - first) // pp
-    rest = L - first - last
-    if pp < 2 or (pp > 2 and rest % (pp - 2)) or (pp == 2 and rest):
-        raise NdplanError(FLAG["first_layers"], first, f"with last={last} the other {rest} layers do not split "
-                          f"evenly over {pp - 2} middle stages", "change the first/last stage layer counts")
-    return (first,) + (rest // (pp - 2),) * (pp - 2) + (last,) if pp > 2 else (first, last)
+    given = [n for n in (first, last) if n is not None]
+    left = pp - len(given)
+    rest = L - sum(given)
+    if pp < 2 or rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
+        raise NdplanError(FLAG["first_layers"] if first is not None else FLAG["last_layers"], given[0],
+                          f"the other {rest} of {L} layers do not split evenly over the {max(left, 0)} other "
+                          f"stages of pp={pp}", "change the first/last stage layer counts")
+    mid = rest // left if left else 0
+    first, last = (mid if first is None else first), (mid if last is None else last)
+    for flag, n in ((FLAG["first_layers"], first), (FLAG["last_layers"], last), ("middle stages", mid)):
+        if n % vpp and (flag != "middle stages" or pp > 2):
+            raise NdplanError(flag, n, f"not divisible by the {vpp} virtual stages per rank",
+                              "give layer counts divisible by --num-virtual-stages-per-pipeline-rank")
+    return layers_per_stage(L, pp, vpp, default_schedule(vpp), first, last)
 
 
 def _recompute(args, notes: list) -> dict:
