@@ -1,12 +1,20 @@
 """Sweep speed: candidate evaluations per second, end-to-end sweep time from the shell,
 and candidates / wall time per device count. Prints figures and ratios; asserts nothing.
 
-1. Evaluation rate (one core): the memory kernel (4 candidate stages) and the time kernel
+1. Evaluation rate (one core): the memory kernel (the candidate stages) and the time kernel
    of one Llama-3-70B group, on 1,000,000 rows, vs a plain Python loop calling the same
    generated formulas one candidate at a time (same run, same process).
 2. `ndplan sweep -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024` from the
-   shell: cold (empty kernel cache) and warm (cached), Python start-up included.
+   shell, whole process (Python start-up included), wall time and peak RSS: with an empty
+   kernel cache (the kernels shipped with the package, prebuilt.py), then another model of
+   the same class and one of another class on that cache, then warm (3 runs: median and
+   spread); and, unless --skip-cold, with an empty cache and the shipped kernels off
+   (NDPLAN_PREBUILT=0: every kernel built by SymPy, about a minute), with the ratio.
+   AutoParallel's whole-process time is printed beside it when an ``autoparallel`` command is
+   on the machine (it is not on PyPI: the PyPI name is an unrelated joblib decorator).
 3. Candidates and wall time for 8 ... 16384 devices (warm kernels).
+4. 131,072 devices, every dimension auto, llama3-70b and deepseek-v3, whole process: wall
+   time and peak RSS (warm kernels).
 
 Run: python benchmarks/sweep_speed.py [--skip-cold]
 """
@@ -63,10 +71,12 @@ def evaluation_rate() -> None:
     for i in range(N_LOOP):
         row = {k: float(v[i]) for k, v in big.grid.items()} | {"vpp": 1.0, "seq": 8192.0, "nrec": 0.0}
         pp = int(row["pp"])
-        best = max(sum(fm._fn(*[row[a.name] if a.name != "stage" else float(st) for a in fm.args]))
+        best = max(sum(fm.kernel._fn(*[row[a.name] if a.name in row else
+                                       (float(st) if a.name == "stage" else fm.model_values[a.name])
+                                       for a in fm.kernel.args]))
                    for st in {0, min(1, pp - 1), pp - 1})
-        s = sum(ft._fn(*[row[a.name] if a.name in row else (0.0 if a.name == "stage" else hwv[a.name])
-                         for a in ft.args]))
+        s = sum(ft.kernel._fn(*[row[a.name] if a.name in row else (0.0 if a.name == "stage" else
+                                hwv.get(a.name, ft.model_values.get(a.name))) for a in ft.kernel.args]))
         assert abs(s - step[i]) <= 1e-9 * s and abs(np.ceil(best) - peak[i]) <= 1e-6 * best + 2
     loop_s = time.perf_counter() - t0
     vec_rate, loop_rate = N_ROWS / vec_s, N_LOOP / loop_s
@@ -77,19 +87,61 @@ def evaluation_rate() -> None:
     print(f"   ratio              : {vec_rate / loop_rate:,.0f}x   (target >= 2,000,000 candidates/s)")
 
 
+README = "sweep -m {model} -H h100-sxm --gpus {gpus} --seq 8192 --gbs {gbs} --json"
+MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+           "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+           "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)")
+
+
+def _exe() -> list[str]:
+    found = shutil.which("ndplan")
+    return [found] if found else [sys.executable, "-m", "ndplan.cli"]
+
+
+def timed(args: str, env: dict) -> tuple[float, float]:
+    """(wall s, peak RSS MiB) of one ``ndplan ARGS`` process."""
+    out = subprocess.run([sys.executable, "-c", MEASURE, *_exe(), *args.split()], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    if out[2] not in ("0", "1"):
+        raise SystemExit(f"ndplan {args} exited {out[2]}")
+    return float(out[0]), float(out[1]) / 1024
+
+
 def shell_sweep(skip_cold: bool) -> None:
-    exe = shutil.which("ndplan") or f"{sys.executable} -m ndplan.cli"
-    cmd = f"{exe} sweep -m llama3-70b -H h100-sxm --gpus 1024 --seq 8192 --gbs 1024 --json"
-    print("\n2. from the shell:", cmd.replace(exe, "ndplan"))
+    cmd = README.format(model="llama3-70b", gpus=1024, gbs=1024)
+    print(f"\n2. from the shell, whole process: ndplan {cmd}")
     with tempfile.TemporaryDirectory() as cache:
         env = os.environ | {"NDPLAN_CACHE_DIR": cache}
-        runs = ([] if skip_cold else ["cold (empty kernel cache)"]) + ["warm (cached kernels)"] * 3
-        if skip_cold:
-            subprocess.run(cmd, shell=True, env=env, stdout=subprocess.DEVNULL, check=True)
-        for label in runs:
-            t0 = time.perf_counter()
-            subprocess.run(cmd, shell=True, env=env, stdout=subprocess.DEVNULL, check=True)
-            print(f"   {label:<26} {time.perf_counter() - t0:6.2f} s   (target <= 3 s warm)")
+        first, rss = timed(cmd, env)
+        print(f"   empty cache, shipped kernels     {first:6.2f} s  {rss:5.0f} MiB   (target <= 5 s)")
+        for model, what in (("llama3-8b", "same class"), ("qwen2.5-72b", "another class")):
+            wall, rss = timed(README.format(model=model, gpus=1024, gbs=1024), env)
+            print(f"   then {model:<12} ({what:<13}) {wall:6.2f} s  {rss:5.0f} MiB   (target <= 1 s)")
+        warm = sorted(timed(cmd, env)[0] for _ in range(3))
+        print(f"   warm (3 runs)                    {warm[1]:6.2f} s  median, {warm[0]:.2f}-{warm[2]:.2f} s   "
+              "(target <= 0.5 s)")
+    if not skip_cold:
+        with tempfile.TemporaryDirectory() as cache:
+            wall, rss = timed(cmd, os.environ | {"NDPLAN_CACHE_DIR": cache, "NDPLAN_PREBUILT": "0"})
+            print(f"   empty cache, no shipped kernels  {wall:6.2f} s  {rss:5.0f} MiB   "
+                  f"(SymPy builds every kernel: {wall / first:.0f}x the shipped run)")
+    other = shutil.which("autoparallel")
+    if other:
+        t0 = time.perf_counter()
+        subprocess.run([other, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"   AutoParallel (autoparallel --help, start-up only): {time.perf_counter() - t0:.2f} s")
+    else:
+        print("   AutoParallel: not on this machine (it scores 20-100 candidates; this sweep scores every valid one)")
+
+
+def largest(cluster: int = 131072) -> None:
+    print(f"\n4. {cluster:,} devices, every dimension auto, whole process (warm kernels)")
+    for model in ("llama3-70b", "deepseek-v3"):
+        cmd = README.format(model=model, gpus=cluster, gbs=16384)
+        timed(cmd, dict(os.environ))  # kernels (shipped or built) into the cache
+        runs = sorted(timed(cmd, dict(os.environ)) for _ in range(3))
+        print(f"   {model:<12} {runs[1][0]:6.2f} s median ({runs[0][0]:.2f}-{runs[2][0]:.2f}), peak RSS "
+              f"{max(r[1] for r in runs):.0f} MiB   (target <= 2 s, <= 200 MB = 191 MiB)")
 
 
 def per_device_count() -> None:
@@ -113,3 +165,4 @@ if __name__ == "__main__":
     evaluation_rate()
     shell_sweep(a.skip_cold)
     per_device_count()
+    largest()

@@ -164,7 +164,9 @@ def test_first_compile_prints_progress_then_a_warm_run_is_quiet(tmp_path, monkey
     model.write_text("model_type: llama\nhidden_size: 384\nnum_hidden_layers: 6\nnum_attention_heads: 6\n"
                      "intermediate_size: 1000\nvocab_size: 5000\n")
     monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("NDPLAN_PREBUILT", "0")  # a Llama-class model: the package ships its kernels
     monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+    monkeypatch.setattr(kernels, "_READ_SETS", {})
     monkeypatch.setattr(cli_types, "QUIET_S", 0.0)  # announce at the second kernel: a small sweep suffices
     args = ["sweep", "-m", str(model), "--gpus", "2", "--gbs", "4", "--tp", "1", "--pp", "1,2", "--cp", "1",
             "--recompute", "none", "--zero", "1", "--json"]

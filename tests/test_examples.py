@@ -17,46 +17,17 @@ import shlex
 import shutil
 from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner
 
+from ndplan import doc_examples
 from ndplan.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-EXITS = re.compile(r"#\s*exits\s+(\d)")
-
-
-def _logical_lines(text: str) -> list[str]:
-    """Lines with ``\\`` continuations joined."""
-    out, cur = [], ""
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        if line.endswith("\\"):
-            cur += line[:-1] + " "
-            continue
-        out.append((cur + line).strip())
-        cur = ""
-    return [ln for ln in out if ln]
-
-
-def _commands(lines: list[str]) -> list[tuple[list[str], int]]:
-    """(argv after ``ndplan``, expected exit) of every ``ndplan`` command, also after ``&&``."""
-    out = []
-    for line in lines:
-        m = EXITS.search(line)
-        code = int(m.group(1)) if m else 0
-        for part in line.split("&&"):
-            part = part.strip()
-            if part.startswith("ndplan "):
-                out.append((shlex.split(part, comments=True)[1:], code))
-    return out
 
 
 def readme_commands() -> list[tuple[list[str], int]]:
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, re.S)
-    return _commands([ln for b in blocks for ln in _logical_lines(b)])
+    return doc_examples.readme_commands(ROOT / "README.md")
 
 
 def readme_python() -> str:
@@ -66,14 +37,12 @@ def readme_python() -> str:
 
 
 def help_commands(name: str) -> list[tuple[list[str], int]]:
-    args = [name, "--help"] if name else ["--help"]
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 0, r.output
-    return _commands(_logical_lines(r.stdout))
+    code, out = doc_examples.help_text(name)
+    assert code == 0, out
+    return doc_examples.commands(doc_examples.logical_lines(out))
 
 
-def command_names() -> list[str]:
-    return [""] + sorted(main.list_commands(click.Context(main)))
+command_names = doc_examples.command_names
 
 
 def _have_trace_extra() -> bool:

@@ -41,8 +41,11 @@ ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore", "megatron[overlap_grad_
 
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path, monkeypatch):
-    """A fresh disk cache and an empty memory cache: every kernel here is built in this test."""
+    """A fresh disk cache, an empty memory cache and no shipped kernels (prebuilt.py): every
+    kernel here is built in this test."""
     monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("NDPLAN_PREBUILT", "0")
+    monkeypatch.setattr(kernels, "_READ_SETS", {})
     monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
 
 

@@ -10,6 +10,7 @@ plain integer arithmetic over them, never ndplan's expressions.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -60,13 +61,15 @@ def test_recompute_mlp_keeps_only_the_mlp_input():
 def test_recompute_moe_layer_keeps_its_input():
     """``moe``: the whole MoE layer in one checkpoint keeping hidden_states (moe_layer.py:
     247-251, 701-717). DeepSeek-V3 per token at tp = etp = 1 (T = s x k token-expert rows):
-    router logits fp32 (4E), each row's permuted input and expert output (2h + 2h), the
-    experts' fc1 output (4 fe) and fc2 input (2 fe), the shared expert's (6 fs)."""
+    router logits fp32 (4E), each row's fc1 input (2h: the alltoall dispatcher's permute and
+    unpermute save indices only, moe_utils.py index_select / scatter_add_, and _AllToAll saves
+    nothing, tensor_parallel/mappings.py:428-431), the experts' fc1 output (4 fe) and fc2 input
+    (2 fe), the shared expert's (6 fs)."""
     spec = ndplan.load_model("deepseek-v3")
     h, E, k = spec.hidden_size, spec.num_experts, spec.experts_per_token
     fe, fs = spec.moe_intermediate_size, spec.shared_intermediate_size
     rows = SEQ * k
-    want = SEQ * 4 * E + rows * (4 * h + 6 * fe) + SEQ * 6 * fs
+    want = SEQ * 4 * E + rows * (2 * h + 6 * fe) + SEQ * 6 * fs
     assert freed(spec, "moe", {"recompute_moe": 1}) == want
 
 
@@ -152,13 +155,13 @@ def test_megatron_refuses_what_its_validation_refuses(tmp_path, flags, field):
 def test_capacity_padding_scales_the_expert_rows():
     """With --moe-pad-expert-input-to-capacity each local expert receives capacity =
     tokens x k / E x cf rows (moe_utils.py:248-266; token_dispatcher.py:517-539): the expert
-    rows' tensors (permuted input, output, fc1 output, fc2 input: 4h + 6 fe per row) grow by
+    rows' tensors (fc1 input, fc1 output, fc2 input: 2h + 6 fe per row) grow by
     cf - 1; the router and shared expert do not."""
     spec = ndplan.load_model("deepseek-v3")
     h, k, fe = spec.hidden_size, spec.experts_per_token, spec.moe_intermediate_size
     base = layer_bytes(spec, "moe", "megatron", recompute="none")
     padded = layer_bytes(spec, "moe", derive("megatron", {"moe_capacity_permille": 1500}), recompute="none")
-    assert padded - base == SEQ * k * (4 * h + 6 * fe) // 2
+    assert padded - base == SEQ * k * (2 * h + 6 * fe) // 2
 
 
 def test_megatron_capacity_flags(tmp_path):
@@ -699,3 +702,63 @@ def test_mindformers_fused_adamw_emit_reads_back(tmp_path, settings):
     f = tmp_path / "mf.yaml"
     f.write_text(emit("mindformers", model, s))
     assert read_config(f, model=model, gpus=8).strategy.engine == s.engine
+
+
+# --------------------------------------------------------------------------- MoE dispatch: saved rows, all-to-all buffers
+
+DISPATCH_CASES = [("megatron", 4), ("mindspore", 2)]
+
+
+@pytest.mark.parametrize("engine,rows", DISPATCH_CASES, ids=[c[0] for c in DISPATCH_CASES])
+def test_moe_dispatch_buffers_are_a_transient(engine, rows):
+    """One MoE layer's all-to-all buffers above what it saves, U = k x tokens x h x 2 bytes
+    (tokens on the device: s x b / tp under SP). MindFormers' mcore alltoall dispatcher: the send
+    buffer (IndexSelect's permuted tokens) and the receive buffer of AlltoAllV coexist, 2U
+    (mindspore-lab/mindformers@f52743ca token_dispatcher.py:617-621). Megatron-LM's alltoall
+    dispatcher at etp 1: at the combine all-to-all the permuted tokens and the dispatch output held
+    by MoELayer.custom_forward (moe_layer.py:663, 680), the experts' output, its unsorted copy and
+    the receive buffer, 4U beside the saved fc1 input. The transient Term is the max of the exclusive
+    transients, so it equals max(the Term without the buffers, rows x U)."""
+    spec, hw = ndplan.load_model("mixtral-8x7b"), ndplan.load_hardware("h100-sxm")
+    h, k, tp, b = spec.hidden_size, spec.experts_per_token, 2, 2
+    u = k * SEQ * b // tp * h * 2
+    decided = []
+    for pp, stage in ((4, 0), (4, 3), (1, 0)):
+        s = ndplan.Strategy(dp=8 // pp, tp=tp, pp=pp, ep=4, mbs=b, gbs=64, seq=SEQ, recompute="none", engine=engine)
+        with_buffers = ndplan.estimate(spec, hw, s).per_stage[stage]["terms"]["mem.transient"]
+        off = dataclasses.replace(s, engine=derive(engine, {"moe_dispatch_rows": 0}))
+        without = ndplan.estimate(spec, hw, off).per_stage[stage]["terms"]["mem.transient"]
+        assert with_buffers == max(without, rows * u), (pp, stage, with_buffers, without)
+        decided.append(rows * u > without)
+    # Megatron: on a first stage (no loss) the buffers decide the Term. MindSpore: the backward's
+    # workspace of one layer's activation gradients (backward_layer_workspace) holds more than 2U
+    # (the layer saves 2U of rows alone), so the buffers never decide there
+    assert decided[0] == (engine == "megatron")
+
+
+def test_megatron_saves_one_copy_of_the_routed_rows():
+    """Megatron's alltoall dispatcher saves no token rows of its own: permute's index_select and
+    unpermute's scatter_add_ save indices, _AllToAll saves nothing (tensor_parallel/mappings.py:
+    428-431); fc1 saves its input (2h per row). The transformers modules (hf) keep the permuted input
+    and the expert output (2h + 2h). Per layer, one micro-batch, etp 1: T = s x k rows."""
+    spec = ndplan.load_model("mixtral-8x7b")
+    h, k = spec.hidden_size, spec.experts_per_token
+    hf = layer_bytes(spec, "moe", "hf", recompute="none")
+    mg = layer_bytes(spec, "moe", derive("hf", {"moe_rows_saved": 1}), recompute="none")
+    assert hf - mg == SEQ * k * 2 * h
+    assert ndplan.engines.profile("megatron").moe_rows_saved == 1
+
+
+def test_megatron_dispatcher_flags(tmp_path):
+    """The emit writes the dispatcher the megatron profile models (alltoall; Megatron's default is
+    allgather, transformer_config.py:891-903); a script without the flag gets a note."""
+    spec = ndplan.load_model("mixtral-8x7b")
+    s = ndplan.Strategy(dp=8, ep=4, gbs=64, seq=SEQ)
+    from ndplan.export.megatron import fields
+    flags, _ = fields(spec, s)
+    assert flags["--moe-token-dispatcher-type"] == "alltoall"
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --expert-model-parallel-size 4 --seq-length 4096 "
+                      "--bf16 --micro-batch-size 1 --global-batch-size 64 --num-experts 8\n")
+    ci = read_config(script, model=spec)
+    assert any("allgather" in n for n in ci.notes)

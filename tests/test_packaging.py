@@ -100,3 +100,22 @@ def test_user_catalog_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("NDPLAN_HOME", str(tmp_path / "nope"))
     with pytest.raises(NdplanError, match="NDPLAN_HOME"):
         files.catalog_names("models")
+
+
+def test_wheel_ships_the_kernels(installed, tmp_path):
+    """The installed wheel carries the prebuilt kernels (prebuilt.py) and its formula sources
+    match them: a catalog model's sweep (one of ndplan.prebuild's cases) in an empty kernel cache
+    compiles nothing."""
+    assert (installed / "ndplan" / "prebuilt_kernels.zip").is_file()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import ndplan; from ndplan import kernels; "
+            "assert ndplan.__file__.startswith(sys.argv[1]); n = []; "
+            "ctx = kernels.compile_listener(lambda: n.append(1)); ctx.__enter__(); "
+            "from ndplan.sweep import sweep; "
+            "sweep(ndplan.load_model('llama3-8b'), ndplan.load_hardware('h100-sxm'), 1024, 4096, 1024, top=3); "
+            "print(len(n))")
+    env = {k: v for k, v in os.environ.items() if k not in ("NDPLAN_HOME", "PYTHONPATH", "NDPLAN_PREBUILT")}
+    env["NDPLAN_CACHE_DIR"] = str(tmp_path / "empty")
+    r = subprocess.run([sys.executable, "-c", code, str(installed)], capture_output=True, text=True,
+                       cwd=installed.parent, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0"]

@@ -244,6 +244,30 @@ class EngineProfile:
     (moe_utils.py:1077-1081), min(cf, 1) x 1000 under balanced routing. MindFormers' MoE pads every
     expert to capacity_factor x its share. Scales the expert activations, FLOPs and all-to-all
     bytes (ActContext.capacity)."""
+    moe_rows_saved: int = 2
+    """Copies of an MoE layer's routed rows (token-expert pairs x h, 16-bit) that its dispatch
+    path saves for backward, the expert fc1's input among them. 2 (the default, the hf and fsdp
+    profiles): the permuted input and the expert output, as the transformers MoE modules save them
+    (tests/test_trace.py). Megatron-LM's alltoall dispatcher saves 1, fc1's input: its permute
+    (index_select) and unpermute (scatter_add_) save only their indices, _AllToAll saves nothing,
+    and the router probabilities are applied inside the experts (NVIDIA/Megatron-LM@d98e8a64
+    moe_utils.py permute/unpermute, tensor_parallel/mappings.py:428-431, token_dispatcher.py:891-899,
+    experts.py:961-1015). MindFormers' mcore alltoall dispatcher saves 2: the grouped matmul's
+    input and the unpermuted output that multiplies the probabilities (mindspore-lab/mindformers@
+    f52743ca parallel_core/training_graph/transformer/moe/token_dispatcher.py:636-643, 794-804)."""
+    moe_dispatch_rows: int = 0
+    """Copies of the routed rows of one MoE layer, before any expert-TP gather (k x tokens x h,
+    16-bit, times the capacity), alive beside its saved tensors at the peak of its dispatch and
+    combine: an exclusive transient (formulas/memory.py transient_term). MindFormers' mcore
+    dispatcher: 2, the all-to-all's send buffer (the permuted tokens) and its receive buffer
+    coexist (token_dispatcher.py:617-621 at f52743ca; AlltoAllV is not in place), then the
+    receive buffer beside its sorted copy, which is saved; the legacy MoEV2 sends and receives E x
+    capacity rows alike (modules/transformer/moe.py:454-457, 483-487). Megatron-LM's alltoall
+    dispatcher at etp 1: 4, at the combine all-to-all: the permuted tokens and the dispatch
+    all-to-all's output, which MoELayer.custom_forward holds until its forward ends (moe_layer.py:
+    663, 680), the experts' output, its unsorted copy and the receive buffer (the saved fc1 input
+    aside); with etp > 1 its reduce-scatter peaks higher ((3 + 2 etp) rows, not modelled). 0: not
+    derived (the transformers modules loop over experts one at a time)."""
     keep_core_attn: bool = False
     """Selective recompute without the attention core (Megatron ``--recompute-modules`` lists
     that omit core_attn): the core's tensors stay stored."""

@@ -21,6 +21,7 @@ MEGATRON = EngineProfile(
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=6, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
     loss_saved_bytes_per_element=4,  # core/tensor_parallel/cross_entropy.py: save_for_backward(exp_logits, ...), fp32
+    moe_rows_saved=1, moe_dispatch_rows=4,  # the alltoall dispatcher (engine_fields.py: moe_rows_saved, moe_dispatch_rows)
     sources={
         "states": "Megatron-LM theoretical_memory_usage.py: 18 bytes/param without the distributed "
                   "optimizer (bf16 param 2 + fp32 main grad 4 + fp32 master 4 + Adam 8); with it, "
@@ -131,6 +132,7 @@ MINDSPORE = EngineProfile(
     grads_without_accumulation=False, embedding_zero_sharded=False, gather_whole_stage=True, weight_cast_per_microbatch=True,
     optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
     sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4, backward_layer_workspace=True,
+    moe_dispatch_rows=2,  # the mcore alltoall dispatcher's send and receive buffers (engine_fields.py)
     sources={
         "tuning_cases": "Fitted on ../shared/validation/mindformers (25 cases): llama2/70b, balanced, tour1, "
                         "tour2; llama3/cp2_colai, cp2_colai_fullrec, cp2_colai_norec, cp8_colai_no_tp_norec, default, "

@@ -10,12 +10,16 @@ Arguments are floats; every output is broadcast to the arguments' common shape
 
 from __future__ import annotations
 
+import functools
+import math
 from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 import sympy as sp
 
+from ndplan import prebuilt
+from ndplan.lambdify import lambdify
 from ndplan.symbols import STRATEGY_SYMBOLS
 from ndplan.terms import Breakdown
 
@@ -36,20 +40,24 @@ class Kernel:
             raise TypeError(f"kernel needs values for {', '.join(missing)}")
         arrays = [np.asarray(values[a.name], dtype=float) for a in self.args]
         shape = np.broadcast_shapes(*[x.shape for x in arrays])
-        if len(shape) == 1 and shape[0] > CHUNK_ROWS and all(x.ndim == 0 or x.shape == shape for x in arrays):
-            return self._chunked(arrays, shape[0])
+        if shape and math.prod(shape) > CHUNK_ROWS and all(x.ndim == 0 or x.shape[-1] == shape[-1] for x in arrays):
+            return self._chunked(arrays, shape)
         outs = self._fn(*arrays)
         return {k: np.broadcast_to(np.asarray(o, dtype=float), shape) for k, o in zip(self.keys, outs)}
 
-    def _chunked(self, arrays: list[np.ndarray], n: int) -> dict[str, np.ndarray]:
-        """Evaluate CHUNK_ROWS rows at a time: the temporaries of a long elementwise
-        chain then stay in cache (measured 3-4x faster on 1M rows than one pass)."""
-        out = {k: np.empty(n) for k in self.keys}
-        for lo in range(0, n, CHUNK_ROWS):
-            hi = min(n, lo + CHUNK_ROWS)
-            part = self._fn(*[x if x.ndim == 0 else x[lo:hi] for x in arrays])
+    def _chunked(self, arrays: list[np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """Evaluate about CHUNK_ROWS elements at a time, in slices of the last axis: the
+        temporaries of a long elementwise chain then stay in cache (measured 3-4x faster on
+        1M rows than one pass). Arguments of fewer dimensions broadcast as numpy does (the
+        sweep passes the stage as (stage sets, rows) beside (rows,) degrees)."""
+        n = shape[-1]
+        step = max(1, CHUNK_ROWS // math.prod(shape[:-1]))
+        out = {k: np.empty(shape) for k in self.keys}
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            part = self._fn(*[x if x.ndim == 0 else x[..., lo:hi] for x in arrays])
             for k, o in zip(self.keys, part):
-                out[k][lo:hi] = o
+                out[k][..., lo:hi] = o
         return out
 
 
@@ -59,29 +67,7 @@ def _compile(breakdown: Breakdown, args: tuple[sp.Symbol, ...]) -> Kernel:
     free = set().union(*[e.free_symbols for e in exprs]) - set(args)
     if free:
         raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-    return Kernel([t.key for t in breakdown], args, _lambdify(args, exprs))
-
-
-def _lambdify(args, exprs):
-    """lambdify with common-subexpression elimination (about 4x faster kernels) and
-    Piecewise printed as nested numpy.where (4x faster than numpy.select)."""
-    printer = _WherePrinter({"fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True,
-                             "user_functions": {}})  # lambdify's own settings for its numpy printer
-    return sp.lambdify(args, exprs, modules="numpy", cse=True, printer=printer)
-
-
-from sympy.printing.numpy import NumPyPrinter  # noqa: E402
-
-
-class _WherePrinter(NumPyPrinter):
-    def _print_Piecewise(self, expr):
-        pieces = list(expr.args)
-        out = "nan"  # no branch holds: as numpy.select's default
-        if pieces[-1].cond == sp.true:
-            out = self._print(pieces.pop().expr)
-        for e, c in reversed(pieces):
-            out = f"{self._module_format(self._module + '.where')}({self._print(c)}, {self._print(e)}, {out})"
-        return out
+    return Kernel([t.key for t in breakdown], args, lambdify(args, exprs))
 
 
 def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS) -> Kernel:
@@ -94,27 +80,33 @@ def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATE
 # dense model on 1024 devices). Building the SymPy Breakdown and lambdifying it costs
 # about 0.1 s each; the generated numpy source is cached on disk, keyed by everything
 # the expressions depend on (the ndplan formula sources, the model, the categorical
-# strategy fields, the argument names, the Python version), so a later run execs the
-# stored source and never touches SymPy.
+# strategy fields, the argument names), so a later run execs the
+# stored source and never touches SymPy. Behind the disk cache is the store of kernels
+# shipped with the package (prebuilt.py): a first run of a catalog class finds its
+# kernels there and copies them into the disk cache.
 
 import hashlib
+import importlib.util
 import inspect
 from collections import OrderedDict
 import json
 import marshal
 import os
-import sys
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
 #: Modules whose code decides a kernel's expressions (the CLI and reports do not).
 _EXPR_MODULES = ("formulas", "catalog", "engines.py", "engine_fields.py", "torch_facts.py", "units.py", "vocab.py",
-                 "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "kernels.py", "estimate.py", "sweep.py",
+                 "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "lambdify.py", "estimate.py",
                  "readlog.py")
-_VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py")
+"""Modules whose sources are in every kernel's key: the builders, what they read, the Breakdowns
+estimate.py asks of them, and the code printer (lambdify.py)."""
+_VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py", "kernels.py", "prebuilt.py")
 """Modules the formulas import that decide no expression: messages, input bounds, catalog paths,
-validity rules (they reject strategies, never change a Term) and hooks (each hook is in the key)."""
+validity rules (they reject strategies, never change a Term), hooks (each hook is in the key), and
+the kernel cache and the shipped store (they store and look up what lambdify.py prints, under keys
+that name the view, the model's reads and the sources above)."""
 MEMORY_KERNELS = 2048
 """Kernels kept in memory, least recently used dropped first (a 1024-device sweep of a
 dense model builds about 270; one kernel is a few kB of code)."""
@@ -147,9 +139,13 @@ def cache_dir() -> Path:
 
 
 def _sources_digest() -> str:
+    """sha256 of the expression modules' paths and bytes: the part of every kernel key that
+    says which formulas built it. The Python version is not in it (the stored source is plain
+    Python, and the kernels shipped with the package, prebuilt.py, serve every version); it
+    names the marshalled code files instead (_code_path)."""
     global _SOURCES_DIGEST
     if _SOURCES_DIGEST is None:
-        h = hashlib.sha256(sys.version.encode())
+        h = hashlib.sha256()
         for p in sorted(_PKG.rglob("*.py")):
             if p.relative_to(_PKG).parts[0] not in _EXPR_MODULES:
                 continue
@@ -159,10 +155,24 @@ def _sources_digest() -> str:
     return _SOURCES_DIGEST
 
 
+_BASE_NAMESPACE: dict = {}
+
+
 def _namespace() -> dict:
-    ns: dict = {}
-    exec("from numpy import *\nfrom functools import reduce\nimport numpy", ns)  # noqa: S102
-    return ns
+    """A fresh copy of the generated code's globals (numpy's functions and constants, reduce,
+    numpy): built once per process, copied per kernel (a star import per kernel cost 0.6 ms)."""
+    if not _BASE_NAMESPACE:  # numpy's loaded public names: a star import also loads its lazy submodules (0.1 s)
+        _BASE_NAMESPACE.update({k: v for k, v in vars(np).items() if not k.startswith("_")})
+        _BASE_NAMESPACE.update(numpy=np, reduce=functools.reduce)
+    return dict(_BASE_NAMESPACE)
+
+
+_CODE_TAG = importlib.util.MAGIC_NUMBER.hex()
+"""The bytecode version: marshalled code only loads under the Python that wrote it."""
+
+
+def _code_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.{_CODE_TAG}.code")
 
 
 def _from_source(keys: list[str], args: tuple[str, ...], source: str, code=None) -> Kernel:
@@ -190,16 +200,23 @@ def _load(digest: str, names: tuple[str, ...], use_disk: bool) -> Kernel | None:
     if digest in _MEMORY:
         _MEMORY.move_to_end(digest)
         return _MEMORY[digest]
-    path = cache_dir() / f"{digest}.json"
-    if not (use_disk and path.exists()):
+    if not use_disk:
         return None
-    try:
-        data = json.loads(path.read_text())
-        code_path = path.with_suffix(".code")  # same Python: sys.version is in the digest
-        code = marshal.loads(code_path.read_bytes()) if code_path.exists() else None
-        return _remember(digest, _from_source(data["keys"], names, data["source"], code))
-    except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
-        return None  # a corrupt entry is rebuilt
+    path = cache_dir() / f"{digest}.json"
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            code_path = _code_path(path)
+            code = marshal.loads(code_path.read_bytes()) if code_path.exists() else None
+            return _remember(digest, _from_source(data["keys"], names, data["source"], code))
+        except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
+            pass  # a corrupt entry is rebuilt (or taken from the prebuilt store)
+    data = prebuilt.entry(digest)
+    if data is None:
+        return None
+    kernel = _from_source(data["keys"], names, data["source"])
+    _store(path, data["keys"], data["source"])  # later runs load its marshalled code
+    return _remember(digest, kernel)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -215,16 +232,20 @@ def _build(bd: Breakdown, args: tuple[sp.Symbol, ...], digest: str, use_disk: bo
     free = set().union(*[e.free_symbols for e in exprs]) - set(args)
     if free:
         raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-    source = inspect.getsource(_lambdify(args, exprs))
+    source = inspect.getsource(lambdify(args, exprs))
     kernel = _from_source(bd.keys(), tuple(a.name for a in args), source)
     if use_disk:
-        try:  # the code first: a reader that finds the .json finds its code
-            path = cache_dir() / f"{digest}.json"
-            _write_atomic(path.with_suffix(".code"), marshal.dumps(compile(source, "<ndplan-kernel>", "exec")))
-            _write_atomic(path, json.dumps({"keys": bd.keys(), "source": source}).encode())
-        except OSError:
-            pass  # a read-only cache only costs speed
+        _store(cache_dir() / f"{digest}.json", bd.keys(), source)
     return _remember(digest, kernel)
+
+
+def _store(path: Path, keys: list[str], source: str) -> None:
+    """Write a kernel's source and its marshalled code to the disk cache."""
+    try:  # the code first: a reader that finds the .json finds its code
+        _write_atomic(_code_path(path), marshal.dumps(compile(source, "<ndplan-kernel>", "exec")))
+        _write_atomic(path, json.dumps({"keys": keys, "source": source}).encode())
+    except OSError:
+        pass  # a read-only cache only costs speed
 
 
 def _announce() -> None:
@@ -266,17 +287,49 @@ _READ_SETS: dict[str, list[tuple[str, ...]]] = {}
 """Per model-free kernel key: the attribute-name lists builders have read (readlog.py)."""
 
 
+def _disk_read_sets(path: Path) -> list[tuple[str, ...]]:
+    try:
+        return [tuple(x) for x in json.loads(path.read_text())] if path.exists() else []
+    except (OSError, ValueError, TypeError):
+        return []
+
+
 def _read_sets(base: str, use_disk: bool) -> list[tuple[str, ...]]:
+    """The name lists read under ``base``: the disk cache's, then the prebuilt store's."""
     if base not in _READ_SETS:
         sets: list[tuple[str, ...]] = []
-        path = cache_dir() / f"reads-{base}.json"
-        if use_disk and path.exists():
-            try:
-                sets = [tuple(x) for x in json.loads(path.read_text())]
-            except (OSError, ValueError, TypeError):
-                sets = []
+        if use_disk:
+            sets = _disk_read_sets(cache_dir() / f"reads-{base}.json")
+            sets += [s for s in prebuilt.read_sets(base) if s not in sets]
         _READ_SETS[base] = sets
     return _READ_SETS[base]
+
+
+def _add_read_set(base: str, read: tuple[str, ...], use_disk: bool) -> None:
+    sets = _read_sets(base, use_disk)
+    if read in sets:
+        return
+    sets.append(read)
+    if use_disk:  # merged with the file as it is now: another process may have added a list
+        path = cache_dir() / f"reads-{base}.json"
+        on_disk = _disk_read_sets(path)
+        try:
+            _write_atomic(path, json.dumps(on_disk + [s for s in sets if s not in on_disk]).encode())
+        except OSError:
+            pass
+
+
+_ARG_VALUES: dict[int, tuple[object, dict[str, float]]] = {}
+
+
+def _arg_values(spec, fn: Callable) -> dict[str, float]:
+    """``fn(spec)`` (symbols.model_arg_values), remembered for the last few specs."""
+    hit = _ARG_VALUES.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        if len(_ARG_VALUES) > 64:
+            _ARG_VALUES.clear()
+        hit = _ARG_VALUES[id(spec)] = (spec, fn(spec))
+    return hit[1]
 
 
 def model_kernel(spec, key: object, build: Callable, args: tuple[sp.Symbol, ...], use_disk: bool = True
@@ -295,7 +348,7 @@ def model_kernel(spec, key: object, build: Callable, args: tuple[sp.Symbol, ...]
     full_args = tuple(args) + MODEL_ARGS
     names = tuple(a.name for a in full_args)
     base = _digest(repr(key), names)
-    bound = model_arg_values(spec)
+    bound = _arg_values(spec, model_arg_values)
     for read in _read_sets(base, use_disk):
         kernel = _load(_digest(base, values_of(spec, read)), names, use_disk)
         if kernel is not None:
@@ -306,12 +359,5 @@ def model_kernel(spec, key: object, build: Callable, args: tuple[sp.Symbol, ...]
     bd = build(log, ModelSymbols.symbolic())
     read = log.names()
     kernel = _build(bd, full_args, _digest(base, values_of(spec, read)), use_disk)
-    sets = _read_sets(base, use_disk)
-    if read not in sets:
-        sets.append(read)
-        if use_disk:
-            try:
-                _write_atomic(cache_dir() / f"reads-{base}.json", json.dumps(sets).encode())
-            except OSError:
-                pass
+    _add_read_set(base, read, use_disk)
     return BoundKernel(kernel, bound)

@@ -71,5 +71,16 @@ def _value(spec, name: str):
 
 
 def values_of(spec, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """(name, repr(value)) of ``spec`` for ``names``: the model part of a kernel key."""
-    return tuple((n, repr(_value(spec, n))) for n in names)
+    """(name, repr(value)) of ``spec`` for ``names``: the model part of a kernel key
+    (each value remembered per spec: a sweep asks for 300 kernels' keys)."""
+    return tuple((n, _shown(spec, n)) for n in names)
+
+
+def _shown(spec, name: str) -> str:
+    try:
+        return _shown_memo(spec, name)
+    except TypeError:  # a spec with an unhashable field
+        return repr(_value(spec, name))
+
+
+_shown_memo = functools.lru_cache(maxsize=4096)(lambda spec, name: repr(_value(spec, name)))

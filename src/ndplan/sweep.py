@@ -201,12 +201,20 @@ def _evaluate_rows(model, group, view, rows, seq, hw_values):
     if symbolic_layout(model, view):
         stage_sets = peak_stages(model, group.grid["pp"][rows], group.vpp, group.grid["first_layers"][rows],
                                  group.grid["last_layers"][rows])
-        mk = memory_kernel(model, view)
-        peak = functools.reduce(np.maximum, [_total(mk(**args, stage=st.astype(float))) for st in stage_sets])
+        peak = _peak_over_stages(memory_kernel(model, view), args, stage_sets)
     else:
         peak = functools.reduce(np.maximum, [_total(memory_kernel(model, view, i)(**args, stage=float(i)))
                                              for i in range(view.pp)])
     return peak, time_kernel(model, view)(**args, stage=0.0, **hw_values)
+
+
+def _peak_over_stages(kernel, args: dict, stage_sets: list[np.ndarray]) -> np.ndarray:
+    """The maximum over ``stage_sets`` of the memory total, in one kernel call: the stage is
+    passed as a (stage sets, rows) array beside the (rows,) degrees, so numpy broadcasting
+    computes what does not depend on the stage once per row, and the generated code's
+    per-operation cost is paid once, not once per set (most groups hold a few hundred rows)."""
+    total = _total(kernel(**args, stage=np.stack(stage_sets).astype(float)))
+    return total.max(axis=0)
 
 
 def _total(out: dict[str, np.ndarray]) -> np.ndarray:
@@ -254,10 +262,18 @@ def rank(table: Table, fits: np.ndarray, sort: str) -> np.ndarray:
     primary = table.peak_bytes if sort == "memory" else table.step_s  # mfu ranks like time
     secondary = table.step_s if sort == "memory" else table.peak_bytes
     ties = [g["dp"], g["tp"], g["pp"], g["cp"], g["ep"], g["etp"], g["vpp"], g["mbs"], g["zero"],
-            np.array([_REC_ORDER[r] for r in g["recompute"]]), np.array([_SCHED_ORDER[s] for s in g["schedule"]]),
+            _codes(g["recompute"], _REC_ORDER), _codes(g["schedule"], _SCHED_ORDER),
             ~g["sp"].astype(bool), g["uneven"], g["first_layers"], g["last_layers"]]
     keys = ties[::-1] + [np.round(secondary, 12), np.round(primary, 12), ~fits]
     return np.lexsort(keys)
+
+
+def _codes(column: np.ndarray, order: dict) -> np.ndarray:
+    """``order[x]`` for every entry of a column of names (one look-up per distinct name)."""
+    if not len(column):
+        return np.zeros(0, dtype=int)
+    names, inverse = np.unique(column, return_inverse=True)
+    return np.array([order[x] for x in names])[inverse.ravel()]
 
 
 def pareto_front(peak: np.ndarray, step: np.ndarray) -> np.ndarray:

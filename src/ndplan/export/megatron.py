@@ -181,7 +181,7 @@ def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
 def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     """The megatron engine's settings as the flags interop.megatron_memory reads them from:
     --recompute-modules (selective only), the optimizer and its state dtypes, the MoE capacity, the
-    DeepEP dispatcher."""
+    token dispatcher (DeepEP's, else alltoall)."""
     from ndplan.engines import MEGATRON, profile
     from ndplan.interop import megatron_memory as MX
     eng, out, notes = profile(s.engine), {}, []
@@ -217,6 +217,8 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     if eng.deepep_sms and model.is_moe:
         out |= {MX.FLAGS["dispatcher"]: "flex", MX.FLAGS["flex_backend"]: "deepep",
                 MX.FLAGS["flex_sms"]: eng.deepep_sms}
+    elif model.is_moe:  # the dispatcher the profile models (moe_rows_saved, moe_dispatch_rows); Megatron's default is allgather
+        out[MX.FLAGS["dispatcher"]] = "alltoall"
     if eng.moe_capacity_permille and model.is_moe:
         out |= {MX.FLAGS["capacity"]: f"{eng.moe_capacity_permille / 1000:g}", MX.SWITCHES["pad_capacity"]: True}
     return out, notes

@@ -22,10 +22,11 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
    input, counted once) and the fp32 log-sum-exp, 4*a*s*b bytes.
 5. MLA (DeepSeek-V2 Sec. 2.1): the down-projection outputs (q: ql, kv: kl + dr) and
    their norm outputs are replicated over TP; q and k have dn+dr per head, v has dv.
-6. MoE: router logits in fp32 (4*s*b*E); each routed token-expert pair keeps its
-   permuted input and its output (2*h bytes each) and the expert MLP's intermediate;
+6. MoE: router logits in fp32 (4*s*b*E); each routed token-expert pair keeps the engine's
+   ``moe_rows_saved`` rows of 2*h bytes (the transformers modules: its permuted input and its
+   output; Megatron-LM: fc1's input only) and the expert MLP's intermediate;
    T_e = s*b*k*cap*etp/t_sp token-expert pairs per device. Shared experts are a dense
-   MLP of width fs.
+   MLP of width fs. The dispatch's all-to-all buffers are a transient (memory.py).
 7. CP divides s (each rank keeps its sequence shard; ring/all-to-all peers' K, V are
    transient). SP divides the residual-stream tensors (norm inputs, linear inputs,
    dropout masks) by tp.
@@ -202,7 +203,7 @@ def moe_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str, sp.E
     tokens_e = s * b * M.k * c.capacity * c.etp / tsp  # token-expert pairs on this device
     parts = {"norm_input": _norm(M, c), "fc1_input": ACT_BYTES * sbh / _gathered(c),
              "router_logits": FP32_BYTES * s * b * M.E / tsp,
-             "expert_io": 2 * ACT_BYTES * tokens_e * M.h}
+             "expert_io": c.eng.moe_rows_saved * ACT_BYTES * tokens_e * M.h}
     parts |= {f"expert_{k}": v for k, v in _ffn_parts(spec, c, M.fe, tokens_e, c.etp).items()}
     if spec.has_shared_experts:
         parts |= {f"shared_{k}": v for k, v in _ffn_parts(spec, c, M.fs, s * b, c.t).items()}

@@ -289,6 +289,9 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
     if backward is not None and rebuilds_in_backward(view) and not eng.backward_layer_workspace:
         rebuild *= 1 - backward_phases_on(spec, view)  # FSDP's backward phases place the rebuild themselves
     transient = Max(loss_phase, rebuild) if one_layer else loss_phase
+    dispatch = moe_dispatch_transient(spec, M, view)
+    if dispatch != 0:
+        transient = Max(transient, dispatch)
     why = ("compiled loss: saved bf16 logits and their bf16 gradient, engines.COMPILED_LOSS_BYTES"
            if eng.compiled_loss else eng.sources['logits'])
     src = (f"max of exclusive transients: loss logits {logit_bytes} bytes per token x "
@@ -300,6 +303,10 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         src += ("; at the loss no decoder layer's weights stay gathered where each is resharded after its forward "
                 "(gathered_at_loss), and under SP no all-gather is in flight (the output layer saved its gathered "
                 "input, gathered_inputs_kept): the logits less those Terms")
+    if dispatch != 0:
+        src += (f"; one MoE layer's dispatch and combine: {eng.moe_dispatch_rows} copies of its routed rows "
+                "(k x tokens x capacity x h, 16-bit) beside what it saves (engine setting moe_dispatch_rows; counted on "
+                "every stage of an MoE model)")
     if backward is not None:
         # the reduce-scatter phase replaces the activations and the forward's gather
         transient = Max(transient, backward - acts - gather)
@@ -326,6 +333,18 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
                 f"activations and gathered weights ({eng.sources['optimizer_step']})")
     return Term(key="mem.transient", expr=transient, unit="bytes", source=src,
                 note="the loss runs in forward, the rebuild in backward, the optimizer step after both")
+
+
+def moe_dispatch_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """The all-to-all buffers of one MoE layer's dispatch and combine above what the layer saves:
+    ``moe_dispatch_rows`` copies of its routed rows, k x s x b x capacity / t_sp tokens (the
+    rows before the expert-TP gather) x h x 2 bytes (engine_fields.py cites each engine's count);
+    0 for dense models and engines without a derived count."""
+    eng = view.engine
+    if not (spec.is_moe and eng.moe_dispatch_rows):
+        return sp.Integer(0)
+    c = act_context(spec, view)
+    return eng.moe_dispatch_rows * A.ACT_BYTES * c.s * c.b * M.k * c.capacity / c.t_sp * M.h
 
 
 def sp_gather_buffer(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:

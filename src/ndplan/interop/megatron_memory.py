@@ -185,6 +185,9 @@ def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
             raise NdplanError(FLAGS["flex_backend"], "hybridep", "conflicts with --moe-enable-deepep "
                               "(transformer_config.py:1746-1747)", "drop one of them")
         backend = "deepep"
+    if is_moe and kind == "allgather":
+        notes.append(f"{FLAGS['dispatcher']} allgather (Megatron's default): its buffers are estimated as the alltoall "
+                     "dispatcher's (moe_rows_saved, moe_dispatch_rows; not derived for allgather)")
     if not is_moe or kind != "flex":
         return {}
     if backend != "deepep":

@@ -1,0 +1,159 @@
+"""Build the kernels shipped with the package (prebuilt.py): ``python -m ndplan.prebuild``.
+
+Runs, with the shipped store off and an empty kernel cache, every case below in-process
+(the CLI's own code path, output discarded) and zips the generated sources and read lists
+the cases compiled, with a manifest naming the formula sources they came from:
+
+- each catalog model's default sweep (engine megatron, every dimension auto) on 64, 1,024
+  and 16,384 H100s: the kernels of every catalog architecture class (a model of a class
+  that is already built compiles nothing, kernels.model_kernel);
+- every ``ndplan`` command of README.md and of every ``--help`` (the commands a new user
+  runs first), from a scratch copy of ``examples/``.
+
+Run it after changing any expression module (kernels._EXPR_MODULES): tests/test_prebuilt.py
+fails while the store is stale. About 12 minutes on 2 cores (``--jobs 2``); the zip is
+deterministic (sorted members, fixed times), so an unchanged build leaves git clean.
+``--check`` then reruns every case against the new store with another empty cache and
+reports any case that still compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from ndplan import prebuilt
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout (README.md, examples/): the prebuild runs from a clone, not an installed wheel."""
+SWEEP_GPUS = (64, 1024, 16384)
+SWEEP_ARGS = ("-H", "h100-sxm", "--seq", "4096", "--gbs", "1024", "--top", "3")
+FIXED_TIME = (2026, 1, 1, 0, 0, 0)
+SIGNATURE = ("layer_pattern", "gated_mlp", "is_mla", "attention_bias", "qk_norm", "layernorm", "router_bias",
+             "has_shared_experts", "learned_positions", "tie_word_embeddings", "mtp_layers", "hidden_dropout",
+             "is_moe", "implicit_qkv_bias", "has_q_lora")
+"""Model properties that split kernel classes (what builders read besides the sizes): used
+only to order the work so that two workers rarely build the same class at once."""
+
+
+def catalog_cases() -> tuple[list[list[str]], list[list[str]]]:
+    """(one sweep per apparent class, every other catalog sweep)."""
+    from ndplan.catalog.files import builtin_dir
+    from ndplan.catalog.model import load_model
+    first, rest, seen = [], [], set()
+    for name in sorted(p.stem for p in builtin_dir("models").glob("*.yaml")):
+        spec = load_model(name)
+        sig = tuple(repr(getattr(spec, a, None)) for a in SIGNATURE)
+        for gpus in SWEEP_GPUS:
+            case = ["sweep", "-m", name, "--gpus", str(gpus), *SWEEP_ARGS]
+            (first if sig not in seen and gpus == 1024 else rest).append(case)
+        seen.add(sig)
+    return first, rest
+
+
+def example_cases() -> list[list[list[str]]]:
+    """README's commands as one sequence (a file one writes, the next reads), then each
+    command's --help examples as one sequence."""
+    from ndplan import doc_examples
+    seqs = [[argv for argv, _ in doc_examples.readme_commands(ROOT / "README.md")]]
+    seqs += [[argv for argv, _ in doc_examples.help_commands(n)] for n in doc_examples.command_names()]
+    return [s for s in seqs if s]
+
+
+def _run_sequence(seq: list[list[str]]) -> tuple[int, float]:
+    """Run commands in one scratch copy of examples/; (kernels compiled, seconds)."""
+    from click.testing import CliRunner
+
+    from ndplan import kernels
+    from ndplan.cli import main
+    built = [0]
+    t0 = time.perf_counter()
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as scratch, kernels.compile_listener(lambda: built.__setitem__(0, built[0] + 1)):
+        if (ROOT / "examples").is_dir():
+            shutil.copytree(ROOT / "examples", Path(scratch) / "examples")
+        os.chdir(scratch)
+        try:
+            for argv in seq:
+                CliRunner().invoke(main, argv)
+        finally:
+            os.chdir(here)
+    return built[0], time.perf_counter() - t0
+
+
+def _init(cache: str, use_store: bool) -> None:
+    os.environ["NDPLAN_CACHE_DIR"] = cache
+    os.environ["NDPLAN_PREBUILT"] = "1" if use_store else "0"
+    prebuilt.reset()
+
+
+def run_all(seqs: list[list[list[str]]], cache: str, jobs: int, use_store: bool) -> list[tuple[int, float]]:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(jobs, initializer=_init, initargs=(cache, use_store)) as pool:
+        out = []
+        for i, r in enumerate(pool.imap(_run_sequence, seqs)):
+            out.append(r)
+            print(f"  {i + 1}/{len(seqs)}: {r[0]} kernels in {r[1]:.1f} s: ndplan {' '.join(seqs[i][0])}"
+                  + (f" (+{len(seqs[i]) - 1} more)" if len(seqs[i]) > 1 else ""), file=sys.stderr, flush=True)
+        return out
+
+
+def write_store(cache: Path, path: Path, cases: int) -> int:
+    """Zip the cache's kernel sources and read lists (not the marshalled code, not traces)."""
+    from importlib.metadata import version
+
+    from ndplan.kernels import _sources_digest
+    names = sorted(p.name for p in cache.glob("*.json"))
+    manifest = {"sources": _sources_digest(), "sympy": version("sympy"), "kernels": sum(
+        not n.startswith("reads-") for n in names), "cases": cases,
+        "built_by": "python -m ndplan.prebuild"}
+    tmp = path.with_suffix(".zip.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr(zipfile.ZipInfo(prebuilt.MANIFEST, FIXED_TIME), json.dumps(manifest, indent=1, sort_keys=True))
+        for n in names:
+            info = zipfile.ZipInfo(n, FIXED_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, (cache / n).read_bytes())
+    tmp.replace(path)
+    return manifest["kernels"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ndplan.prebuild", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: the cores)")
+    ap.add_argument("--out", type=Path, default=prebuilt.STORE, help="the store to write (default: the package's)")
+    ap.add_argument("--check", action="store_true", help="then rerun every case on the new store and count compiles")
+    args = ap.parse_args(argv)
+    first, rest = catalog_cases()
+    phases = [[[c] for c in first], [[c] for c in rest], example_cases()]
+    n_cases = sum(len(s) for p in phases for s in p)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cache:
+        for i, seqs in enumerate(phases, 1):
+            print(f"phase {i}/{len(phases)}: {len(seqs)} sequences", file=sys.stderr, flush=True)
+            run_all(seqs, cache, args.jobs, use_store=False)
+        n = write_store(Path(cache), args.out, n_cases)
+    print(f"wrote {args.out}: {n} kernels, {args.out.stat().st_size / 2**20:.2f} MiB, "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if args.check:
+        with tempfile.TemporaryDirectory() as cache:
+            if args.out != prebuilt.STORE:
+                print("--check reads the package's store; --out differs", file=sys.stderr)
+                return 2
+            results = run_all([s for p in phases for s in p], cache, args.jobs, use_store=True)
+        missed = sum(r[0] for r in results)
+        print(f"check: {missed} kernels compiled over {n_cases} cases with the new store", file=sys.stderr)
+        return 1 if missed else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The kernels shipped with the package (ndplan/prebuilt.py, built by ``python -m ndplan.prebuild``).
+
+- The store is current: built from today's formula sources (else every look-up misses and a
+  first run waits for SymPy again; rebuild it).
+- A first run of the README's sweep with an empty kernel cache compiles nothing.
+- A shipped kernel equals the kernel SymPy builds now for the same key (store off, another
+  empty cache), at random points of every argument: the store is a cache, never a source.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+import ndplan
+from ndplan import kernels, prebuilt
+from ndplan.estimate import memory_kernel, time_kernel
+from ndplan.space import generate
+from ndplan.structure import structure
+from ndplan.sweep import row_strategy, sweep, sweep_view
+
+HW = ndplan.load_hardware("h100-sxm")
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("NDPLAN_PREBUILT", "1")
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+    monkeypatch.setattr(kernels, "_READ_SETS", {})
+    return tmp_path
+
+
+def test_the_shipped_store_is_built_from_these_sources():
+    m = prebuilt.manifest()
+    assert m is not None, f"{prebuilt.STORE} is missing or unreadable: run python -m ndplan.prebuild"
+    assert m["sources"] == kernels._sources_digest(), (
+        "the shipped kernels were built from other formula sources: run `python -m ndplan.prebuild` "
+        "(about 12 minutes on 2 cores) and commit src/ndplan/prebuilt_kernels.zip")
+    assert m["kernels"] > 1000
+
+
+def test_the_readme_sweep_compiles_nothing_on_an_empty_cache(empty_cache):
+    built = []
+    with kernels.compile_listener(lambda: built.append(1)):
+        r = sweep(ndplan.load_model("llama3-70b"), HW, 1024, 8192, 1024, top=1)
+    assert r.feasible > 0
+    assert built == []
+    assert len(list((empty_cache / "kernels").glob("*.json"))) >= 200  # copied into the disk cache
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_a_shipped_kernel_equals_a_fresh_build(name, empty_cache, monkeypatch):
+    model = ndplan.load_model(name)
+    cands = generate(model, 1024, 4096, 1024, None)
+    rng = np.random.default_rng(0)
+    groups = [cands.groups[i] for i in rng.choice(len(cands.groups), size=4, replace=False)]
+    views = []
+    for g in groups:
+        row = {k: v[0] for k, v in g.grid.items()} | {"schedule": g.schedule, "vpp": g.vpp,
+                                                        "recompute": g.recompute, "zero": g.zero, "sp": g.sp}
+        views.append(sweep_view(model, structure(model, row_strategy(row, 4096, 1024, {},
+                                                                     model.num_hidden_layers))))
+    built = []
+    with kernels.compile_listener(lambda: built.append(1)):
+        shipped = [(memory_kernel(model, v), time_kernel(model, v)) for v in views]
+    assert built == []
+    monkeypatch.setenv("NDPLAN_PREBUILT", "0")
+    monkeypatch.setenv("NDPLAN_CACHE_DIR", str(empty_cache / "fresh"))
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+    monkeypatch.setattr(kernels, "_READ_SETS", {})
+    with kernels.compile_listener(lambda: built.append(1)):
+        fresh = [(memory_kernel(model, v), time_kernel(model, v)) for v in views]
+    assert len(built) == 2 * len(views)
+    for pair_a, pair_b in zip(shipped, fresh):
+        for a, b in zip(pair_a, pair_b):
+            assert a.keys == b.keys
+            args = {x.name: rng.integers(1, 64, size=50).astype(float) for x in a.kernel.args
+                    if x.name not in a.model_values}
+            out_a, out_b = a(**args), b(**args)
+            for k in a.keys:
+                np.testing.assert_array_equal(out_a[k], out_b[k])
