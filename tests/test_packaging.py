@@ -106,7 +106,7 @@ def test_wheel_ships_the_kernels(installed, tmp_path):
     """The installed wheel carries the prebuilt kernels (prebuilt.py) and its formula sources
     match them: a catalog model's sweep (one of ndplan.prebuild's cases) in an empty kernel cache
     compiles nothing."""
-    assert (installed / "ndplan" / "prebuilt_kernels.zip").is_file()
+    assert (installed / "ndplan" / "prebuilt_kernels.json.xz").is_file()
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import ndplan; from ndplan import kernels; "
             "assert ndplan.__file__.startswith(sys.argv[1]); n = []; "
             "ctx = kernels.compile_listener(lambda: n.append(1)); ctx.__enter__(); "

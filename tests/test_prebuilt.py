@@ -38,7 +38,7 @@ def test_the_shipped_store_is_built_from_these_sources():
     assert m is not None, f"{prebuilt.STORE} is missing or unreadable: run python -m ndplan.prebuild"
     assert m["sources"] == kernels._sources_digest(), (
         "the shipped kernels were built from other formula sources: run `python -m ndplan.prebuild` "
-        "(about 12 minutes on 2 cores) and commit src/ndplan/prebuilt_kernels.zip")
+        "(about 10 minutes on 2 cores) and commit src/ndplan/prebuilt_kernels.json.xz")
     assert m["kernels"] > 1000
 
 

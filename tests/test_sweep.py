@@ -99,6 +99,18 @@ def test_pareto_equals_brute_force(llama8b_64):
     assert len(pareto_front(peak, step)) == len(r.pareto)
 
 
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=40))
+def test_pareto_front_keeps_each_undominated_point_once(points):
+    """On small integer grids (many ties): the front is exactly the points no other point beats
+    on one axis without losing on the other, each pair once."""
+    peak = np.array([p for p, _ in points], dtype=float)
+    step = np.array([t for _, t in points], dtype=float)
+    oracle = {(p, t) for p, t in zip(peak, step)
+              if not np.any(((peak <= p) & (step < t)) | ((peak < p) & (step <= t)))}
+    front = pareto_front(peak, step)
+    assert [(peak[i], step[i]) for i in front] == sorted(oracle)
+
+
 def test_find_min_gpus_equals_linear_scan():
     model = load_model("llama3-70b")
     # one schedule and no vpp/cp: fewer kernels to compile; the scan below is the oracle either way

@@ -295,13 +295,9 @@ def _disk_read_sets(path: Path) -> list[tuple[str, ...]]:
 
 
 def _read_sets(base: str, use_disk: bool) -> list[tuple[str, ...]]:
-    """The name lists read under ``base``: the disk cache's, then the prebuilt store's."""
+    """The name lists read under ``base`` that the disk cache knows."""
     if base not in _READ_SETS:
-        sets: list[tuple[str, ...]] = []
-        if use_disk:
-            sets = _disk_read_sets(cache_dir() / f"reads-{base}.json")
-            sets += [s for s in prebuilt.read_sets(base) if s not in sets]
-        _READ_SETS[base] = sets
+        _READ_SETS[base] = _disk_read_sets(cache_dir() / f"reads-{base}.json") if use_disk else []
     return _READ_SETS[base]
 
 
@@ -349,10 +345,17 @@ def model_kernel(spec, key: object, build: Callable, args: tuple[sp.Symbol, ...]
     names = tuple(a.name for a in full_args)
     base = _digest(repr(key), names)
     bound = _arg_values(spec, model_arg_values)
-    for read in _read_sets(base, use_disk):
+    known = _read_sets(base, use_disk)
+    for read in known:
         kernel = _load(_digest(base, values_of(spec, read)), names, use_disk)
         if kernel is not None:
             return BoundKernel(kernel, bound)
+    for read in (prebuilt.read_sets(base) if use_disk else []):  # the shipped store: only after a miss
+        if read not in known:
+            kernel = _load(_digest(base, values_of(spec, read)), names, use_disk)
+            if kernel is not None:
+                _add_read_set(base, read, use_disk)
+                return BoundKernel(kernel, bound)
     _announce()
     log = ReadLog(spec)
     from ndplan.symbols import ModelSymbols

@@ -1,8 +1,8 @@
 """Build the kernels shipped with the package (prebuilt.py): ``python -m ndplan.prebuild``.
 
 Runs, with the shipped store off and an empty kernel cache, every case below in-process
-(the CLI's own code path, output discarded) and zips the generated sources and read lists
-the cases compiled, with a manifest naming the formula sources they came from:
+(the CLI's own code path, output discarded) and stores the generated sources and read lists
+the cases compiled into prebuilt.STORE, with a manifest naming the formula sources they came from:
 
 - each catalog model's default sweep (engine megatron, every dimension auto) on 64, 1,024
   and 16,384 H100s: the kernels of every catalog architecture class (a model of a class
@@ -11,8 +11,8 @@ the cases compiled, with a manifest naming the formula sources they came from:
   runs first), from a scratch copy of ``examples/``.
 
 Run it after changing any expression module (kernels._EXPR_MODULES): tests/test_prebuilt.py
-fails while the store is stale. About 12 minutes on 2 cores (``--jobs 2``); the zip is
-deterministic (sorted members, fixed times), so an unchanged build leaves git clean.
+fails while the store is stale. About 10 minutes on 2 cores (``--jobs 2``); the store is
+deterministic (sorted members, a fixed xz preset), so an unchanged build leaves git clean.
 ``--check`` then reruns every case against the new store with another empty cache and
 reports any case that still compiles.
 """
@@ -27,7 +27,6 @@ import shutil
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 from ndplan import prebuilt
@@ -36,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 """The checkout (README.md, examples/): the prebuild runs from a clone, not an installed wheel."""
 SWEEP_GPUS = (64, 1024, 16384)
 SWEEP_ARGS = ("-H", "h100-sxm", "--seq", "4096", "--gbs", "1024", "--top", "3")
-FIXED_TIME = (2026, 1, 1, 0, 0, 0)
 SIGNATURE = ("layer_pattern", "gated_mlp", "is_mla", "attention_bias", "qk_norm", "layernorm", "router_bias",
              "has_shared_experts", "learned_positions", "tie_word_embeddings", "mtp_layers", "hidden_dropout",
              "is_moe", "implicit_qkv_bias", "has_q_lora")
@@ -107,22 +105,14 @@ def run_all(seqs: list[list[list[str]]], cache: str, jobs: int, use_store: bool)
 
 
 def write_store(cache: Path, path: Path, cases: int) -> int:
-    """Zip the cache's kernel sources and read lists (not the marshalled code, not traces)."""
+    """Store the cache's kernel sources and read lists (not the marshalled code, not traces)."""
     from importlib.metadata import version
 
     from ndplan.kernels import _sources_digest
-    names = sorted(p.name for p in cache.glob("*.json"))
+    members = {p.name: p.read_text() for p in sorted(cache.glob("*.json"))}
     manifest = {"sources": _sources_digest(), "sympy": version("sympy"), "kernels": sum(
-        not n.startswith("reads-") for n in names), "cases": cases,
-        "built_by": "python -m ndplan.prebuild"}
-    tmp = path.with_suffix(".zip.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        z.writestr(zipfile.ZipInfo(prebuilt.MANIFEST, FIXED_TIME), json.dumps(manifest, indent=1, sort_keys=True))
-        for n in names:
-            info = zipfile.ZipInfo(n, FIXED_TIME)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            z.writestr(info, (cache / n).read_bytes())
-    tmp.replace(path)
+        not n.startswith("reads-") for n in members), "cases": cases, "built_by": "python -m ndplan.prebuild"}
+    prebuilt.write(path, manifest, members)
     return manifest["kernels"]
 
 

@@ -1,14 +1,15 @@
 """Kernels shipped with the package: the first run of a catalog model does not wait for SymPy.
 
-``prebuilt_kernels.zip`` beside this module holds, for the formula sources it was built
-from (``manifest.json``: ``sources``, kernels._sources_digest), the generated source of every
-kernel that the cases of ``ndplan.prebuild`` compile (each catalog model's default sweep and
-the README's examples), under the same digests as the disk cache, and the builders' read
-lists (``reads-<base>.json``, kernels.model_kernel). kernels._load looks here after the disk
-cache and copies what it finds into it. A store built from other sources answers nothing
-(every digest would differ anyway; the manifest check skips the look-ups), so a stale store
-costs speed, never a wrong number; tests/test_prebuilt.py fails while it is stale, and
-``python -m ndplan.prebuild`` rebuilds it.
+``prebuilt_kernels.json.xz`` beside this module holds, for the formula sources it was built
+from (``manifest``: ``sources``, kernels._sources_digest), the generated source of every kernel
+that the cases of ``ndplan.prebuild`` compile (each catalog model's default sweep and the
+README's and ``--help`` examples), under the same digests as the disk cache, and the builders'
+read lists (``reads-<base>.json``, kernels.model_kernel): one xz-compressed JSON document
+(about 26 MiB of source in under 1 MiB; read in about 0.3 s). kernels.py looks here only after
+the disk cache missed, and copies what it finds into it, so a warm run never opens it. A store
+built from other sources answers nothing (every digest would differ anyway; the manifest check
+skips the look-ups), so a stale store costs speed, never a wrong number;
+tests/test_prebuilt.py fails while it is stale, and ``python -m ndplan.prebuild`` rebuilds it.
 
 ``NDPLAN_PREBUILT=0`` turns the store off (the kernel-cache tests, which build every kernel
 they check, and the prebuild itself).
@@ -17,53 +18,62 @@ they check, and the prebuild itself).
 from __future__ import annotations
 
 import json
+import lzma
 import os
-import zipfile
 from pathlib import Path
 
-STORE = Path(__file__).resolve().parent / "prebuilt_kernels.zip"
-MANIFEST = "manifest.json"
+STORE = Path(__file__).resolve().parent / "prebuilt_kernels.json.xz"
 
-_NAMES: dict[str, object] | None = None
-"""The open store: {"zip": ZipFile, "names": set of member names}, or {} when off or stale."""
+_MEMBERS: dict[str, str] | None = None
+"""The open store's members (name -> JSON text), or {} when missing or stale."""
 
 
 def enabled() -> bool:
     return os.environ.get("NDPLAN_PREBUILT", "1") != "0"
 
 
+def _document(path: Path = STORE) -> dict | None:
+    try:
+        doc = json.loads(lzma.decompress(path.read_bytes()))
+    except (OSError, ValueError, lzma.LZMAError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("members"), dict) else None
+
+
 def manifest(path: Path = STORE) -> dict | None:
     """The store's manifest, or None when there is no readable store."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            return json.loads(z.read(MANIFEST))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return None
+    doc = _document(path)
+    return doc.get("manifest") if doc else None
 
 
-def _open() -> dict:
-    global _NAMES
-    if _NAMES is None:
-        _NAMES = {}
+def write(path: Path, manifest_: dict, members: dict[str, str]) -> None:
+    """The store: deterministic bytes for the same members (sorted keys, fixed preset)."""
+    text = json.dumps({"manifest": manifest_, "members": members}, sort_keys=True, separators=(",", ":"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(lzma.compress(text.encode(), preset=9 | lzma.PRESET_EXTREME))
+    tmp.replace(path)
+
+
+def _open() -> dict[str, str]:
+    global _MEMBERS
+    if _MEMBERS is None:
         from ndplan.kernels import _sources_digest
-        try:
-            z = zipfile.ZipFile(STORE)
-            if json.loads(z.read(MANIFEST)).get("sources") == _sources_digest():
-                _NAMES = {"zip": z, "names": set(z.namelist())}
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-            pass
-    return _NAMES
+        doc = _document()
+        ok = doc is not None and isinstance(doc.get("manifest"), dict) and \
+            doc["manifest"].get("sources") == _sources_digest()
+        _MEMBERS = doc["members"] if ok else {}
+    return _MEMBERS
 
 
 def _member(name: str):
     if not enabled():
         return None
-    store = _open()
-    if not store or name not in store["names"]:
+    text = _open().get(name)
+    if text is None:
         return None
     try:
-        return json.loads(store["zip"].read(name))
-    except (OSError, ValueError, zipfile.BadZipFile):
+        return json.loads(text)
+    except ValueError:
         return None
 
 
@@ -81,5 +91,5 @@ def read_sets(base: str) -> list[tuple[str, ...]]:
 
 def reset() -> None:
     """Forget the open store (after replacing STORE or rebuilding it)."""
-    global _NAMES
-    _NAMES = None
+    global _MEMBERS
+    _MEMBERS = None

@@ -269,23 +269,22 @@ def rank(table: Table, fits: np.ndarray, sort: str) -> np.ndarray:
 
 
 def _codes(column: np.ndarray, order: dict) -> np.ndarray:
-    """``order[x]`` for every entry of a column of names (one look-up per distinct name)."""
-    if not len(column):
+    """``order[x]`` for every entry of a column of names, one look-up per run of equal names
+    (evaluate builds the columns a group at a time: 1.4 M rows of DeepSeek-V3 on 131,072
+    devices are 36 runs; sorting the names, as numpy.unique does, took 1.5 s)."""
+    n = len(column)
+    if not n:
         return np.zeros(0, dtype=int)
-    names, inverse = np.unique(column, return_inverse=True)
-    return np.array([order[x] for x in names])[inverse.ravel()]
+    starts = np.concatenate(([0], np.flatnonzero(column[1:] != column[:-1]) + 1))
+    return np.repeat(np.array([order[column[i]] for i in starts]), np.diff(np.append(starts, n)))
 
 
 def pareto_front(peak: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Indices (ascending peak) of the points no other point beats on both peak and step."""
     order = np.lexsort((step, peak))
-    best = math.inf
-    keep = []
-    for i in order:
-        if step[i] < best:
-            keep.append(i)
-            best = step[i]
-    return np.array(keep, dtype=np.int64)
+    s = step[order]
+    before = np.concatenate(([math.inf], np.minimum.accumulate(s)[:-1])) if len(s) else s
+    return order[s < before].astype(np.int64)  # faster than every point of lower (or equal) peak
 
 
 def mem_limit(hw: Hardware, gib: float | None = None, fraction: float | None = None) -> int:
