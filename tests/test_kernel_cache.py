@@ -347,3 +347,20 @@ def test_the_oracle_catches_a_kernel_shared_across_models_that_differ(monkeypatc
     ndplan.estimate(a, HW, s)
     with pytest.raises(AssertionError):
         _assert_matches(b, s, _oracle(b, s))
+
+
+def test_an_entry_without_this_pythons_code_is_compiled_once_and_kept(tmp_path, monkeypatch):
+    """The disk cache holds the source (any Python) and each Python's marshalled code: an entry
+    whose code another Python wrote is compiled and its code written beside it, so the next run
+    loads it (the same values either way)."""
+    model, s = MODELS["llama3-8b"], ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8)
+    first = ndplan.estimate(model, HW, s)
+    cache = tmp_path / "kernels"
+    codes = sorted(cache.glob("*.code"))
+    assert codes and len(codes) == len(list(cache.glob("*.json"))) - len(list(cache.glob("reads-*.json")))
+    for p in codes:
+        p.rename(p.with_name(p.name.replace(kernels._CODE_TAG, "other-python")))
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+    again = ndplan.estimate(model, HW, s)
+    assert sorted(cache.glob(f"*.{kernels._CODE_TAG}.code")) == codes
+    assert again.per_stage == first.per_stage and again.step_s == first.step_s

@@ -28,6 +28,7 @@ HW = ndplan.load_hardware("h100-sxm")
 def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NDPLAN_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("NDPLAN_PREBUILT", "1")
+    monkeypatch.delenv("NDPLAN_HOME", raising=False)  # the catalog's own llama3-70b and h100-sxm
     monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
     monkeypatch.setattr(kernels, "_READ_SETS", {})
     return tmp_path
@@ -80,5 +81,5 @@ def test_a_shipped_kernel_equals_a_fresh_build(name, empty_cache, monkeypatch):
             args = {x.name: rng.integers(1, 64, size=50).astype(float) for x in a.kernel.args
                     if x.name not in a.model_values}
             out_a, out_b = a(**args), b(**args)
-            for k in a.keys:
-                np.testing.assert_array_equal(out_a[k], out_b[k])
+            for k in a.keys:  # the same source when SymPy is the store's version; else the same values
+                np.testing.assert_allclose(out_a[k], out_b[k], rtol=1e-12, atol=0)

@@ -92,6 +92,8 @@ from collections import OrderedDict
 import json
 import marshal
 import os
+import sys
+import threading
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -167,8 +169,8 @@ def _namespace() -> dict:
     return dict(_BASE_NAMESPACE)
 
 
-_CODE_TAG = importlib.util.MAGIC_NUMBER.hex()
-"""The bytecode version: marshalled code only loads under the Python that wrote it."""
+_CODE_TAG = f"{sys.implementation.cache_tag}-{importlib.util.MAGIC_NUMBER.hex()}"
+"""The interpreter and bytecode version: marshalled code only loads under the Python that wrote it."""
 
 
 def _code_path(path: Path) -> Path:
@@ -207,21 +209,23 @@ def _load(digest: str, names: tuple[str, ...], use_disk: bool) -> Kernel | None:
         try:
             data = json.loads(path.read_text())
             code_path = _code_path(path)
-            code = marshal.loads(code_path.read_bytes()) if code_path.exists() else None
+            if code_path.exists():
+                code = marshal.loads(code_path.read_bytes())
+            else:  # written by another Python: compile once, and keep this Python's code
+                code = _store(path, data["keys"], data["source"], json_too=False)
             return _remember(digest, _from_source(data["keys"], names, data["source"], code))
         except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
             pass  # a corrupt entry is rebuilt (or taken from the prebuilt store)
     data = prebuilt.entry(digest)
     if data is None:
         return None
-    kernel = _from_source(data["keys"], names, data["source"])
-    _store(path, data["keys"], data["source"])  # later runs load its marshalled code
-    return _remember(digest, kernel)
+    code = _store(path, data["keys"], data["source"])  # later runs load its marshalled code
+    return _remember(digest, _from_source(data["keys"], names, data["source"], code))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}-{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
 
@@ -233,19 +237,21 @@ def _build(bd: Breakdown, args: tuple[sp.Symbol, ...], digest: str, use_disk: bo
     if free:
         raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
     source = inspect.getsource(lambdify(args, exprs))
-    kernel = _from_source(bd.keys(), tuple(a.name for a in args), source)
-    if use_disk:
-        _store(cache_dir() / f"{digest}.json", bd.keys(), source)
-    return _remember(digest, kernel)
+    code = _store(cache_dir() / f"{digest}.json", bd.keys(), source) if use_disk else None
+    return _remember(digest, _from_source(bd.keys(), tuple(a.name for a in args), source, code))
 
 
-def _store(path: Path, keys: list[str], source: str) -> None:
-    """Write a kernel's source and its marshalled code to the disk cache."""
+def _store(path: Path, keys: list[str], source: str, json_too: bool = True):
+    """Compile a kernel's source; write its marshalled code (and, with ``json_too``, the
+    source) to the disk cache. Returns the code object."""
+    code = compile(source, "<ndplan-kernel>", "exec")
     try:  # the code first: a reader that finds the .json finds its code
-        _write_atomic(_code_path(path), marshal.dumps(compile(source, "<ndplan-kernel>", "exec")))
-        _write_atomic(path, json.dumps({"keys": keys, "source": source}).encode())
+        _write_atomic(_code_path(path), marshal.dumps(code))
+        if json_too:
+            _write_atomic(path, json.dumps({"keys": keys, "source": source}).encode())
     except OSError:
         pass  # a read-only cache only costs speed
+    return code
 
 
 def _announce() -> None:
@@ -306,13 +312,35 @@ def _add_read_set(base: str, read: tuple[str, ...], use_disk: bool) -> None:
     if read in sets:
         return
     sets.append(read)
-    if use_disk:  # merged with the file as it is now: another process may have added a list
+    if use_disk:  # merged with the file as it is now, under a lock: another process may add a list
         path = cache_dir() / f"reads-{base}.json"
-        on_disk = _disk_read_sets(path)
         try:
-            _write_atomic(path, json.dumps(on_disk + [s for s in sets if s not in on_disk]).encode())
+            with _locked(path.with_suffix(".lock")):
+                on_disk = _disk_read_sets(path)
+                _write_atomic(path, json.dumps(on_disk + [s for s in sets if s not in on_disk]).encode())
         except OSError:
             pass
+
+
+class _locked:
+    """An exclusive lock on ``path`` (fcntl; where there is none, no lock: a lost read list
+    costs a rebuild, never a wrong kernel)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR)
+        try:
+            import fcntl
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing releases the lock
 
 
 _ARG_VALUES: dict[int, tuple[object, dict[str, float]]] = {}

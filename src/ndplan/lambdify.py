@@ -13,7 +13,7 @@ class _Max(sp.Function):
     """Max as an opaque function while the code is generated: the common-subexpression pass
     rebuilds every node it visits, and SymPy's Max/Min constructor compares each pair of
     arguments (assumption queries) even where formulas/minmax.py built it unevaluated. Printed
-    exactly as the numpy printer prints Max."""
+    as ``reduce(maximum, [...])`` (_WherePrinter._reduce)."""
 
 
 class _Min(sp.Function):
@@ -69,7 +69,14 @@ class _WherePrinter(NumPyPrinter):
         return out
 
     def _print__Max(self, expr):
-        return self._print_Max(sp.Max(*expr.args, evaluate=False))
+        return self._reduce("maximum", expr.args)
 
     def _print__Min(self, expr):
-        return self._print_Min(sp.Min(*expr.args, evaluate=False))
+        return self._reduce("minimum", expr.args)
+
+    def _reduce(self, ufunc: str, args) -> str:
+        """``reduce(maximum, [a, b, ...])``, written here rather than by SymPy's printer, whose
+        Max varies with its version (1.12: amax over a tuple, 1.13: amax over asarray, which
+        fails on a scalar beside an array or on arrays of different shapes; 1.14: this form)."""
+        return (f"{self._module_format('functools.reduce')}({self._module_format(self._module + '.' + ufunc)}, "
+                f"[{', '.join(self._print(a) for a in args)}])")

@@ -42,8 +42,13 @@ SIGNATURE = ("layer_pattern", "gated_mlp", "is_mla", "attention_bias", "qk_norm"
 only to order the work so that two workers rarely build the same class at once."""
 
 
-def catalog_cases() -> tuple[list[list[str]], list[list[str]]]:
-    """(one sweep per apparent class, every other catalog sweep)."""
+Case = tuple[list[str], int]
+"""(argv after ``ndplan``, the exit codes it may end with)."""
+
+
+def catalog_cases() -> tuple[list[Case], list[Case]]:
+    """(one sweep per apparent class, every other catalog sweep); a sweep exits 0, or 1 when
+    nothing fits."""
     from ndplan.catalog.files import builtin_dir
     from ndplan.catalog.model import load_model
     first, rest, seen = [], [], set()
@@ -51,28 +56,33 @@ def catalog_cases() -> tuple[list[list[str]], list[list[str]]]:
         spec = load_model(name)
         sig = tuple(repr(getattr(spec, a, None)) for a in SIGNATURE)
         for gpus in SWEEP_GPUS:
-            case = ["sweep", "-m", name, "--gpus", str(gpus), *SWEEP_ARGS]
+            case = (["sweep", "-m", name, "--gpus", str(gpus), *SWEEP_ARGS], (0, 1))
             (first if sig not in seen and gpus == 1024 else rest).append(case)
         seen.add(sig)
     return first, rest
 
 
-def example_cases() -> list[list[list[str]]]:
+def example_cases() -> list[list[Case]]:
     """README's commands as one sequence (a file one writes, the next reads), then each
-    command's --help examples as one sequence."""
+    command's --help examples as one sequence, with the exit code each shows (``# exits N``;
+    ``trace`` may also exit 2 where the trace extra is not installed)."""
     from ndplan import doc_examples
-    seqs = [[argv for argv, _ in doc_examples.readme_commands(ROOT / "README.md")]]
-    seqs += [[argv for argv, _ in doc_examples.help_commands(n)] for n in doc_examples.command_names()]
+
+    def cases(cmds):
+        return [(argv, (code, 2) if argv[0] == "trace" else (code,)) for argv, code in cmds]
+    seqs = [cases(doc_examples.readme_commands(ROOT / "README.md"))]
+    seqs += [cases(doc_examples.help_commands(n)) for n in doc_examples.command_names()]
     return [s for s in seqs if s]
 
 
-def _run_sequence(seq: list[list[str]]) -> tuple[int, float]:
-    """Run commands in one scratch copy of examples/; (kernels compiled, seconds)."""
+def _run_sequence(seq: list[Case]) -> tuple[int, float, list[str]]:
+    """Run commands in one scratch copy of examples/; (kernels compiled, seconds, commands that
+    ended with another exit code)."""
     from click.testing import CliRunner
 
     from ndplan import kernels
     from ndplan.cli import main
-    built = [0]
+    built, wrong = [0], []
     t0 = time.perf_counter()
     here = os.getcwd()
     with tempfile.TemporaryDirectory() as scratch, kernels.compile_listener(lambda: built.__setitem__(0, built[0] + 1)):
@@ -80,11 +90,13 @@ def _run_sequence(seq: list[list[str]]) -> tuple[int, float]:
             shutil.copytree(ROOT / "examples", Path(scratch) / "examples")
         os.chdir(scratch)
         try:
-            for argv in seq:
-                CliRunner().invoke(main, argv)
+            for argv, codes in seq:
+                r = CliRunner().invoke(main, argv)
+                if r.exit_code not in codes:
+                    wrong.append(f"ndplan {' '.join(argv)}: exit {r.exit_code}, expected {codes}")
         finally:
             os.chdir(here)
-    return built[0], time.perf_counter() - t0
+    return built[0], time.perf_counter() - t0, wrong
 
 
 def _init(cache: str, use_store: bool) -> None:
@@ -93,14 +105,16 @@ def _init(cache: str, use_store: bool) -> None:
     prebuilt.reset()
 
 
-def run_all(seqs: list[list[list[str]]], cache: str, jobs: int, use_store: bool) -> list[tuple[int, float]]:
+def run_all(seqs: list[list[Case]], cache: str, jobs: int, use_store: bool) -> list[tuple[int, float, list[str]]]:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(jobs, initializer=_init, initargs=(cache, use_store)) as pool:
         out = []
         for i, r in enumerate(pool.imap(_run_sequence, seqs)):
             out.append(r)
-            print(f"  {i + 1}/{len(seqs)}: {r[0]} kernels in {r[1]:.1f} s: ndplan {' '.join(seqs[i][0])}"
+            print(f"  {i + 1}/{len(seqs)}: {r[0]} kernels in {r[1]:.1f} s: ndplan {' '.join(seqs[i][0][0])}"
                   + (f" (+{len(seqs[i]) - 1} more)" if len(seqs[i]) > 1 else ""), file=sys.stderr, flush=True)
+            for line in r[2]:
+                print(f"    unexpected exit: {line}", file=sys.stderr, flush=True)
         return out
 
 
@@ -110,6 +124,9 @@ def write_store(cache: Path, path: Path, cases: int) -> int:
 
     from ndplan.kernels import _sources_digest
     members = {p.name: p.read_text() for p in sorted(cache.glob("*.json"))}
+    for name in members:  # read lists in a fixed order, whichever worker added one first
+        if name.startswith("reads-"):
+            members[name] = json.dumps(sorted(json.loads(members[name])))
     manifest = {"sources": _sources_digest(), "sympy": version("sympy"), "kernels": sum(
         not n.startswith("reads-") for n in members), "cases": cases, "built_by": "python -m ndplan.prebuild"}
     prebuilt.write(path, manifest, members)
@@ -126,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     phases = [[[c] for c in first], [[c] for c in rest], example_cases()]
     n_cases = sum(len(s) for p in phases for s in p)
     t0 = time.perf_counter()
+    wrong = 0
     with tempfile.TemporaryDirectory() as cache:
         for i, seqs in enumerate(phases, 1):
             print(f"phase {i}/{len(phases)}: {len(seqs)} sequences", file=sys.stderr, flush=True)
-            run_all(seqs, cache, args.jobs, use_store=False)
+            wrong += sum(len(r[2]) for r in run_all(seqs, cache, args.jobs, use_store=False))
+        if wrong:
+            print(f"{wrong} commands ended with an unexpected exit code: the store would miss their kernels; "
+                  "fix them first", file=sys.stderr)
+            return 1
         n = write_store(Path(cache), args.out, n_cases)
     print(f"wrote {args.out}: {n} kernels, {args.out.stat().st_size / 2**20:.2f} MiB, "
           f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)

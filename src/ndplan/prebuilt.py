@@ -12,7 +12,8 @@ skips the look-ups), so a stale store costs speed, never a wrong number;
 tests/test_prebuilt.py fails while it is stale, and ``python -m ndplan.prebuild`` rebuilds it.
 
 ``NDPLAN_PREBUILT=0`` turns the store off (the kernel-cache tests, which build every kernel
-they check, and the prebuild itself).
+they check, and the prebuild itself); kernels an earlier run copied from it into the disk cache
+are still served, so to see SymPy build every kernel give it a fresh ``NDPLAN_CACHE_DIR`` too.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ def enabled() -> bool:
     return os.environ.get("NDPLAN_PREBUILT", "1") != "0"
 
 
-def _document(path: Path = STORE) -> dict | None:
+def _document(path: Path | None = None) -> dict | None:
     try:
-        doc = json.loads(lzma.decompress(path.read_bytes()))
+        doc = json.loads(lzma.decompress((path or STORE).read_bytes()))
     except (OSError, ValueError, lzma.LZMAError):
         return None
     return doc if isinstance(doc, dict) and isinstance(doc.get("members"), dict) else None
 
 
-def manifest(path: Path = STORE) -> dict | None:
+def manifest(path: Path | None = None) -> dict | None:
     """The store's manifest, or None when there is no readable store."""
     doc = _document(path)
     return doc.get("manifest") if doc else None

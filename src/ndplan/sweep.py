@@ -283,7 +283,7 @@ def pareto_front(peak: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Indices (ascending peak) of the points no other point beats on both peak and step."""
     order = np.lexsort((step, peak))
     s = step[order]
-    before = np.concatenate(([math.inf], np.minimum.accumulate(s)[:-1])) if len(s) else s
+    before = np.concatenate(([math.inf], np.fmin.accumulate(s)[:-1])) if len(s) else s  # fmin: NaN never wins
     return order[s < before].astype(np.int64)  # faster than every point of lower (or equal) peak
 
 
