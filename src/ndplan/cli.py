@@ -12,8 +12,6 @@ import click
 
 from ndplan import limits
 from ndplan.catalog import list_hardware, list_models
-from ndplan.cli_balance import register as register_balance
-from ndplan.cli_check import register as register_check
 from ndplan.cli_emit import check_emit_out, emit_cli, emit_options, one_stdout
 from ndplan.cli_format import estimate_text, explained_text, hardware_lines, models_lines
 from ndplan.cli_options import build, strategy_options
@@ -182,8 +180,7 @@ def hardware(as_json):
 
 
 register_sweep(main)
-register_balance(main)
-register_check(main)
+main.lazy = {"balance": "ndplan.cli_balance", "check": "ndplan.cli_check"}  # imported when asked for
 register_trace(main)
 
 if __name__ == "__main__":

@@ -238,7 +238,24 @@ class _PipeClosed(Exception):
 
 
 class Cli(click.Group):
-    """The ndplan group: one-line errors and warnings for every command."""
+    """The ndplan group: one-line errors and warnings for every command. Commands named in
+    ``lazy`` (name -> module with ``register(group)``) are imported when first asked for: a
+    sweep does not import PPB's or the recipe readers' modules (85 ms of a 1 s warm run)."""
+
+    lazy: dict[str, str] = {}
+
+    def _load_lazy(self, name: str) -> None:
+        module = self.lazy.get(name)
+        if module is not None and name not in self.commands:
+            import importlib
+            importlib.import_module(module).register(self)
+
+    def get_command(self, ctx, cmd_name):
+        self._load_lazy(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
 
     def invoke(self, ctx):
         try:
