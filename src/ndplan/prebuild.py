@@ -42,7 +42,7 @@ SIGNATURE = ("layer_pattern", "gated_mlp", "is_mla", "attention_bias", "qk_norm"
 only to order the work so that two workers rarely build the same class at once."""
 
 
-Case = tuple[list[str], int]
+Case = tuple[list[str], tuple[int, ...]]
 """(argv after ``ndplan``, the exit codes it may end with)."""
 
 
@@ -133,12 +133,24 @@ def write_store(cache: Path, path: Path, cases: int) -> int:
     return manifest["kernels"]
 
 
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"--jobs={text}: not a worker count; give 1 to 64")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ndplan.prebuild", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: the cores)")
+    ap.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="worker processes, 1-64 (default: the cores)")
     ap.add_argument("--out", type=Path, default=prebuilt.STORE, help="the store to write (default: the package's)")
     ap.add_argument("--check", action="store_true", help="then rerun every case on the new store and count compiles")
     args = ap.parse_args(argv)
+    if args.check and args.out != prebuilt.STORE:  # before the ten minutes of work
+        ap.error("--check reads the package's store: drop --out or --check")
     first, rest = catalog_cases()
     phases = [[[c] for c in first], [[c] for c in rest], example_cases()]
     n_cases = sum(len(s) for p in phases for s in p)
@@ -157,9 +169,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if args.check:
         with tempfile.TemporaryDirectory() as cache:
-            if args.out != prebuilt.STORE:
-                print("--check reads the package's store; --out differs", file=sys.stderr)
-                return 2
             results = run_all([s for p in phases for s in p], cache, args.jobs, use_store=True)
         missed = sum(r[0] for r in results)
         print(f"check: {missed} kernels compiled over {n_cases} cases with the new store", file=sys.stderr)

@@ -222,7 +222,8 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     if model.is_moe and (eng.moe_rows_saved, eng.moe_dispatch_rows) != (MEGATRON.moe_rows_saved,
                                                                         MEGATRON.moe_dispatch_rows):
         notes.append(f"moe_rows_saved={eng.moe_rows_saved}, moe_dispatch_rows={eng.moe_dispatch_rows}: no Megatron-LM "
-                     "flag sets them; its alltoall dispatcher saves 1 row and holds 4 (engine_fields.py)")
+                     f"flag sets them; its alltoall dispatcher saves {MEGATRON.moe_rows_saved} row and holds "
+                     f"{MEGATRON.moe_dispatch_rows} (engine_fields.py)")
     if eng.moe_capacity_permille and model.is_moe:
         out |= {MX.FLAGS["capacity"]: f"{eng.moe_capacity_permille / 1000:g}", MX.SWITCHES["pad_capacity"]: True}
     return out, notes
