@@ -9,6 +9,7 @@ test with their derivation, not ndplan's own ``layers_per_chunk`` / ``recompute_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shlex
@@ -288,6 +289,7 @@ def test_torchtitan_ddp_only_alone_and_zero0_replicates():
                                          id="dense-zero3-offload"),
                             pytest.param(DENSE, Strategy(dp=4, cp=2, gbs=16, zero=3, seq=8192), id="dense-ulysses")])
 def test_deepspeed_parses_back(model, s):
+    s = dataclasses.replace(s, sp=s.tp == 1)  # AutoTP has no sequence parallelism (refused: test below)
     doc = json.loads(emit("deepspeed", model, s))  # independent of ndplan: json reads it; values: the input
     assert doc["zero_optimization"]["stage"] == s.zero
     assert ("offload_optimizer" in doc["zero_optimization"]) == s.offload_optimizer
@@ -304,7 +306,8 @@ def test_deepspeed_parses_back(model, s):
 
 
 @pytest.mark.parametrize("name,field", [("moe-ep-etp-zero1", "ep="),
-                                        ("dense-vpp-selective", "schedule="), ("dense-uneven-block", "layers_per_stage=")])
+                                        ("dense-vpp-selective", "schedule="), ("dense-uneven-block", "layers_per_stage="),
+                                        ("dense-tp-pp-zero1-full", "sp=")])
 def test_deepspeed_rejects_what_the_json_cannot_say(name, field):
     with pytest.raises(NdplanError, match=field):
         emit("deepspeed", *CASES[name])
@@ -450,7 +453,7 @@ def test_cli_estimate_emit_stdout_and_file(tmp_path):
     assert r.exit_code == 0, r.output
     assert tomllib.loads(r.stdout)["parallelism"]["tensor_parallel_degree"] == 8
     out = tmp_path / "ds.json"
-    r = CliRunner().invoke(main, args + ["--emit", "deepspeed", "--emit-out", str(out)])
+    r = CliRunner().invoke(main, args + ["--no-sp", "--emit", "deepspeed", "--emit-out", str(out)])
     assert r.exit_code == 0 and "peak" in r.output
     assert json.loads(out.read_text())["pipeline"]["stages"] == 4
 

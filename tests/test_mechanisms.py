@@ -169,7 +169,7 @@ def test_megatron_capacity_flags(tmp_path):
     moe_utils.py:1077-1081); a negative cf is dropless (transformer_config.py:1836-1840)."""
     script = tmp_path / "run.sh"
     base = ("torchrun --nproc_per_node 8 pretrain_gpt.py --expert-model-parallel-size 8 --seq-length 4096 --bf16 "
-            "--micro-batch-size 1 --global-batch-size 64 ")
+            "--micro-batch-size 1 --global-batch-size 64 --moe-token-dispatcher-type alltoall ")
     for flags, want in (("--moe-expert-capacity-factor 1.5 --moe-pad-expert-input-to-capacity",
                          "megatron[moe_capacity_permille=1500]"),
                         ("--moe-expert-capacity-factor 1.5", "megatron"),
@@ -641,6 +641,19 @@ def test_fp8_weight_cache(tmp_path, edit, cache):
     assert "fp8_linear_inputs=1" in ci.strategy.engine
 
 
+def test_fp8_param_gather_keeps_the_vocabulary_matrices_in_bf16(tmp_path):
+    """--fp8-param-gather: Transformer Engine creates fp8 primary weights only for the modules
+    built under fp8_model_init, the decoder layers (Megatron-LM@d98e8a64 fp8_utils.py:839-910,
+    extensions/transformer_engine.py:257-300); the embedding (VocabParallelEmbedding,
+    language_model_embedding.py:59) and the output layer (ColumnParallelLinear, gpt_model.py:
+    272-277) keep bf16. llama3-8b untied: 2 x 128,256 x 4,096 vocabulary weights, the rest
+    (32 x 218,112,000 layer weights and the final norm's 4,096) at 1 B, unsharded at ZeRO-1."""
+    ci = read_config(MG_FP8)
+    assert ci.strategy.weight_dtype == "fp8" and ci.strategy.zero == 1
+    t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[0]["terms"]
+    assert t["mem.weights"] == 1 * (32 * 218_112_000 + 4096) + 2 * (2 * 128_256 * 4096)
+
+
 @pytest.mark.parametrize("settings", [{"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": 2},
                                       {"fp8_linear_inputs": 1}], ids=["cache", "no-cache"])
 def test_fp8_emit_reads_back(tmp_path, settings):
@@ -750,15 +763,41 @@ def test_megatron_saves_one_copy_of_the_routed_rows():
 
 
 def test_megatron_dispatcher_flags(tmp_path):
-    """The emit writes the dispatcher the megatron profile models (alltoall; Megatron's default is
-    allgather, transformer_config.py:891-903); a script without the flag gets a note."""
+    """The emit writes the dispatcher the engine models: alltoall for the megatron profile,
+    allgather under moe_allgather_dispatch; a script without the flag runs Megatron's default,
+    allgather (transformer_config.py:891-903), and says so; each emit reads back."""
     spec = ndplan.load_model("mixtral-8x7b")
-    s = ndplan.Strategy(dp=8, ep=4, gbs=64, seq=SEQ)
+    from ndplan.export import emit
     from ndplan.export.megatron import fields
-    flags, _ = fields(spec, s)
-    assert flags["--moe-token-dispatcher-type"] == "alltoall"
+    for engine, kind in (("megatron", "alltoall"), (derive("megatron", {"moe_allgather_dispatch": 1}), "allgather")):
+        s = ndplan.Strategy(dp=8, ep=4, gbs=64, seq=SEQ, engine=engine)
+        assert fields(spec, s)[0]["--moe-token-dispatcher-type"] == kind
+        f = tmp_path / f"{kind}.sh"
+        f.write_text(emit("megatron", spec, s))
+        assert read_config(f, model=spec, gpus=8).strategy.engine == s.engine
     script = tmp_path / "run.sh"
     script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --expert-model-parallel-size 4 --seq-length 4096 "
                       "--bf16 --micro-batch-size 1 --global-batch-size 64 --num-experts 8\n")
     ci = read_config(script, model=spec)
     assert any("allgather" in n for n in ci.notes)
+    assert "moe_allgather_dispatch=1" in ci.strategy.engine
+
+
+def test_megatron_allgather_dispatcher_buffers():
+    """MoEAllGatherTokenDispatcher (Megatron-LM@d98e8a64 token_dispatcher.py:233-372), one MoE
+    layer, micro-batch b, tokens s, tp 2 with SP, ep 4: the hidden states of the tp x ep group are
+    gathered into the shared "mpu" buffer, (s b / tp) x tp x ep = s b ep rows of h, 2 B
+    (:299-301; GlobalMemoryBuffer keeps the largest request, utils.py:727-750), larger than the SP
+    all-gather's s b h: the comm_buffers Term. At the combine, the experts' output for every routed
+    row of the local experts (s b ep tokens x k/E x E/ep = s b k rows) beside the unpermuted gathered
+    tokens (s b ep rows, :346-352), the transient; the alltoall's 4 rows of s b k / tp are replaced."""
+    spec, hw = ndplan.load_model("mixtral-8x7b"), ndplan.load_hardware("h100-sxm")
+    h, k, tp, ep, b = spec.hidden_size, spec.experts_per_token, 2, 4, 2
+    s = ndplan.Strategy(dp=4, tp=tp, pp=2, ep=ep, mbs=b, gbs=64, seq=SEQ, recompute="none",
+                        engine=derive("megatron", {"moe_allgather_dispatch": 1}))
+    terms = ndplan.estimate(spec, hw, s).per_stage[0]["terms"]  # stage 0 of 2: no loss logits
+    assert terms["mem.comm_buffers"] == 2 * SEQ * b * ep * h
+    off = dataclasses.replace(s, engine=derive("megatron", {"moe_dispatch_rows": 0}))
+    without = ndplan.estimate(spec, hw, off).per_stage[0]["terms"]["mem.transient"]
+    assert terms["mem.transient"] == max(without, 2 * SEQ * b * h * (k + ep))
+    assert 2 * SEQ * b * h * (k + ep) > without  # the combine decides it here

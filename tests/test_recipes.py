@@ -9,6 +9,7 @@ which are independent of every reader.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -142,8 +143,8 @@ def test_megatron_deepseek_v3_mla_moe_mtp(clean_env):
     assert s.recompute == "selective"
     # --recompute-modules mlp moe mla_up_proj layernorm, without core_attn (transformer_config.py:1943-1962);
     # --moe-token-dispatcher-type flex with the default backend deepep (transformer_config.py:898) on 20 SMs
-    assert s.engine == ("megatron[deepep_sms=20,keep_core_attn=1,recompute_layernorm=1,recompute_mla_up_proj=1,"
-                        "recompute_mlp=1,recompute_moe=1]")
+    assert s.engine == ("megatron[deepep_sms=20,keep_core_attn=1,megatron_fsdp=1,recompute_layernorm=1,"
+                        "recompute_mla_up_proj=1,recompute_mlp=1,recompute_moe=1]")  # megatron_fsdp: test_megatron_fsdp.py
 
 
 def test_megatron_gpt3_vocab_padding_and_vpp(clean_env):
@@ -350,11 +351,13 @@ def test_torchtitan_default_split_counts_embedding_and_output(tmp_path):
 
 # --------------------------------------------------------------------------- proposals on more devices
 
-def test_check_proposes_the_smallest_device_count_that_fits(tmp_path):
+def test_check_proposes_the_smallest_device_count_that_fits(tmp_path, clean_env):
     """Llama-3-70B on 8 H100s cannot fit (16 bytes/parameter of weights, gradients and Adam
-    states over 8 devices is 141 GB before activations): check proposes on a multiple of the
-    file's devices, the smallest that fits (none fits on half of it), as a diff that reads
-    back on that count."""
+    states over 8 devices is 141 GB before activations). check proposes the smallest whole
+    number of 8-device nodes where a strategy fits: brute force over every node count
+    below it finds nothing (not only the powers of two), and the diff, applied by the
+    test's own patcher, launches that count: read back without ``--gpus`` it is the
+    proposal, torchrun's ``--nnodes`` written into the launch."""
     from ndplan.check import check, nearest
     from tests.test_check import apply_unified_diff
     f = tmp_path / "run.sh"
@@ -363,16 +366,69 @@ def test_check_proposes_the_smallest_device_count_that_fits(tmp_path):
     ci = read_config(f, model="llama3-70b")
     assert 16 * 70.55e9 / 8 > 80 * 2 ** 30
     res = check(ci, "h100-sxm", top=2)
-    assert not res.fits and res.scaled_gpus and res.proposals
-    assert res.proposals[0].changed["gpus"] == (8, res.scaled_gpus)
-    half = res.scaled_gpus // 2
-    if half > ci.gpus:
-        import dataclasses
-        assert not nearest(dataclasses.replace(ci, gpus=half), res.hardware, res.limit_bytes, 1)
-    text = apply_unified_diff(ci.text, res.proposals[0].diff)
-    f.write_text(text)
-    back = read_config(f, model="llama3-70b", gpus=res.scaled_gpus).strategy
-    assert back == res.proposals[0].strategy
+    n = res.scaled_gpus
+    assert not res.fits and n and res.proposals and n % 8 == 0
+    assert all(not nearest(dataclasses.replace(ci, gpus=m), res.hardware, res.limit_bytes, 1) for m in range(16, n, 8))
+    assert res.tried_gpus[0] == 16 and n in res.tried_gpus
+    for p in res.proposals:
+        assert p.changed["gpus"] == (8, n) and p.launch is None
+        assert p.estimate.peak_bytes <= res.limit_bytes
+        f.write_text(apply_unified_diff(ci.text, p.diff))
+        back = read_config(f, model="llama3-70b")
+        assert (back.gpus, back.strategy) == (n, p.strategy)
+        words = shell.read_words(f.read_text(), {})
+        assert mg.parser().parse_known_args([w.text for w in words])[0].nnodes == str(n // 8)
+
+
+def test_check_on_more_devices_without_a_stated_count_says_how_to_launch(tmp_path, clean_env):
+    """A DeepSpeed JSON does not state the device count (the launcher does): the proposal
+    on more devices keeps its diff and says to launch it on that count."""
+    from ndplan.check import check
+    f = tmp_path / "ds.json"
+    f.write_text('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8, "bf16": {"enabled": true}, '
+                 '"zero_optimization": {"stage": 1}}')
+    ci = read_config(f, model="llama3-70b", gpus=8, seq=4096)
+    res = check(ci, "h100-sxm", top=1)
+    assert res.scaled_gpus and res.proposals
+    assert res.proposals[0].launch and f"--gpus {res.scaled_gpus}" in res.proposals[0].launch
+
+
+# the launch's torchrun count rewritten where the script sets it; bash itself runs each
+# rewritten script with torchrun as a function printing its arguments
+LAUNCHES = {
+    "literal": ("torchrun --nproc_per_node 8 --nnodes 1 x.py\n", 32, "--nnodes 4"),
+    "added-nnodes": ("torchrun --nproc-per-node=8 x.py\n", 24, "--nnodes 3"),
+    "array-variables": ("G=8\nN=${N:-16}\nD=(\n  --nproc_per_node $G\n  --nnodes $N\n)\ntorchrun ${D[@]} x.py\n", 256,
+                        "N=${N:-32}"),
+    "quoted-default": ('N=${SLURM_NNODES:-"1"}\nD=(--nproc_per_node 8 --nnodes $N)\ntorchrun ${D[@]} x.py\n', 16,
+                       'N=${SLURM_NNODES:-"2"}'),
+    "fewer-per-node": ('NGPU=${NGPU:-"8"}\ntorchrun --nproc_per_node=${NGPU} x.py\n', 4, 'NGPU=${NGPU:-"4"}'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCHES))
+def test_launcher_device_count_rewritten_as_bash_runs_it(name):
+    from ndplan.interop.launcher import set_devices
+    text, n, written = LAUNCHES[name]
+    out = set_devices(text, n, {})
+    assert out is not None and written in out
+    r = subprocess.run(["bash", "-c", "torchrun() { printf '%s\\n' \"$@\"; }\n" + out], capture_output=True, text=True,
+                       timeout=10, env={"PATH": os.environ.get("PATH", "")})
+    assert r.returncode == 0, r.stderr
+    got = dict.fromkeys(("--nproc_per_node", "--nnodes"), "1")
+    args = r.stdout.split()
+    for k, a in enumerate(args):
+        flag, eq, val = a.replace("--nproc-per-node", "--nproc_per_node").partition("=")
+        if flag in got:
+            got[flag] = val if eq else args[k + 1]
+    assert int(got["--nproc_per_node"]) * int(got["--nnodes"]) == n
+
+
+def test_launcher_count_from_the_environment_is_not_written(clean_env):
+    """A count bash takes from the environment cannot be changed in the file: None."""
+    from ndplan.interop.launcher import set_devices
+    assert set_devices('N=${SLURM_NNODES:-"1"}\ntorchrun --nproc_per_node 8 --nnodes $N x.py\n', 16,
+                       {"SLURM_NNODES": "1"}) is None
 
 
 @pytest.mark.parametrize("key", sorted(__import__("ndplan.export.torchtitan", fromlist=["FLAVORS"]).FLAVORS))

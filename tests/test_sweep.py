@@ -111,6 +111,30 @@ def test_pareto_front_keeps_each_undominated_point_once(points):
     assert [(peak[i], step[i]) for i in front] == sorted(oracle)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(levels=st.integers(1, 6), seed=st.integers(0, 2 ** 16), sort=st.sampled_from(["time", "memory"]))
+def test_rank_equals_the_full_lexsort(llama8b_64, levels, seed, sort):
+    """rank() sorts on feasibility, the sort key and the other key, then breaks ties with the
+    degree columns gathered for tied rows only; the definition is one lexsort over every key of
+    every row (the columns all gathered). Step and peak are quantized to ``levels`` values so
+    that most rows tie, and NaN appears."""
+    from ndplan.sweep import _REC_ORDER, _SCHED_ORDER, _codes, rank
+    t = llama8b_64.table
+    rng = np.random.default_rng(seed)
+    t = t.take(rng.permutation(len(t)))
+    t.step_s = rng.integers(0, levels, len(t)).astype(float)
+    t.peak_bytes = rng.integers(0, levels, len(t)).astype(float)
+    t.step_s[rng.random(len(t)) < 0.01] = np.nan
+    fits = rng.random(len(t)) < 0.5
+    g = t.grid
+    ties = [g["dp"], g["tp"], g["pp"], g["cp"], g["ep"], g["etp"], g["vpp"], g["mbs"], g["zero"],
+            _codes(g["recompute"], _REC_ORDER), _codes(g["schedule"], _SCHED_ORDER),
+            ~g["sp"].astype(bool), g["uneven"], g["first_layers"], g["last_layers"]]
+    primary, secondary = (t.peak_bytes, t.step_s) if sort == "memory" else (t.step_s, t.peak_bytes)
+    want = np.lexsort(ties[::-1] + [np.round(secondary, 12), np.round(primary, 12), ~fits])
+    assert np.array_equal(rank(t, fits, sort), want)
+
+
 def test_find_min_gpus_equals_linear_scan():
     model = load_model("llama3-70b")
     # one schedule and no vpp/cp: fewer kernels to compile; the scan below is the oracle either way

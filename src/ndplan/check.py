@@ -22,8 +22,8 @@ shorter step time. The k nearest that the file's format can express are kept.
 from __future__ import annotations
 
 import dataclasses
-
 import difflib
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +33,7 @@ from ndplan.catalog.hardware import Hardware
 from ndplan.catalog import load_hardware
 from ndplan.errors import NdplanError, warn
 from ndplan.estimate import Estimate, estimate
-from ndplan.interop import READERS, REMOVE, CheckInput
+from ndplan.interop import READERS, REMOVE, CheckInput, launcher, shell
 from ndplan.strategy import Strategy
 from ndplan.sweep import mem_limit as sweep_mem_limit
 from ndplan.sweep import sweep
@@ -73,6 +73,8 @@ class Proposal:
     """Unified diff of the user's file."""
     text: str
     """The user's file with the diff applied."""
+    launch: str | None = None
+    """How to run it on another device count when the file cannot state the count."""
 
     @property
     def distance(self) -> int:
@@ -82,7 +84,7 @@ class Proposal:
         return {"strategy": self.strategy.as_dict(), "distance": self.distance,
                 "changed": {k: [_plain(a), _plain(b)] for k, (a, b) in self.changed.items()},
                 "peak_bytes": self.estimate.peak_bytes, "step_s": self.estimate.step_s, "mfu": self.estimate.mfu,
-                "diff": self.diff}
+                "diff": self.diff, "launch": self.launch}
 
 
 def _plain(v):
@@ -101,6 +103,8 @@ class CheckResult:
     proposals: list[Proposal] = field(default_factory=list)
     scaled_gpus: int | None = None
     """When nothing fits on the file's devices: the device count the proposals run on."""
+    tried_gpus: list[int] = field(default_factory=list)
+    """The device counts tried above the file's (check.scaled_counts)."""
 
     @property
     def fits(self) -> bool:
@@ -113,7 +117,7 @@ class CheckResult:
                 "estimate": self.estimate.to_json(),
                 "limit": {"bytes": self.limit_bytes, "source": self.limit_source},
                 "fits": self.fits, "oom_causes": self.causes, "proposals": [p.to_json() for p in self.proposals],
-                "proposals_gpus": self.scaled_gpus or ci.gpus}
+                "proposals_gpus": self.scaled_gpus or ci.gpus, "tried_gpus": self.tried_gpus}
 
 
 def limit_of(ci: CheckInput, hw: Hardware, mem_limit_gib: float | None = None,
@@ -231,24 +235,88 @@ def nearest(ci: CheckInput, hw: Hardware, limit: int, k: int) -> list[Proposal]:
     return out
 
 
-DEVICE_MULTIPLES = (2, 4, 8, 16, 32)
-"""Device counts tried when nothing fits on the file's: these multiples of it, smallest first."""
+MAX_DEVICE_FACTOR = 32
+"""When nothing fits on the file's devices: counts up to this multiple of them are tried."""
 
 
-def nearest_scaled(ci: CheckInput, hw: Hardware, limit: int, k: int) -> tuple[int | None, list[Proposal]]:
-    """(device count, proposals) at the smallest of ``DEVICE_MULTIPLES`` x the file's device
-    count where a strategy fits, with the sequence length and global batch kept; each
-    proposal's ``changed`` starts with ``gpus``."""
-    for f in DEVICE_MULTIPLES:
-        n = ci.gpus * f
-        if n > limits.MAX_DEVICES:
+def _node_size(ci: CheckInput, hw: Hardware) -> int:
+    """The step between device counts tried: the launch's processes per node when the file
+    states them (torchrun ``--nproc_per_node``), else the device's node size, or the file's
+    count when it is not a whole number of such nodes."""
+    if ci.fmt in ("megatron", "torchtitan-0.3"):
+        got = launcher.launched(shell.read_words(ci.text, os.environ))
+        if got is not None and ci.gpus % got[0] == 0:
+            return got[0]
+    node = hw.devices_per_node
+    return node if ci.gpus % node == 0 else ci.gpus
+
+
+def scaled_counts(gpus: int, node: int, fits) -> tuple[int | None, list[int]]:
+    """(smallest count that ``fits``, counts tried): the file's count doubled until one fits
+    (at most ``MAX_DEVICE_FACTOR`` x), then every whole number of ``node`` devices between
+    the last that did not fit and it, ascending; the first that fits is the answer
+    (feasibility is not monotonic in the count: divisibility decides, so none is skipped
+    below the doubling that fits). The same walk as sweep.find_min_gpus."""
+    tried: list[int] = []
+    top = min(gpus * MAX_DEVICE_FACTOR, limits.MAX_DEVICES)
+    lo, n = gpus, 2 * gpus
+    while n <= top:
+        tried.append(n)
+        if fits(n):
             break
-        props = nearest(dataclasses.replace(ci, gpus=n), hw, limit, k)
-        if props:
-            for p in props:
-                p.changed = {"gpus": (ci.gpus, n)} | p.changed
-            return n, props
-    return None, []
+        lo, n = n, 2 * n
+    else:
+        return None, tried
+    for m in range(lo + node - lo % node, n, node):
+        tried.append(m)
+        if fits(m):
+            return m, sorted(tried)
+    return n, sorted(tried)
+
+
+def nearest_scaled(ci: CheckInput, hw: Hardware, limit: int, k: int) -> tuple[int | None, list[Proposal], list[int]]:
+    """(device count, proposals, counts tried) at the smallest device count above the
+    file's where a strategy fits (``scaled_counts``), with the sequence length and global
+    batch kept; each proposal's ``changed`` starts with ``gpus``, and its diff writes the
+    new count where the file states it (``_on_devices``)."""
+    found: dict[int, list[Proposal]] = {}
+
+    def fits(n: int) -> bool:
+        found[n] = nearest(dataclasses.replace(ci, gpus=n), hw, limit, k)
+        return bool(found[n])
+
+    n, tried = scaled_counts(ci.gpus, _node_size(ci, hw), fits)
+    if n is None:
+        return None, [], tried
+    for p in found[n]:
+        p.changed = {"gpus": (ci.gpus, n)} | p.changed
+        _on_devices(ci, p, n)
+    return n, found[n], tried
+
+
+def _on_devices(ci: CheckInput, p: Proposal, n: int) -> None:
+    """Make the proposal's file launch ``n`` devices: its torchrun count rewritten
+    (interop.launcher), or the degrees alone when they fix the count (MindFormers, a
+    torchtitan TOML with every degree given); checked by reading the file back without
+    ``--gpus``. A file that does not state its count (DeepSpeed JSON, a count given with
+    ``--gpus`` or taken from the environment) keeps its diff, and ``p.launch`` says how to
+    run it."""
+    mod = READERS[ci.fmt]
+    text = p.text
+    if ci.origin.get("gpus") != "--gpus" and hasattr(mod, "set_devices"):
+        text = mod.set_devices(text, n) or text
+    try:
+        back = mod.read(ci.path, text, model=ci.model, gpus=None, **ci.overrides)
+    except NdplanError:
+        back = None
+    if back is not None and back.gpus == n and back.strategy == p.strategy:
+        name = ci.path.name
+        p.text = text
+        p.diff = "".join(difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}",
+                                              f"b/{name}"))
+    else:
+        p.launch = (f"the file does not state the device count ({ci.origin.get('gpus', 'given with --gpus')}): "
+                    f"launch it on {n} devices (ndplan check {ci.path.name} --gpus {n})")
 
 
 def _adds_to(changed: dict, earlier: dict) -> bool:
@@ -270,5 +338,5 @@ def check(ci: CheckInput, hardware: str | Hardware | None = None, *, mem_limit_g
         if top:
             res.proposals = nearest(ci, hw, limit, top)
             if not res.proposals:
-                res.scaled_gpus, res.proposals = nearest_scaled(ci, hw, limit, top)
+                res.scaled_gpus, res.proposals, res.tried_gpus = nearest_scaled(ci, hw, limit, top)
     return res

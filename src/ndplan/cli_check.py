@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ndplan.cli_format import stage_table, time_summary
 from ndplan.cli_options import ACTIVATIONS_OPTION, with_activations
-from ndplan.check import DEVICE_MULTIPLES
+from ndplan.check import MAX_DEVICE_FACTOR
 from ndplan.cli_types import BATCH, DEVICES, SEQ, TOP, mem_limit_options
 from ndplan.interop import FORMATS
 from ndplan.labels import label, recompute_text
@@ -55,19 +55,23 @@ def _oom_text(res) -> str:
         f"{c['key']} {fmt_bytes(c['bytes'])} ({c['share']:.0%} of the peak)" for c in res.causes)]
     if not res.proposals:
         return "\n".join(lines + ["no fitting strategy at these devices, sequence length and global batch, nor on "
-                                  f"up to {max(DEVICE_MULTIPLES)}x the devices", ""])
+                                  f"up to {MAX_DEVICE_FACTOR}x the devices (tried {_counts(res.tried_gpus)})", ""])
     if res.scaled_gpus:
         lines.append(f"nothing fits on {res.input.gpus} devices at this sequence length and global batch; "
-                     f"the smallest device count tried that fits is {res.scaled_gpus} "
-                     f"({res.scaled_gpus // res.input.gpus}x; tried {', '.join(f'{m}x' for m in DEVICE_MULTIPLES)}); "
-                     "the sequence length and global batch are kept")
+                     f"the smallest device count that fits is {res.scaled_gpus} (tried {_counts(res.tried_gpus)}); "
+                     "the proposals change the device count and keep the sequence length and global batch")
     lines.append(f"nearest fitting strategies (fewest changed fields, then step time), as diffs of {name}:")
     text = "\n".join(lines)
     for i, p in enumerate(res.proposals, 1):
         ch = ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in p.changed.items())
         text += (f"\n\n#{i} [{p.distance} changed: {ch}] peak {fmt_bytes(p.estimate.peak_bytes)}, "
-                 f"step {p.estimate.step_s:.3g} s, MFU {p.estimate.mfu:.1%}\n{p.diff}")
+                 f"step {p.estimate.step_s:.3g} s, MFU {p.estimate.mfu:.1%}\n"
+                 + (f"note: {p.launch}\n" if p.launch else "") + p.diff)
     return text
+
+
+def _counts(counts: list[int]) -> str:
+    return ", ".join(map(str, counts)) + " devices" if counts else "none: the file's count is at the limit"
 
 
 def _print(res) -> None:
@@ -97,10 +101,13 @@ def register(main):
     def check_cmd(file, fmt, model, hardware, gpus, seq, gbs, mem_limit_gib, mem_fraction, top, activations, as_json):
         """Estimate an existing Megatron-LM script / argument file, torchtitan TOML (0.2.x)
         or 0.3 launch script (torchrun -m torchtitan.train --module M --config F ...),
-        DeepSpeed JSON or MindFormers YAML; on OOM name the terms that cause it and
-        propose the nearest strategies that fit, each as a diff of FILE. When nothing fits
-        on the file's devices, the proposals run on the smallest of 2, 4, 8, 16 or 32 times
-        as many (sequence length and global batch kept).
+        DeepSpeed JSON, MindFormers YAML or a DeviceMesh module written by --emit devicemesh
+        (read, never run); on OOM name the terms that cause it and propose the nearest
+        strategies that fit, each as a diff of FILE. When nothing fits on the file's
+        devices, the proposals run on the smallest whole number of nodes above them that
+        fits, up to 32 times as many (doubling, then every node count below; sequence length
+        and global batch kept), and the diff sets torchrun's --nnodes / --nproc_per_node
+        where the script sets them.
 
         Exit code: 0 fits, 1 does not fit, 2 bad input (one line naming field, value, fix).
 
@@ -116,6 +123,7 @@ def register(main):
           ndplan check examples/torchtitan/run_train_llama3_8b.sh
           ndplan check examples/deepspeed/ds_config_zero3.json -m llama3-8b --gpus 16 --seq 8192 --json
           ndplan check examples/mindformers/pretrain_llama3_8b.yaml --top 5   # exits 1
+          ndplan check examples/devicemesh/llama3_8b_mesh.py
         """
         from ndplan.check import check
         from ndplan.interop import read_config

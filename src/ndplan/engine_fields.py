@@ -31,6 +31,26 @@ class EngineProfile:
     partition every ZeRO-3 parameter keeps a secondary partition over the hpz ranks of its node,
     numel / hpz elements in the parameter dtype, allocated once and kept
     (runtime/zero/partition_parameters.py:1900-1929 _partition_param_sec); 0 or 1: none."""
+    zero3_param_coordinator: bool = False
+    """The ZeRO-3 gathered parameters follow DeepSpeed's PartitionedParameterCoordinator
+    (runtime/zero/partitioned_param_coordinator.py at 0.19.8) with the three budgets below,
+    instead of ``gather_prefetch_layers`` layers (memory.gather_term, ``deepspeed_gather``)."""
+    zero3_prefetch_elements: int = 0
+    """``stage3_prefetch_bucket_size`` (default 5e7, zero/config.py:222): at every module's fetch the
+    coordinator all-gathers up to this many elements of the parameters used next (:452-485); 0: no
+    prefetch."""
+    zero3_live_elements: int = 0
+    """``stage3_max_live_parameters`` (default 1e9, zero/config.py:245): a prefetch never takes the
+    gathered elements past it (``min(max_live - n_available, bucket)``, :453-454); the current
+    module's own fetch is not limited."""
+    zero3_reuse_elements: int = 0
+    """``stage3_max_reuse_distance`` (default 1e9, zero/config.py:251): after its module runs, a
+    parameter stays gathered when the modules until its next use hold fewer elements (:653-662)."""
+    zero3_quantized_weights: bool = False
+    """ZeRO++ qwZ (``zero_quantized_weights``, zero/config.py:328): parameters are all-gathered as int8
+    and dequantized when first waited on (partition_parameters.py:1479-1537, 761-796): a prefetched
+    bucket holds 1 B per element until then, and the bucket in use its int8 copy and its dequantized
+    16-bit flat tensor beside the parameters built from it."""
     reduce_bucket_elements: int = 0
     """ZeRO gradient-reduction bucket (DeepSpeed ``zero_optimization.reduce_bucket_size``, default
     5e8 elements, runtime/zero/config.py:113 at 0.19.8), in the 16-bit gradient dtype, on the device
@@ -255,6 +275,21 @@ class EngineProfile:
     experts.py:961-1015). MindFormers' mcore alltoall dispatcher saves 2: the grouped matmul's
     input and the unpermuted output that multiplies the probabilities (mindspore-lab/mindformers@
     f52743ca parallel_core/training_graph/transformer/moe/token_dispatcher.py:636-643, 794-804)."""
+    moe_allgather_dispatch: int = 0
+    """1: Megatron-LM's allgather token dispatcher (its default, ``--moe-token-dispatcher-type
+    allgather``; NVIDIA/Megatron-LM@d98e8a64 transformer/moe/token_dispatcher.py:233-372). Each
+    MoE layer gathers the hidden states of its tp x ep group, s x b x ep tokens x h, 16-bit, into
+    the process-wide "mpu" buffer (token_dispatcher.py:299-301 ``use_global_buffer=True``,
+    tensor_parallel/mappings.py:142-143), which core/utils.py:727-750 GlobalMemoryBuffer keeps at
+    the largest size asked for, shared with the SP all-gathers (tensor_parallel/layers.py:627):
+    the comm_buffers Term is the larger of the two. Each rank's experts take every routed row of
+    its local experts (the gathered tokens x k/E x E/ep = s x b x k, times the capacity; permute
+    saves only its indices, moe_utils.py), and the combine holds the experts' output beside its
+    unpermuted copy of the gathered tokens before the reduce-scatter (token_dispatcher.py:346-367),
+    an exclusive transient (memory.moe_allgather_transient). The probabilities take the logits'
+    dtype (moe_utils.py:936), so the combine's ``.to(local_probs.dtype)`` copies nothing unless
+    ``--moe-router-dtype fp32`` (not modelled). The saved tensors are the alltoall's
+    (moe_rows_saved 1). 0: the engine's all-to-all dispatch (moe_dispatch_rows)."""
     moe_dispatch_rows: int = 0
     """Copies of the routed rows of one MoE layer, before any expert-TP gather (k x tokens x h,
     16-bit, times the capacity), alive beside its saved tensors at the peak of its dispatch and
@@ -367,6 +402,35 @@ class EngineProfile:
     """Selective recompute takes effect only when SP splits the sequence over a TP group of
     more than one device; with SP off (or tp = 1, where SP is a no-op) the selected layers
     store what unselected layers store."""
+    megatron_fsdp: bool = False
+    """Megatron-FSDP v1 (Megatron-LM ``--use-megatron-fsdp``; NVIDIA/Megatron-LM@d98e8a64, files under
+    megatron/core/distributed/fsdp/src/megatron_fsdp/): the ZeRO level is its
+    ``--data-parallel-sharding-strategy`` (no_shard 0, optim 1, optim_grads 2, optim_grads_params 3,
+    param_and_grad_buffer.py:2330-2348), whose persistent buffers are the states Terms: model weights
+    in the parameters' dtype (none at 0, sharded at 3, :2651-2667), main weights in
+    ``--megatron-fsdp-main-params-dtype`` (fp32, ``master_bytes``; sharded from 1, :2689-2705), main
+    gradients in the parameters' dtype unless ``--megatron-fsdp-main-grads-dtype`` (sharded from 2,
+    :2313-2322, 2708-2733). On top (formulas/megatron_fsdp.py): at 3 the embedding and output layer,
+    not FSDP units (mcore_fsdp_adapter.py:171), stay gathered for the run (megatron_fsdp.py:1086-1099;
+    param_and_grad_buffer.py:4364-4367, 4636-4641), and the running decoder layer plus those
+    prefetched up to half the communication unit are gathered (:4487-4514); at 2 and 3 every gradient
+    goes through an unsharded bucket held in a reduce-scatter queue of up to the communication unit
+    (:3094-3118, 3936-3948); at every level the optimizer step casts the main gradients to the main
+    weights' dtype (:3351-3381), kept to the next zero_grad (:3189-3214)."""
+    megatron_fsdp_comm_unit_elements: int = 0
+    """Megatron-FSDP ``--suggested-communication-unit-size`` in elements: the reduce-scatter queue's
+    capacity and twice the all-gather prefetch (megatron_fsdp.py:443-444); 0: Megatron's default,
+    max(1e9, 2 x a unit's parameters) at optim_grads_params, max(1e9, the DDP bucket) below
+    (megatron_fsdp.py:420-441)."""
+    megatron_fsdp_double_buffer: bool = False
+    """Megatron-FSDP ``--fsdp-double-buffer`` (also set by ``--use-nccl-ub`` and
+    ``--megatron-fsdp-max-pool-double-buffer``, arguments.py:1172-1181): the units' all-gather and
+    gradient buckets come from pools of two units' buffers, kept for the run (FixedPoolAllocator,
+    param_and_grad_buffer.py:647-857, 2519-2576), and prefetch and the reduce-scatter queue stop at
+    two units (:4475-4484, 3956-3978)."""
+    megatron_fsdp_grad_comm_bytes: int = 0
+    """Bytes per element of Megatron-FSDP's unsharded gradient buckets under
+    ``--megatron-fsdp-grad-comm-dtype`` (param_and_grad_buffer.py:3107-3111); 0: the main gradients'."""
     # --- time choices (formulas/step.py) ---
     overlap_grad_reduce: bool = True
     """ZeRO 0-2: the data-parallel gradient reduction runs under the last micro-batch's backward

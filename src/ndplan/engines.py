@@ -110,6 +110,10 @@ DEEPSPEED = EngineProfile(
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=10, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=373,
     reduce_bucket_elements=500_000_000,  # reduce_bucket_size default (zero/config.py:113)
+    # ZeRO-3 PartitionedParameterCoordinator budgets at DeepSpeed 0.19.8's defaults (zero/config.py:222,
+    # 245, 251): stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9, stage3_max_reuse_distance 1e9
+    zero3_param_coordinator=True, zero3_prefetch_elements=50_000_000, zero3_live_elements=1_000_000_000,
+    zero3_reuse_elements=1_000_000_000,
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",

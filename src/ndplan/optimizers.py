@@ -56,7 +56,28 @@ OPTIMIZERS = {o.name: o for o in (
                                                   "second moments only"),
     OptimizerStates("muon", 1, non_matrix_states=2,
                     source="Muon (Jordan et al. 2024; Liu et al. 2025, Moonlight): one momentum buffer per hidden "
-                           "matrix; the embedding, output layer and 1-D parameters are updated by AdamW (two moments)"),
+                           "matrix; the embedding, output layer and 1-D parameters are updated by AdamW (two moments). "
+                           "MindFormers core/optim/muon.py:355-398 at f52743ca: muon_m = param.clone('zeros') on every "
+                           "2-D/3-D weight but word_embeddings and output_layer (GPTModel.get_muon_filter, "
+                           "parallel_core/training_graph/base_models/gpt/gpt_model.py:864-876), adam_m and adam_v = "
+                           "param.clone('zeros') on the rest: all in the parameter dtype"),
+    OptimizerStates("pma_adamw", 3,
+                    source="MindFormers PmaAdamW (core/optim/pma_adamw.py:195 at f52743ca; fused: "
+                           "fused_pma_adamw.py:198): AdamW's exp_avg and exp_avg_sq (adamw.py:167-168; fused_adamw.py:"
+                           "168-169) and pma_weight, each clone_state(), a float32 Parameter of the parameter's shape "
+                           "(adamw.py:170-192; fused_adamw.py:182-204)"),
+    OptimizerStates("pma_adamw_amsgrad", 4,
+                    source="MindFormers PmaAdamW with use_fused and amsgrad: FusedAdamW adds max_exp_avg_sq "
+                           "(fused_adamw.py:173 at f52743ca) to the three fp32 states of pma_adamw"),
+    OptimizerStates("mindspore_sgd", 2,
+                    source="MindSpore nn.SGD (mindspore-ai/mindspore@5f31f425 mindspore/python/mindspore/nn/optim/"
+                           "sgd.py:199-200): accum (zeros) and stat (ones) = self._parameters.clone(...), whatever the "
+                           "momentum; ParameterTuple.clone keeps each parameter's shape and dtype "
+                           "(common/parameter.py)"),
+    OptimizerStates("mindspore_momentum", 1,
+                    source="MindSpore nn.Momentum (mindspore-ai/mindspore@09fe5b6f mindspore/python/mindspore/nn/optim/"
+                           "momentum.py:207): moments = self.params.clone(prefix='moments', init='zeros'), in the "
+                           "parameter's dtype"),
 )}
 
 

@@ -128,8 +128,8 @@ RULES: tuple[Rule, ...] = (
          lambda c: ~_split_given(c) & (c.model.num_hidden_layers % (c.pp * c.vpp) != 0),
          lambda c: c.pp,
          lambda c: f"num_hidden_layers={c.model.num_hidden_layers} is not divisible by pp*vpp={c.pp * c.vpp}",
-         lambda c: "give an uneven split (--layers-per-stage; in a launch file its first/last-stage "
-                   "layer counts, layout or offsets), or change pp/vpp"),
+         lambda c: "give an uneven split (in a launch file: its first/last-stage layer counts, layout or "
+                   "offsets; to estimate or sweep: --layers-per-stage / --uneven), or change pp/vpp"),
     Rule("experts", "dense model: ep == etp == 1", "model", "ep",
          _experts_dense,
          lambda c: c.ep,

@@ -8,7 +8,11 @@ deepspeed/runtime/zero/config.py (``zero_optimization.stage``, ``offload_optimiz
 with ``device``/``pin_memory``), deepspeed/runtime/activation_checkpointing/config.py
 (``activation_checkpointing.partition_activations``, ``contiguous_memory_optimization``,
 ``cpu_checkpointing``) and deepspeed/runtime/tensor_parallel/config.py
-(``tensor_parallel.autotp_size``, AutoTP training).
+(``tensor_parallel.autotp_size``, AutoTP training); the deepspeed engine's settings are written
+as the keys interop/deepspeed_memory.py reads them from (``_engine_keys``), the ZeRO-3
+coordinator's budgets as ``stage3_prefetch_bucket_size`` / ``stage3_max_live_parameters`` /
+``stage3_max_reuse_distance`` where they differ from DeepSpeed's defaults and ZeRO++ qwZ as
+``zero_quantized_weights``.
 
 train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp
 = mbs x m x dp = gbs; cp -> ``sequence_parallel_size`` (DeepSpeed-Ulysses: DeepSpeedConfig
@@ -58,6 +62,8 @@ def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
         raise cannot(TARGET, "recompute", "selective", "DeepSpeed checkpoints whole layers; use none or full")
     if max(full) and any(f < n for f, n in zip(full, layers)):
         raise cannot(TARGET, "recompute_layers", list(full), "the JSON cannot pick layers; recompute all or none")
+    if s.tp > 1 and s.sp:  # the reader takes sp off at tp > 1 (interop/deepspeed.py)
+        raise cannot(TARGET, "sp", "on", "AutoTP shards the linears only, with no sequence parallelism; use sp=off")
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
@@ -79,10 +85,34 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
                      "ulysses_sp.py UlyssesSPAttentionHF.register_with_transformers)")
     if s.pp > 1:
         doc |= {KEY["pp"]: s.pp, KEY["ckpt_interval"]: 1 if max(full) else 0}
+        doc, pipe_notes = _pipeline_precision(s, doc)
+        notes += pipe_notes
     if max(full):
         doc |= {KEY["ckpt_partition"]: s.tp > 1, KEY["ckpt_contiguous"]: False, KEY["ckpt_cpu"]: False}
     engine_doc, engine_notes = _engine_keys(s)
     return doc | engine_doc, notes + engine_notes
+
+
+def _pipeline_bf16(s: Strategy) -> bool:
+    """The BF16_Optimizer with bf16 gradient accumulation that DeepSpeed's pipeline engine builds at
+    stage 0 with bf16 (interop.deepspeed_memory.pipeline_bf16): ZeRO-1 with a bf16 gradient buffer."""
+    from ndplan.engines import profile
+    return s.pp > 1 and s.zero == 1 and s.grad_dtype == "bf16" and profile(s.engine).fp32_grad_accumulation
+
+
+def _pipeline_precision(s: Strategy, doc: dict) -> tuple[dict, list[str]]:
+    """Under the pipeline engine a bf16 model at stage 0 gets BF16_Optimizer, which shards the
+    optimizer states (runtime/engine.py:582, 2313-2320): that optimizer is written as stage 0 with
+    bf16 (``_pipeline_bf16``), and ZeRO-0 itself as fp16, whose FP16_Optimizer keeps them whole
+    (engine.py:2321, 2360-2362)."""
+    if _pipeline_bf16(s):
+        return doc | {KEY["zero"]: 0}, []
+    if s.zero == 0:
+        return {k: v for k, v in doc.items() if k != KEY["bf16"]} | {"fp16.enabled": True}, [
+            "fp16: with pipeline stages DeepSpeed runs a bf16 model at ZeRO stage 0 with BF16_Optimizer, which shards "
+            "the optimizer states (runtime/engine.py:2313-2320); fp16's FP16_Optimizer keeps them whole as zero=0 "
+            "does (for bf16 use zero=1)"]
+    return doc, []
 
 
 def _engine_keys(s: Strategy) -> tuple[dict, list[str]]:
@@ -105,10 +135,17 @@ def _engine_keys(s: Strategy) -> tuple[dict, list[str]]:
         doc[DM.HPZ] = eng.secondary_weight_shard
     if eng.weights_offloaded:
         doc |= {DM.OFFLOAD_PARAM: "cpu", "zero_optimization.offload_param.pin_memory": True}
+    if s.zero == 3 and eng.zero3_param_coordinator:
+        for key, (setting, default) in DM.ZERO3_BUDGETS.items():
+            if getattr(eng, setting) != default:
+                doc[key] = getattr(eng, setting)
+        if eng.zero3_quantized_weights:
+            doc[DM.QWZ] = True
     if eng.fp32_grad_accumulation and s.zero == 1:
-        doc[DM.GRAD_ACCUM] = "fp32"
+        if not _pipeline_bf16(s):  # the pipeline's BF16_Optimizer accumulates in the model dtype
+            doc[DM.GRAD_ACCUM] = "fp32"
         doc[DM.IMMEDIATE] = eng.lp_grad_bytes == 0
-    if s.zero >= 1:
+    if s.zero >= 1 and not _pipeline_bf16(s):  # BF16_Optimizer allocates no reduce bucket
         doc[DM.BUCKET] = eng.reduce_bucket_elements or DEEPSPEED.reduce_bucket_elements
         doc[DM.OVERLAP] = bool(eng.reduce_bucket_double) if s.zero in (1, 2) else True
     return doc, notes

@@ -53,7 +53,10 @@ def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     layers = layers_per_chunk(model, s, balance)
     sched = SCHEDULE_CLASSES.get(s.schedule)
     lines = ['"""' + header(TARGET, model, s, prefix="")[0] + ".", "", header(TARGET, model, s, prefix="")[1],
-             f"Run under torchrun with {s.world} processes; fill in parallelize() for your model.", '"""', "",
+             f"Run under torchrun with {s.world} processes; fill in parallelize() for your model.",
+             "The code below runs the mesh, the pipeline split, the batch and FSDP2's resharding; ep, etp,",
+             "recompute, schedule, sp and engine in the line above are for parallelize() to apply (ndplan",
+             "check reads them from that line; zero 1 runs as FSDP2's zero 2).", '"""', "",
              "from torch.distributed.device_mesh import init_device_mesh", "",
              f"MESH_SHAPE = {sizes!r}", f"MESH_DIM_NAMES = {names!r}",
              f"LAYERS_PER_VIRTUAL_STAGE = {list(layers)!r}  # decoder layers, model order, pp*vpp={s.pp * s.vpp}",

@@ -74,8 +74,17 @@ def _check_schedule(p) -> None:
                                                      "use --schedule 1f1b/interleaved or --emit torchtitan")
 
 
+def _megatron_fsdp(strat: Strategy) -> bool:
+    """Does the strategy's engine run Megatron-FSDP (interop/megatron_fsdp.py)? Then every ZeRO
+    level is its sharding strategy, with pipelining, tied embeddings and experts alike."""
+    from ndplan.engines import profile
+    return profile(strat.engine).megatron_fsdp
+
+
 def _check(model: ModelSpec, strat: Strategy) -> None:
     _check_schedule(strat)
+    if _megatron_fsdp(strat):
+        return
     if strat.zero == 3 and strat.pp > 1:
         raise cannot(TARGET, "zero", 3, "FSDP2 (--use-torch-fsdp2) does not run with pipeline parallelism; "
                                         "use zero<=2 or pp=1")
@@ -181,7 +190,7 @@ def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
 def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     """The megatron engine's settings as the flags interop.megatron_memory reads them from:
     --recompute-modules (selective only), the optimizer and its state dtypes, the MoE capacity, the
-    token dispatcher (DeepEP's, else alltoall)."""
+    token dispatcher (DeepEP's, allgather's, else alltoall)."""
     from ndplan.engines import MEGATRON, profile
     from ndplan.interop import megatron_memory as MX
     eng, out, notes = profile(s.engine), {}, []
@@ -192,6 +201,11 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
             if "moe_act" in mods:
                 out["--moe-grouped-gemm"] = True
     states = (eng.optimizer_bytes, eng.non_matrix_optimizer_bytes, eng.master_bytes)
+    if eng.megatron_fsdp:  # its flags, the main weights' dtype among them (interop/megatron_fsdp.py)
+        from ndplan.interop import megatron_fsdp as MF
+        fsdp_args, fsdp_notes = MF.flags(s, eng)
+        out, notes = out | fsdp_args, notes + fsdp_notes
+        states = states[:2] + (MEGATRON.master_bytes,)
     if states == (4, 8, MEGATRON.master_bytes):
         out["--optimizer"] = "muon"
     elif states[1:] == (0, 2) and eng.optimizer_bytes in (2, 3, 4, 5, 6, 8):
@@ -217,8 +231,8 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     if eng.deepep_sms and model.is_moe:
         out |= {MX.FLAGS["dispatcher"]: "flex", MX.FLAGS["flex_backend"]: "deepep",
                 MX.FLAGS["flex_sms"]: eng.deepep_sms}
-    elif model.is_moe:  # the dispatcher the profile models (moe_rows_saved, moe_dispatch_rows); Megatron's default is allgather
-        out[MX.FLAGS["dispatcher"]] = "alltoall"
+    elif model.is_moe:  # the dispatcher the settings model: allgather (Megatron's default) or alltoall
+        out[MX.FLAGS["dispatcher"]] = "allgather" if eng.moe_allgather_dispatch else "alltoall"
     if model.is_moe and (eng.moe_rows_saved, eng.moe_dispatch_rows) != (MEGATRON.moe_rows_saved,
                                                                         MEGATRON.moe_dispatch_rows):
         notes.append(f"moe_rows_saved={eng.moe_rows_saved}, moe_dispatch_rows={eng.moe_dispatch_rows}: no Megatron-LM "
@@ -243,7 +257,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         args[FLAG["mtp_layers"]] = model.mtp_layers
     if s.sp and s.tp > 1:
         args[FLAG["sp"]] = True
-    if s.zero in (1, 2):
+    if s.zero in (1, 2) or _megatron_fsdp(s):  # Megatron-FSDP v1 runs on it (arguments.py:1128-1135)
         args[FLAG["distributed_optimizer"]] = True
     elif s.zero == 3:
         args[FLAG["fsdp2"]] = True
@@ -256,7 +270,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     engine_args, engine_notes = _engine_flags(model, s)
     args |= engine_args
     notes += engine_notes
-    if s.zero == 2:
+    if s.zero == 2 and not _megatron_fsdp(s):
         notes.append("zero 2 is given as the distributed optimizer (sharded optimizer states, "
                      "reduce-scattered gradients)")
     return args, notes

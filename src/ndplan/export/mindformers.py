@@ -21,7 +21,9 @@ layer, and a fully recomputed layer skips select recompute (``LayerSetting.set``
 for the plan's "full first, then selective" order (also MindSpore SAPP's convention).
 ``vocab_emb_dp`` is False when tp > 1 (the embedding is split over model_parallel).
 ``gradient_aggregation_group`` = 4 is the value of every SAPP example (a fusion knob).
-Schedules other than 1f1b and interleaved are not expressed (NdplanError).
+Schedules other than 1f1b and interleaved are not expressed (NdplanError). Said in a comment
+instead: zero 2 and 3 (MindFormers has one optimizer-parallel switch, read back as zero=1) and
+optimizer settings with no MindFormers ``optimizer`` keys here (``_optimizer_keys``).
 """
 
 from __future__ import annotations
@@ -93,10 +95,10 @@ def plan_fields(p, balance) -> dict:
     return {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
 
 
-def _engine_keys(model: ModelSpec, s: Strategy) -> dict:
+def _engine_keys(model: ModelSpec, s: Strategy, notes: list) -> dict:
     """The mindspore engine's settings as the keys interop.mindformers_memory reads them from:
     the MoE capacity factor (-1, dynamic, when the engine routes dropless), the optimizer
-    shard group and the fused AdamW (no step temporaries)."""
+    shard group, the optimizer (``_optimizer_keys``) and optimizer offload (``optimizer.swap``)."""
     from ndplan.engines import profile
     from ndplan.interop import mindformers_memory as MFM
     eng, doc = profile(s.engine), {}
@@ -104,11 +106,34 @@ def _engine_keys(model: ModelSpec, s: Strategy) -> dict:
         doc[f"{MFM.MOE}.capacity_factor"] = eng.moe_capacity_permille / 1000 if eng.moe_capacity_permille else -1
     if eng.optimizer_shard_size:
         doc[MFM.SHARD_SIZE] = eng.optimizer_shard_size
-    if eng.optimizer_step_temp_bytes == 0 and eng.optimizer_bytes in (8, 12):
-        doc |= {MFM.OPTIMIZER: "AdamW", "optimizer.use_fused": True}  # the in-place fused AdamW
-        if eng.optimizer_bytes == 12:
-            doc["optimizer.amsgrad"] = True
+    doc |= _optimizer_keys(eng, notes)
+    if s.offload_optimizer:  # AdamW and PmaAdamW keep their states on the host (mindformers_optim.swap)
+        doc = {MFM.OPTIMIZER: "AdamW"} | doc | {"optimizer.swap": True}
     return doc
+
+
+def _optimizer_keys(eng, notes: list) -> dict:
+    """``optimizer`` keys of the engine's optimizer settings, as interop.mindformers_optim reads
+    them: the fused AdamW (in place: no step temporaries; 12 B with amsgrad), PmaAdamW (12 B,
+    composite; fused with amsgrad 16 B); other settings (Came, Muon, SGD, Momentum: states in the
+    parameter dtype, Muon only on mcore MLA models, which this form does not write) are named in a note."""
+    from ndplan.engines import MINDSPORE
+    from ndplan.interop import mindformers_memory as MFM
+    states = (eng.optimizer_bytes, eng.non_matrix_optimizer_bytes, eng.optimizer_step_temp_bytes)
+    if states in ((8, 0, 0), (12, 0, 0)):
+        return {MFM.OPTIMIZER: "AdamW", "optimizer.use_fused": True} | ({"optimizer.amsgrad": True} if states[0] == 12
+                                                                         else {})
+    if states == (12, 0, MINDSPORE.optimizer_step_temp_bytes):
+        return {MFM.OPTIMIZER: "PmaAdamW"}
+    if states == (16, 0, 0):
+        return {MFM.OPTIMIZER: "PmaAdamW", "optimizer.use_fused": True, "optimizer.amsgrad": True}
+    if states != (MINDSPORE.optimizer_bytes, 0, MINDSPORE.optimizer_step_temp_bytes):
+        notes.append(f"optimizer states of {eng.optimizer_bytes} B per parameter"
+                     + (f" ({eng.non_matrix_optimizer_bytes} B on the embedding and output layer)"
+                        if eng.non_matrix_optimizer_bytes else "")
+                     + f", step temporaries {eng.optimizer_step_temp_bytes} B: not written (optimizer.type is yours "
+                     "to set: Came, Muon, SGD and Momentum keep states in the parameter dtype)")
+    return {}
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
@@ -127,19 +152,18 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
             raise cannot(TARGET, "etp", s.etp, f"MindFormers splits experts over 1 or model_parallel={s.tp} ranks "
                                               "(moe_config.expert_model_parallel); use etp=1 or etp=tp")
         doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
-    doc |= _engine_keys(model, s)
+    notes = []
+    doc |= _engine_keys(model, s, notes)
     doc |= {KEY["m"]: s.m, KEY["vocab_emb_dp"]: s.tp == 1, KEY["sp"]: s.sp and s.tp > 1,
             KEY["grad_group"]: GRADIENT_AGGREGATION_GROUP}
     doc |= {KEY["full"]: pipe[KEY["full"]], KEY["selective"]: pipe[KEY["selective"]]}
     doc |= {KEY["seq"]: s.seq, KEY["offset"]: pipe[KEY["offset"]]}
     if s.vpp > 1:
         doc |= {KEY["vpp"]: s.vpp, KEY["interleave"]: True}
-    notes = []
     if s.zero >= 2:
-        notes.append(f"zero {s.zero}: MindSpore optimizer parallel shards optimizer states (and, by its "
-                     "parallel_optimizer_config, weights); check optimizer_weight_shard_size")
-    if s.offload_optimizer:
-        notes.append("optimizer offload is not expressed here")
+        notes.append(f"zero={s.zero} is not expressed: MindFormers names no ZeRO level, only "
+                     f"{KEY['zero']} (MindSpore optimizer parallel: weights and optimizer states sharded over "
+                     "data_parallel, gathered once a step), which reads back as zero=1")
     return doc, notes
 
 

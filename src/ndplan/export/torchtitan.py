@@ -81,6 +81,50 @@ torchtitan-built parameter count equals the catalog model's Hugging Face count
 (tests/test_recipes.py); llama3 8B/70B/405B are Llama 3.1's (hf_assets_path
 Llama-3.1-*), deepseek_v3 16B and 236B DeepSeek-V2-Lite's and DeepSeek-V2's
 architectures."""
+_TITAN = "pytorch/torchtitan"
+_V020, _V021 = "v0.2.0@29624e37", "v0.2.1@81af8833"
+_LLAMA3_ATTN = {
+    "8B_flex": ("flex", "models/llama3/__init__.py:60-70"),
+    "8B_varlen": ("varlen", "models/llama3/__init__.py:71-81"),
+}
+_LLAMA4_IROPE = {"17bx16e_irope": ("17bx16e", "models/llama4/__init__.py:73-88"),
+                 "17bx128e_irope": ("17bx128e", "models/llama4/__init__.py:89-100")}
+FLAVOR_VARIANTS: dict[tuple[str, str], tuple[str, str]] = {
+    **{("llama3", f): (FLAVORS[("llama3", "8B")],
+                       f"llama3/{f} is 8B with attn_type \"{kind}\" and attn_mask_type \"block_causal\" ({_TITAN} "
+                       f"{_V021}, also v0.2.2: torchtitan/{where}): estimated as 8B's causal attention; not modelled: "
+                       f"the {'FlexAttention' if kind == 'flex' else 'varlen (packed-document)'} kernel and the "
+                       "per-document mask (attention FLOPs are counted over the whole causal triangle; the saved "
+                       "attention tensors are taken as flash attention's: output and log-sum-exp)")
+       for f, (kind, where) in _LLAMA3_ATTN.items()},
+    **{("llama4", f): (FLAVORS[("llama4", base)],
+                       f"llama4/{f} is {base} with every_n_layers_nope=4 and FlexAttention under a block_causal mask "
+                       f"({_TITAN} {_V020}, also v0.2.1/v0.2.2: torchtitan/{where}): every 4th layer has no RoPE "
+                       "and the "
+                       "other layers attend only within blocks of fixed_attn_block_size = 8192 tokens "
+                       "(models/llama4/model/args.py:49-57); estimated as the full causal attention of every layer; "
+                       "not modelled: the chunked attention (its FLOPs are over-counted past 8192 tokens) and the "
+                       "flex kernel (saved attention tensors taken as flash attention's)")
+       for f, (base, where) in _LLAMA4_IROPE.items()},
+}
+"""torchtitan 0.2.x flavors that differ from a FLAVORS entry only in how attention is computed
+(same parameters): ([model] name, flavor) -> (catalog model, the note saying what is not
+modelled). Read, never emitted (the emit writes the FLAVORS entry)."""
+for _f in ("8B", "8B_flex", "8B_varlen", "70B", "405B"):
+    _model, _why = FLAVOR_VARIANTS.get(("llama3", _f), (FLAVORS.get(("llama3", _f)), ""))
+    FLAVOR_VARIANTS[("llama3_ft", _f)] = (
+        _model, (_why + "; " if _why else "")
+        + f"llama3_ft/{_f} is llama3's model (torchtitan/models/llama3_ft/__init__.py reuses llama3_args, {_TITAN} "
+        f"{_V020}..v0.2.2) under torchft's FaultTolerantTrainSpec: the [fault_tolerance] replica groups and the "
+        "semi-sync (DiLoCo) fragments' extra parameter copies are not modelled")
+DEBUG_FLAVORS = {("llama3", "debugmodel"), ("llama3", "debugmodel_flex_attn"), ("llama3", "debugmodel_varlen_attn"),
+                 ("llama3_ft", "debugmodel"), ("llama3_ft", "debugmodel_flex_attn"),
+                 ("llama3_ft", "debugmodel_varlen_attn"), ("llama4", "debugmodel"), ("llama4", "debugmodel_irope"),
+                 ("qwen3", "debugmodel"), ("qwen3", "debugmodel_moe"), ("deepseek_v3", "debugmodel"),
+                 ("deepseek_v3", "debugmodel_flex_attn")}
+"""The remaining 0.2.x flavors of these families: torchtitan's test models (dim 256, 6 layers,
+vocabulary 2048 for llama3/llama4; models/<name>/__init__.py at v0.2.0..v0.2.2), not catalog
+models: check asks for -m (a model YAML of their sizes)."""
 CATALOG_FLAVOR = {v: k for k, v in FLAVORS.items()} | {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")}
 """Catalog model -> the flavor that builds it (Llama 3 8B/70B have Llama 3.1's architecture)."""
 LESS_LAYERS_DEFAULT = 1

@@ -100,7 +100,9 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[list[str
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     words, notes = fields(model, strat, balance=balance)
     head = header(TARGET, model, strat) + [
-        f"# torchtitan {VERSION}: a registered config with CLI overrides (torchtitan/config/manager.py)"] + [
+        f"# torchtitan {VERSION}: a registered config with CLI overrides (torchtitan/config/manager.py)",
+        "# note: ndplan check reads this launch with the engine of torchtitan's own modules "
+        "(interop/torchtitan03.py SETTINGS: fused qkv, chunked loss, ...), not the engine above"] + [
         f"# note: {n}" for n in notes]
     nodes = max(1, strat.world // 8)
     launch = f"torchrun --nproc_per_node {strat.world // nodes} --nnodes {nodes} -m torchtitan.train"

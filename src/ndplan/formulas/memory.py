@@ -23,6 +23,7 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.engines import COMPILED_LOSS_BYTES, EngineProfile
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
+from ndplan.formulas.deepspeed_gather import deepspeed_gather
 from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving, fsdp_backward_reduce,
                                          gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads,
                                          loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
@@ -194,15 +195,21 @@ def _held_loss(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> sp.E
 def gather_term(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, dense, expert,
                 stage=S.stage, acts=0) -> Term | None:
     """ZeRO-3/FSDP all-gather and reduce-scatter buffers (None below the engine's
-    weight-sharding level): per layer, or for the whole stage (``gather_whole_stage``, or
+    weight-sharding level): per layer, as DeepSpeed's coordinator keeps them
+    (``zero3_param_coordinator``, formulas/deepspeed_gather.py), or for the whole stage (``gather_whole_stage``, or
     FSDP under pipelining, ``pp_unsharded_stage_bytes``, where ``acts``, the activation
     Term's expression, sets what the gradients built in the first backward sit beside)."""
+    if eng.megatron_fsdp:  # Megatron-FSDP's unit buffers (formulas/megatron_fsdp.py)
+        from ndplan.formulas import megatron_fsdp as MF
+        return MF.gather_term(spec, M, view, stage)
     if view.zero < eng.weights_sharded_from:
         return None
     pp = pp_expr(spec, view)
     if eng.gather_whole_stage:
         gather = A.ACT_BYTES * (dense + expert)
         what = "16-bit copies of all the stage's weights (TP/EP-split), gathered once per step"
+    elif eng.zero3_param_coordinator:
+        gather, what = deepspeed_gather(spec, M, view, eng, dense, expert, stage)
     else:
         big = largest_kind(spec)
         gather = layers_gather(spec, M, eng)
@@ -304,7 +311,10 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
                 "(gathered_at_loss), and under SP no all-gather is in flight (the output layer saved its gathered "
                 "input, gathered_inputs_kept): the logits less those Terms")
     if dispatch != 0:
-        src += (f"; one MoE layer's dispatch and combine: {eng.moe_dispatch_rows} copies of its routed rows "
+        src += ("; one MoE layer's combine under the allgather dispatcher: the experts' output (k x tokens x "
+                "capacity rows) and the unpermuted gathered tokens (ep x tokens rows), 16-bit (engine setting "
+                "moe_allgather_dispatch; counted on every stage of an MoE model)" if eng.moe_allgather_dispatch else
+                f"; one MoE layer's dispatch and combine: {eng.moe_dispatch_rows} copies of its routed rows "
                 "(k x tokens x capacity x h, 16-bit) beside what it saves (engine setting moe_dispatch_rows; counted on "
                 "every stage of an MoE model)")
     if backward is not None:
@@ -323,6 +333,11 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         src += ("; under pipelining with FSDP, one group's 16-bit gradients before they are accumulated "
                 "(pp_group_grads), or the final reduce-scatter of the accumulated gradients, which runs after "
                 "every activation is freed: two layers' sharded fp32 outputs (pp_final_reduce)")
+    if eng.megatron_fsdp:  # Megatron-FSDP's loss, backward and optimizer-step phases (formulas/megatron_fsdp.py)
+        from ndplan.formulas import megatron_fsdp as MF
+        transient, more = MF.transient(spec, M, view, stage, transient, logits, rebuild if one_layer else 0,
+                                       dispatch, acts, gather, opt_shard)
+        src += more
     if eng.optimizer_step_temp_bytes:
         # the optimizer step runs after the last backward, when neither activations nor the
         # gathered 16-bit weights are alive: activations + gather + transient =
@@ -339,12 +354,33 @@ def moe_dispatch_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) ->
     """The all-to-all buffers of one MoE layer's dispatch and combine above what the layer saves:
     ``moe_dispatch_rows`` copies of its routed rows, k x s x b x capacity / t_sp tokens (the
     rows before the expert-TP gather) x h x 2 bytes (engine_fields.py cites each engine's count);
-    0 for dense models and engines without a derived count."""
+    under the allgather dispatcher, moe_allgather_transient; 0 for dense models and engines
+    without a derived count."""
     eng = view.engine
+    if spec.is_moe and eng.moe_allgather_dispatch:
+        return moe_allgather_transient(spec, M, view)
     if not (spec.is_moe and eng.moe_dispatch_rows):
         return sp.Integer(0)
     c = act_context(spec, view)
     return eng.moe_dispatch_rows * A.ACT_BYTES * c.s * c.b * M.k * c.capacity / c.t_sp * M.h
+
+
+def moe_allgather_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """Megatron's allgather dispatcher at the combine (EngineProfile.moe_allgather_dispatch):
+    the experts' output, s x b x k x capacity rows, beside its unpermuted copy of the tp x ep
+    group's gathered tokens, s x b x ep rows, of h 16-bit elements each; only when the group
+    has more than one rank (token_dispatcher.py:285, 364)."""
+    c = act_context(spec, view)
+    return A.ACT_BYTES * c.s * c.b * M.h * (M.k * c.capacity + S.ep) * Min(S.tp * S.ep - 1, 1)
+
+
+def moe_gathered_tokens(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
+    """The allgather dispatcher's gathered hidden states in the shared "mpu" buffer, s x b x ep
+    tokens x h x 2 B when tp x ep > 1 (EngineProfile.moe_allgather_dispatch), else 0."""
+    if not (spec.is_moe and view.engine.moe_allgather_dispatch):
+        return sp.Integer(0)
+    c = act_context(spec, view)
+    return A.ACT_BYTES * c.s * c.b * S.ep * M.h * Min(S.tp * S.ep - 1, 1)
 
 
 def sp_gather_buffer(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
@@ -359,8 +395,12 @@ def sp_gather_buffer(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Ex
 def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile,
                  stage=S.stage) -> list[Term]:
     """The SP all-gather buffer, pipelining's receive buffers and the engine's named reserve."""
-    out = [Term(key="mem.comm_buffers", expr=sp_gather_buffer(spec, M, view), unit="bytes",
-                source="SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
+    gathered = moe_gathered_tokens(spec, M, view)
+    buffer = sp_gather_buffer(spec, M, view) if gathered == 0 else Max(sp_gather_buffer(spec, M, view), gathered)
+    out = [Term(key="mem.comm_buffers", expr=buffer, unit="bytes",
+                source=("the shared all-gather buffer: the larger of the MoE allgather dispatcher's gathered tokens, "
+                        "2*s*b*ep*h (EngineProfile.moe_allgather_dispatch), and " if gathered != 0 else "") +
+                       "SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
                        "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer (Megatron-LM@d98e8a64 "
                        "param_and_grad_buffer.py:506-526, 1530-1547: in-place reduce-scatter/all-gather on bucket "
                        "views; --overlap-grad-reduce/--overlap-param-gather set only the bucket size, "

@@ -19,6 +19,7 @@ from ndplan.formulas.placement import pp_expr
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Term
+from ndplan.units import DTYPE_BYTES
 
 _SRC_STATES = ("Rajbhandari et al. 2020 (ZeRO) Sec. 3-5: stage 1 shards optimizer states, 2 adds "
                "gradients, 3 adds parameters, over the data-parallel group")
@@ -62,7 +63,7 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
     scope = "one device of this stage"
     cache = fp8_weight_cache_terms(view, eng, dense - vocab[0] + expert)
     return cache + [
-        Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb), unit="bytes",
+        Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb, vocab), unit="bytes",
              source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}"
                     + _weights_source(view, eng), note=scope + (" (offloaded to host)" if _offloaded(view, eng) else "")),
         Term(key="mem.grads", expr=(grad_b + eng.lp_grad_bytes) * grads, unit="bytes",
@@ -95,20 +96,39 @@ def _offloaded(view: Structure, eng: EngineProfile) -> bool:
     return eng.weights_offloaded and view.zero >= eng.weights_sharded_from
 
 
-def weight_partitions(view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
+FP8_VOCAB_BYTES = DTYPE_BYTES["bf16"]
+"""fp8 weights are the decoder layers' linear weights: Megatron builds each transformer layer
+under Transformer Engine's fp8_model_init (NVIDIA/Megatron-LM@d98e8a64
+megatron/core/fp8_utils.py:839-910 get_fp8_context(is_init=True); TE modules only,
+extensions/transformer_engine.py:257-300), while the input embedding (VocabParallelEmbedding,
+models/common/embeddings/language_model_embedding.py:59) and the output layer
+(tensor_parallel.ColumnParallelLinear unless the MXFP8 output projection is on,
+models/gpt/gpt_model.py:272-277) keep 16-bit weights; torchao's float8 training converts
+only nn.Linear layers of the blocks too. Norms and biases (under 0.01 % of a model) are
+counted with the layers."""
+
+
+def weight_partitions(view: Structure, eng: EngineProfile, dense, expert, emb=0, vocab=(0, 0)) -> sp.Expr:
     """Bytes of the persistent weight partitions (ZeRO-sharded from ``weights_sharded_from``)
-    and, with ZeRO++ hpZ (``secondary_weight_shard``), the secondary partition over hpz ranks."""
+    and, with ZeRO++ hpZ (``secondary_weight_shard``), the secondary partition over hpz ranks.
+    Under fp8 weights the ``vocab`` matrices (local.vocab_params) stay 16-bit (FP8_VOCAB_BYTES)."""
     weight_b = G.weight_bytes(view, eng)
     out = weight_b * _sharding(view, eng, dense, expert, emb)(eng.weights_sharded_from)
+    if view.weight_dtype == "fp8" and vocab[0] != 0:
+        out += (FP8_VOCAB_BYTES - weight_b) * G.optimizer_shard(view, eng, vocab[0], 0, vocab[1],
+                                                               eng.weights_sharded_from)
     hpz = eng.secondary_weight_shard
     if hpz > 1 and view.zero >= eng.weights_sharded_from:
         out += weight_b * (dense + expert) / hpz
+    if eng.megatron_fsdp:  # Megatron-FSDP keeps the embedding and output layer gathered (formulas/megatron_fsdp.py)
+        from ndplan.formulas.megatron_fsdp import kept_vocab
+        out += kept_vocab(view, eng, vocab)
     return out
 
 
-def device_weights(view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
+def device_weights(view: Structure, eng: EngineProfile, dense, expert, emb=0, vocab=(0, 0)) -> sp.Expr:
     """The weight partitions on the device: none with ZeRO-3 parameter offload (weights_offloaded)."""
-    return sp.Integer(0) if _offloaded(view, eng) else weight_partitions(view, eng, dense, expert, emb)
+    return sp.Integer(0) if _offloaded(view, eng) else weight_partitions(view, eng, dense, expert, emb, vocab)
 
 
 def _weights_source(view: Structure, eng: EngineProfile) -> str:
@@ -118,6 +138,9 @@ def _weights_source(view: Structure, eng: EngineProfile) -> str:
                 "(DeepSpeed partition_parameters.py:1900-1929)")
     if _offloaded(view, eng):
         out += "; ZeRO-3 offload_param: the partitions are in host memory"
+    if eng.megatron_fsdp and view.zero >= 3:
+        out += ("; Megatron-FSDP keeps a 16-bit gathered copy of the embedding and output layer, not FSDP units, "
+                "beside their shards (formulas/megatron_fsdp.py kept_vocab)")
     return out
 
 
@@ -134,10 +157,11 @@ def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage
     view = structure(spec, view)
     eng = view.engine
     dense, expert, emb = stage_params(spec, M, view, stage)
-    out = weight_partitions(view, eng, dense, expert, emb) if _offloaded(view, eng) else sp.Integer(0)
+    vocab = vocab_params(spec, M, view, stage)
+    out = weight_partitions(view, eng, dense, expert, emb, vocab) if _offloaded(view, eng) else sp.Integer(0)
     if not view.offload_optimizer:
         return out
     # the states that left HBM: mem.master and mem.optimizer of static_terms, same sharding
     shard = _sharding(view, eng, dense, expert, emb)
     return (out + G.master_bytes(view, eng) * shard(eng.master_sharded_from)
-            + optimizer_state_bytes(view, eng, dense, expert, emb, vocab_params(spec, M, view, stage)))
+            + optimizer_state_bytes(view, eng, dense, expert, emb, vocab))

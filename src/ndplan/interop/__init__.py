@@ -1,9 +1,11 @@
 """Read a user's framework config into a model + Strategy (``ndplan check``), and edit
 that file in place to express another strategy.
 
-One module per format (megatron, torchtitan, deepspeed, mindformers), each with
-``read(path, text, *, model, gpus, seq, gbs) -> CheckInput``, ``fields(model, strategy)``
-(the exporter's: dotted key or flag -> value) and ``edit(text, changes) -> text``.
+One module per format (megatron, torchtitan, torchtitan-0.3, deepspeed, mindformers,
+devicemesh), each with ``read(path, text, *, model, gpus, seq, gbs) -> CheckInput`` and
+either ``fields(model, strategy)`` (the exporter's: dotted key or flag -> value) with
+``edit(text, changes) -> text``, or ``rewrite(ci, strategy)`` (a proposal as a whole new
+file: torchtitan 0.3 launches, DeviceMesh modules).
 The key names live in the exporters' ``FLAG`` / ``KEY`` tables (export/), used both ways.
 """
 
@@ -15,16 +17,16 @@ from pathlib import Path
 
 from ndplan.errors import NdplanError
 from ndplan.export.common import HEADER_PHRASE
-from ndplan.interop import deepspeed, megatron, mindformers, torchtitan, torchtitan03
+from ndplan.interop import deepspeed, devicemesh, megatron, mindformers, torchtitan, torchtitan03
 from ndplan.interop.base import CheckInput
 from ndplan.interop.textedit import REMOVE
 from ndplan.paths import read_text
 
 READERS = {"megatron": megatron, "torchtitan": torchtitan, "torchtitan-0.3": torchtitan03, "deepspeed": deepspeed,
-           "mindformers": mindformers}
+           "mindformers": mindformers, "devicemesh": devicemesh}
 FORMATS = tuple(READERS)
 SUFFIXES = {".json": "deepspeed", ".toml": "torchtitan", ".yaml": "mindformers", ".yml": "mindformers",
-            ".sh": "megatron", ".bash": "megatron", ".args": "megatron", ".txt": "megatron"}
+            ".sh": "megatron", ".bash": "megatron", ".args": "megatron", ".txt": "megatron", ".py": "devicemesh"}
 
 __all__ = ["CheckInput", "FORMATS", "READERS", "REMOVE", "detect", "read_config"]
 
@@ -37,6 +39,8 @@ def detect(path: Path, text: str) -> str:
     if path.suffix.lower() in SUFFIXES:
         return SUFFIXES[path.suffix.lower()]
     s = text.lstrip()
+    if devicemesh.detect(text):
+        return "devicemesh"
     if torchtitan03.detect(text):
         return "torchtitan-0.3"
     if s.startswith("{"):

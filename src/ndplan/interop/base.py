@@ -83,3 +83,21 @@ def make_strategy(kw: dict, notes: list[str]) -> Strategy:
                          f"({e.fix}); fell back to bf16 (weights/accu_grad under-counted 2x)")
             return Strategy(**(kw | {"weight_dtype": "bf16"}))
         raise
+
+
+def int_arg(args, name: str, flag: str, default=None, lo: int = 1, most: int | None = None):
+    """The integer value of argparse dest ``name`` (``flag`` in messages), ``default`` when the
+    script does not give it; at least 1 (or 0 when ``lo`` is 0), at most ``most`` (default: the
+    bound of ``positive``)."""
+    v = getattr(args, name)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise NdplanError(flag, v, "not an integer", "set the variable it uses in the script, or write the number") from None
+    if lo == 0 and n == 0:
+        return 0
+    if most is not None:
+        return limits.count(flag, n, 1, most, "a positive count")
+    return positive(flag, n, "the Megatron-LM arguments")

@@ -107,6 +107,21 @@ def bf16_optimizer_settings(flat: dict, zero: int, offload: bool, notes: list) -
     return {"fp32_grad_accumulation": 1, "lp_grad_bytes": 0 if immediate else 2}
 
 
+def pipeline_bf16(flat: dict, zero: int, pp: int, notes: list) -> tuple[int, str]:
+    """(ZeRO stage the engine runs, gradient dtype): ZeRO stage 0 with bf16 weights under the pipeline
+    engine (pp > 1) and gradient accumulation in the model dtype (the default, runtime/engine.py:
+    1806-1807) gets BF16_Optimizer (runtime/engine.py:582, 2313-2320, 2363-2364), which shards the fp32 master and the
+    optimizer states over dp as ZeRO-1 does (bf16_optimizer.py:170-183) and keeps one gradient buffer
+    of the whole model in the accumulation dtype, bf16 (:190-191); else the file's stage."""
+    if pp > 1 and zero == 0 and _bf16(flat) and _dtype(flat, GRAD_ACCUM) in (None, "bf16"):
+        notes.append("zero_optimization.stage 0 with bf16 and pipeline stages: DeepSpeed's BF16_Optimizer "
+                     "(runtime/engine.py:582, 2313-2320, 2363-2364), estimated as ZeRO-1 with a bf16 gradient buffer "
+                     "of the whole "
+                     "model (bf16_optimizer.py:170-191)")
+        return 1, "bf16"
+    return zero, "fp32"
+
+
 def precision_settings(flat: dict, zero: int, offload: bool, opt: dict, notes: list,
                        bf16_optimizer: bool = False) -> dict:
     """bf16 master weights, gradients and optimizer states (runtime/precision_config.py:63-71).
@@ -142,8 +157,56 @@ def precision_settings(flat: dict, zero: int, offload: bool, opt: dict, notes: l
     return out
 
 
-def zero3_settings(flat: dict, zero: int, notes: list) -> dict:
-    """ZeRO++ hpZ and parameter offload, both ZeRO-3 mechanisms (zero/config.py:164-168, 324)."""
+PREFETCH = "zero_optimization.stage3_prefetch_bucket_size"
+LIVE = "zero_optimization.stage3_max_live_parameters"
+REUSE = "zero_optimization.stage3_max_reuse_distance"
+QWZ = "zero_optimization.zero_quantized_weights"
+QGZ = "zero_optimization.zero_quantized_gradients"
+QNTW = "zero_optimization.zero_quantized_nontrainable_weights"
+PERSIST = "zero_optimization.stage3_param_persistence_threshold"
+MODEL_PERSIST = "zero_optimization.stage3_model_persistence_threshold"
+SEQUENTIAL = "zero_optimization.stage3_allgather_sequential"
+ALL_REDUCE_FETCH = "zero_optimization.stage3_use_all_reduce_for_fetch_params"
+OFFLOAD_RATIO = "zero_optimization.offload_optimizer.ratio"
+OFFLOAD_DEVICE = "zero_optimization.offload_optimizer.device"
+SUB_GROUP = "zero_optimization.sub_group_size"
+ZERO3_BUDGETS = {PREFETCH: ("zero3_prefetch_elements", 50_000_000), LIVE: ("zero3_live_elements", 1_000_000_000),
+                 REUSE: ("zero3_reuse_elements", 1_000_000_000)}
+"""ZeRO-3 coordinator budgets: key -> (engine setting, DeepSpeed 0.19.8 default, zero/config.py:222, 245, 251)."""
+HF_AUTO_PREFETCH = 0.9
+"""The Hugging Face Trainer fills ``"auto"`` stage3_prefetch_bucket_size with int(0.9 x hidden_size^2)
+and stage3_param_persistence_threshold with 10 x hidden_size (transformers 5.17.0
+integrations/deepspeed.py:229-239)."""
+HF_AUTO_PERSIST = 10
+ELEMENTS_MAX = 2**40
+"""Element counts above this (DeepSpeed allows up to sys.maxsize) are taken as this: no device holds
+more parameters, so the budget does not bind either way."""
+
+
+def elements(flat: dict, key: str, default: int, auto: int | None = None, notes: list | None = None) -> int:
+    """A DeepSpeed element-count key (pydantic int >= 0; a whole float such as 5e8 is accepted);
+    ``"auto"`` is the Hugging Face Trainer's fill ``auto`` (None: the Trainer does not fill it)."""
+    v = flat.get(key, default)
+    if v == "auto":
+        if auto is None:
+            raise NdplanError(key, v, "is not filled by the Hugging Face Trainer (it fills reduce_bucket_size, "
+                              "stage3_prefetch_bucket_size and stage3_param_persistence_threshold only)",
+                              "give a whole number")
+        if notes is not None:
+            notes.append(f"{key} 'auto': {auto:,} (the Hugging Face Trainer's fill from hidden_size)")
+        return auto
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise NdplanError(key, v, "not an element count (DeepSpeed's zero/config.py wants an int >= 0)",
+                          "give a whole number such as 50000000")
+    return min(v, ELEMENTS_MAX)
+
+
+def zero3_settings(flat: dict, zero: int, hidden_size: int, notes: list) -> dict:
+    """ZeRO++ hpZ and qwZ, parameter offload and the coordinator's prefetch / live / reuse budgets:
+    ZeRO-3 mechanisms (zero/config.py:164-168, 222-255, 324-332; formulas/deepspeed_gather.py).
+    qgZ and the quantized storage of frozen weights are read and stated in notes."""
     out = {}
     hpz = flat.get(HPZ, 1)
     if not isinstance(hpz, int) or isinstance(hpz, bool) or hpz < 0 or hpz > 2**20:
@@ -151,27 +214,141 @@ def zero3_settings(flat: dict, zero: int, notes: list) -> dict:
     device = flat.get(OFFLOAD_PARAM, "none")
     if device not in ("none", "cpu", "nvme"):
         raise NdplanError(OFFLOAD_PARAM, device, "not an offload device", 'give "cpu", "nvme" or "none"')
+    budgets = {key: elements(flat, key, default, int(HF_AUTO_PREFETCH * hidden_size * hidden_size)
+                             if key == PREFETCH else None, notes if zero == 3 else None)
+               for key, (_, default) in ZERO3_BUDGETS.items()}
+    qwz, qgz, qntw = _switch(flat, QWZ), _switch(flat, QGZ), _switch(flat, QNTW)
     if zero != 3:
-        if hpz > 1 or device != "none":
-            notes.append(f"{HPZ if hpz > 1 else OFFLOAD_PARAM}: a ZeRO-3 setting, unused at stage {zero}")
+        stage3 = [k for k in (HPZ, OFFLOAD_PARAM, QWZ, QGZ, QNTW, *ZERO3_BUDGETS, PERSIST, MODEL_PERSIST, SEQUENTIAL,
+                                ALL_REDUCE_FETCH, OFFLOAD_RATIO, SUB_GROUP)
+                  if k in flat and flat[k] not in (False, None, "none") and not (k == HPZ and hpz <= 1)]
+        if stage3:
+            notes.append(f"{', '.join(stage3)}: ZeRO-3 settings, unused at stage {zero}")
         return out
     if hpz > 1:
         out["secondary_weight_shard"] = hpz
     if device != "none":
         out["weights_offloaded"] = 1
         notes.append(f"offload_param {device}: the parameter partitions are counted in host memory")
+    for key, (setting, _) in ZERO3_BUDGETS.items():
+        out[setting] = budgets[key]
+    if qwz:
+        out["zero3_quantized_weights"] = 1
+    if qgz:
+        notes.append(f"{QGZ}: read, not modelled: ZeRO++ qgZ reduces each gradient of a bucket by int4 all-to-alls "
+                     "across nodes instead of a reduce-scatter (runtime/comm/coalesced_collectives.py:31-76; only with "
+                     "more than one node, runtime/zero/stage3.py:1927-1930): its per-tensor int4 copies, under the "
+                     "reduce bucket's size, are not counted")
+    if qntw:
+        notes.append(f"{QNTW}: read, not modelled: it keeps frozen parameters in int8 (partition_parameters.py:"
+                     "1838, 1922); every parameter is trained in this estimate")
+    for key in (SEQUENTIAL, ALL_REDUCE_FETCH):
+        if _switch(flat, key):
+            notes.append(f"{key}: read, not modelled: each fetch builds the parameters as views of its gather buffer "
+                         "(partition_parameters.py:1373-1402, 1446-1464), so the bucket in use holds no second copy; "
+                         "the estimate counts one (mem.zero3_gather)")
+    ratio = flat.get(OFFLOAD_RATIO, 1.0)
+    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 <= ratio <= 1:
+        raise NdplanError(OFFLOAD_RATIO, ratio, "not a fraction (offload_config.py:99: 0 <= ratio <= 1)",
+                          "give e.g. 0.3")
+    if ratio < 1 and flat.get(OFFLOAD_DEVICE, "none") in ("cpu", "nvme"):
+        notes.append(f"{OFFLOAD_RATIO} {ratio}: read, not modelled: ZeRO-3 offloads only this fraction of the "
+                     "optimizer's sub-groups (runtime/zero/stage3.py:1100-1108); the estimate offloads them all")
+    if SUB_GROUP in flat:
+        notes.append(f"{SUB_GROUP} {flat[SUB_GROUP]}: read, not modelled: the ZeRO-3 optimizer step handles the fp32 "
+                     "partitions in sub-groups of this many elements (runtime/zero/stage3.py:1213-1230); its "
+                     "per-sub-group buffers are not counted")
+    return out
+
+
+def persistence_note(flat: dict, spec, tp: int, dp: int, hidden_size: int, notes: list) -> None:
+    """``stage3_param_persistence_threshold`` / ``stage3_model_persistence_threshold``, read and
+    stated: parameters of at most the threshold elements are never partitioned (mark_persistent_parameters,
+    runtime/zero/parameter_offload.py:317-335, in named_parameters order, stopping at the model
+    threshold). Which they are depends on each parameter's size on the device, not on the
+    degrees the estimate varies, so the note counts them at the file's tp."""
+    if PERSIST not in flat and MODEL_PERSIST not in flat:
+        return
+    threshold = elements(flat, PERSIST, 100_000, HF_AUTO_PERSIST * hidden_size, notes)
+    cap = elements(flat, MODEL_PERSIST, ELEMENTS_MAX)
+    total, count, kinds = 0, 0, []
+    for name, numel, n in parameter_sizes(spec, tp):
+        for _ in range(n):
+            if numel + total > cap or numel > threshold:
+                continue
+            total, count = total + numel, count + 1
+            if name not in kinds:
+                kinds.append(name)
+    from ndplan.units import fmt_bytes
+    extra = 2 * total * (1 - 1 / dp)
+    notes.append(f"{PERSIST} {threshold:,}: read, not modelled: parameters of at most {threshold:,} elements stay "
+                 f"unpartitioned on every rank (runtime/zero/parameter_offload.py:317-335): here {count:,} "
+                 f"({', '.join(kinds) or 'none'}; {total:,} elements), about {fmt_bytes(extra)} per device of "
+                 "16-bit weights beyond their ZeRO-3 partitions")
+
+
+def parameter_sizes(spec, tp: int) -> list[tuple[str, int, int]]:
+    """(kind, elements on one device, how many) of each parameter tensor, in the order of the
+    Hugging Face modules (embedding, layers, final norm, head), TP-split as params.py splits
+    them; one device holds every expert (ep = 1: DeepSpeed sets ep in the model code)."""
+    h, a, kv, d = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    split = lambda n: max(n // tp, 1)  # noqa: E731
+    norm = [("norms", h, 2 if spec.layernorm else 1)]
+    out = [("embedding", split(spec.vocab_size * h), 1)]
+    if spec.learned_positions:
+        out.append(("embedding", spec.max_position_embeddings * h, 1))
+    for kind in spec.layer_kinds or ["moe" if spec.is_moe else "dense"] * spec.num_hidden_layers:
+        layer = list(norm)
+        if spec.is_mla:
+            dq, dr, dv = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
+            if spec.q_lora_rank:
+                layer += [("attention", h * spec.q_lora_rank, 1), ("norms", spec.q_lora_rank, 1),
+                          ("attention", split(spec.q_lora_rank * a * dq), 1)]
+            else:
+                layer.append(("attention", split(h * a * dq), 1))
+            layer += [("attention", h * (spec.kv_lora_rank + dr), 1), ("norms", spec.kv_lora_rank, 1),
+                      ("attention", split(spec.kv_lora_rank * a * (spec.qk_nope_head_dim + dv)), 1),
+                      ("attention", split(a * dv * h), 1)]
+        else:
+            layer += [("attention", split(h * a * d), 1), ("attention", split(h * kv * d), 2),
+                      ("attention", split(a * d * h), 1)]
+            if spec.attention_bias:
+                layer += [("biases", split(a * d), 1), ("biases", split(kv * d), 2)]
+                if not spec.implicit_qkv_bias:
+                    layer.append(("biases", h, 1))
+            if spec.qk_norm:
+                layer.append(("norms", d, 2))
+        layer += norm
+        if kind == "moe":
+            layer.append(("router", spec.num_experts * h, 1))
+            if spec.router_bias:
+                layer.append(("router", spec.num_experts, 1))
+            layer.append(("experts", h * spec.moe_intermediate_size, 3 * spec.num_experts))
+            if spec.shared_intermediate_size:
+                layer.append(("MLP", split(h * spec.shared_intermediate_size), 3))
+        else:
+            f = spec.intermediate_size
+            layer.append(("MLP", split(h * f), 3 if spec.gated_mlp else 2))
+            if spec.mlp_bias:
+                layer += [("biases", split(f), 1), ("biases", h, 1)]
+        out += layer
+    out += norm
+    if not spec.tie_word_embeddings:
+        out.append(("head", split(spec.vocab_size * h), 1))
     return out
 
 
 BUCKET = "zero_optimization.reduce_bucket_size"
 OVERLAP = "zero_optimization.overlap_comm"
+CONTIGUOUS = "zero_optimization.contiguous_gradients"
 
 
-def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list) -> dict:
+def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list, offload: bool = False) -> dict:
     """reduce_bucket_elements and reduce_bucket_double: ``reduce_bucket_size`` (default 5e8;
     the Hugging Face Trainer fills ``"auto"`` with hidden_size x hidden_size,
     transformers integrations/deepspeed.py:199-229) and ``overlap_comm`` (default on at
-    stage 3 only, zero/config.py:384-387)."""
+    stage 3 only, zero/config.py:384-387); with ``contiguous_gradients`` false (default true,
+    zero/config.py:102) no bucket is allocated, except at ZeRO-1/2 with optimizer offload."""
     size = flat.get(BUCKET, 500_000_000)
     if size == "auto":
         size = hidden_size * hidden_size
@@ -183,14 +360,24 @@ def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list) -> dic
     overlap = flat.get(OVERLAP, zero == 3)
     if not isinstance(overlap, bool):
         raise NdplanError(OVERLAP, overlap, "not true or false", '"overlap_comm": true')
+    contiguous = _switch(flat, CONTIGUOUS) if CONTIGUOUS in flat else True
+    if not contiguous and not (offload and zero in (1, 2)):
+        # no bucket buffer is allocated: stage_1_and_2.py:300 (contiguous_gradients or cpu_offload), 3260-3278;
+        # stage3.py:780-784
+        size = 0
     return {"reduce_bucket_elements": size, "reduce_bucket_double": int(overlap and zero in (1, 2))}
 
 
-def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list) -> str:
-    """The deepspeed engine with the settings above (settings equal to the profile's left out)."""
+def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list, pipeline_bf16: bool = False) -> str:
+    """The deepspeed engine with the settings above (settings equal to the profile's left out);
+    ``pipeline_bf16``: the BF16_Optimizer of ``pipeline_bf16`` (bf16 accumulation)."""
     from ndplan.engines import DEEPSPEED, derive
     settings = optimizer_settings(flat, notes)
-    wrapper = bf16_optimizer_settings(flat, zero, offload, notes)
+    if pipeline_bf16:
+        wrapper = {"fp32_grad_accumulation": 1, "lp_grad_bytes": 0 if _switch(flat, IMMEDIATE) else 2}
+    else:
+        wrapper = bf16_optimizer_settings(flat, zero, offload, notes)
     settings |= precision_settings(flat, zero, offload, settings, notes, bool(wrapper)) | wrapper
-    settings |= zero3_settings(flat, zero, notes) | bucket_settings(flat, zero, hidden_size, notes)
+    settings |= zero3_settings(flat, zero, hidden_size, notes)
+    settings |= bucket_settings(flat, zero, hidden_size, notes, offload)
     return derive("deepspeed", {k: v for k, v in settings.items() if getattr(DEEPSPEED, k) != v})

@@ -25,7 +25,9 @@ engine megatron, with the optimizer (``--optimizer``, ``--sgd-momentum``, the
 precision-aware optimizer's state dtypes), ``--recompute-modules`` and the MoE capacity
 (``--moe-expert-capacity-factor``, ``--moe-pad-expert-input-to-capacity``), DeepEP's
 buffer (``--moe-token-dispatcher-type flex`` with the deepep backend) and the fp8 recipe's
-saved fp8 inputs and cached fp8 weights as its settings (interop.megatron_memory). Read and stated in a note, not modelled: the fp8 GEMMs'
+saved fp8 inputs and cached fp8 weights as its settings (interop.megatron_memory), and
+Megatron-FSDP's main-weight dtype, communication unit and double buffers (interop.megatron_fsdp).
+Read and stated in a note, not modelled: the fp8 GEMMs'
 quantisation scratch, the allgather, hybridep and ncclep dispatchers' buffers.
 
 Architecture (dense, MoE, MLA, MTP, vocabulary) from the flags: interop.megatron_model;
@@ -42,8 +44,8 @@ from pathlib import Path
 
 from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
-from ndplan.interop import megatron_memory as MX, megatron_model as MM, shell
-from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
+from ndplan.interop import launcher, megatron_fsdp as MF, megatron_memory as MX, megatron_model as MM, shell
+from ndplan.interop.base import CheckInput, int_arg, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
 from ndplan.layouts import layers_per_stage
@@ -51,9 +53,11 @@ from ndplan.layouts import layers_per_stage
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
 MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
-                "fp8_recipe": "--fp8-recipe"} | MX.FLAGS
-"""Flags with a value that change memory and are not parallel degrees (argparse dest -> flag)."""
-MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"} | MX.SWITCHES
+                "fp8_recipe": "--fp8-recipe", "fp8_amax_history": "--fp8-amax-history-len",
+                "fp8_amax_algo": "--fp8-amax-compute-algo"} | MX.FLAGS | MF.FLAGS
+"""Flags with a value that change memory and are not parallel degrees (argparse dest -> flag);
+the amax flags are read into the fp8 note (their per-tensor history is not modelled)."""
+MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"} | MX.SWITCHES | MF.SWITCHES
 """(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
 FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
@@ -119,17 +123,7 @@ def locate(text: str) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- model, strategy
 
-def _int(args, name: str, flag: str, default=None, lo: int = 1):
-    v = getattr(args, name)
-    if v is None:
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise NdplanError(flag, v, "not an integer", "set the variable it uses in the script, or write the number") from None
-    if lo == 0 and n == 0:
-        return 0
-    return positive(flag, n, "the Megatron-LM arguments")
+_int = int_arg
 
 
 def _getter(args):
@@ -236,22 +230,32 @@ def _fp8(args, notes: list) -> str:
     distrib_optimizer.py:421-445), else the engine's."""
     if args.fp8_format is not None and args.fp8_format not in FP8_FORMATS:
         raise NdplanError(FLAG["fp8_format"], args.fp8_format, "not an fp8 format", f"give one of {', '.join(FP8_FORMATS)}")
-    if args.fp8_param_gather and args.fp8_format:
-        notes.append("--fp8-param-gather: weights held in fp8 (ndplan counts every weight in fp8; Megatron keeps "
-                     "embeddings, norms and biases in bf16)")
+    if not args.fp8_format:
+        return "auto"
+    recipe = args.fp8_recipe or "delayed"
+    notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {recipe}: fp8 GEMMs (the quantisation scratch of "
+                 "each GEMM and the amax history are not modelled" + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
+    if args.fp8_param_gather:
+        notes.append("--fp8-param-gather: the decoder layers' weights held in fp8, the embedding and output layer in "
+                     "bf16 (states.FP8_VOCAB_BYTES)")
         return "fp8"
-    if args.fp8_format:
-        notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {args.fp8_recipe or 'delayed'}: fp8 GEMMs "
-                     "(the quantisation scratch of each GEMM is not modelled)")
     return "auto"
 
 
+_FP8_RECIPE_NOTE = {
+    "mxfp8": "; MXFP8's block scales, one E8M0 byte per 32 elements of every fp8 copy (3 % of the fp8 bytes), are "
+             "not counted; Transformer Engine runs MXFP8 on Blackwell only",
+    "blockwise": "; the blockwise recipe's fp32 scales (4 B per 128 activation elements, per 128x128 weight "
+                 "block) are not counted",
+}
+"""What the fp8 recipes add that the estimate leaves out (Transformer Engine's MXFP8BlockScaling:
+32-element blocks with E8M0 scales; Float8BlockScaling: 1x128 / 128x128 blocks, fp32 scales)."""
+
+
 def _moe_notes(args, spec, notes: list) -> None:
-    if not spec.is_moe:
-        return
-    if (args.dispatcher or "allgather") == "allgather":
-        notes.append(f"{MEMORY_FLAGS['dispatcher']} allgather" + ("" if args.dispatcher else " (Megatron's default)")
-                     + ": the dispatcher's buffers are estimated as the all-to-all's")
+    if spec.is_moe and not args.dispatcher:
+        notes.append(f"{MEMORY_FLAGS['dispatcher']} not given: Megatron's default allgather (tokens gathered over "
+                     "tp x ep; transformer_config.py:891-903)")
 
 
 def _expansions(ws, notes: list) -> None:
@@ -339,6 +343,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
 fields = X.fields
 
 
+def set_devices(text: str, devices: int) -> str | None:
+    """The script with torchrun launching ``devices`` processes (interop.launcher), or None."""
+    return launcher.set_devices(text, devices, os.environ)
+
+
 def current(ci: CheckInput) -> dict:
     """The exporter's flags as the file sets them (its words after expansion): the values a
     proposal compares with when the exporter cannot write the file's own strategy."""
@@ -357,8 +366,8 @@ def follow_up(ci: CheckInput, strat) -> dict:
     if "--use-megatron-fsdp" not in {w for w, _ in words(ci.text)}:
         return {}
     name = {z: n for n, z in SHARDING_ZERO.items()}[strat.zero]
-    return {MEMORY_FLAGS["sharding"]: name, FLAG["fsdp2"]: REMOVE, FLAG["no_grad_fusion"]: True,
-            FLAG["distributed_optimizer"]: True}
+    out = {FLAG["fsdp2"]: REMOVE, FLAG["no_grad_fusion"]: True, FLAG["distributed_optimizer"]: True}
+    return out | ({MEMORY_FLAGS["sharding"]: name} if strat.zero != ci.strategy.zero else {})
 
 
 def _flag_re(flag: str, switch: bool) -> re.Pattern:

@@ -169,7 +169,8 @@ def _sms(args) -> int:
 
 
 def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
-    """deepep_sms for the flex dispatcher with the deepep backend, with Megatron's refusals:
+    """moe_allgather_dispatch for the allgather dispatcher (the default), deepep_sms for the flex
+    dispatcher with the deepep backend, with Megatron's refusals:
     --moe-enable-deepep needs flex (transformer_config.py:1743-1745), deepep cannot pad to
     capacity (:1755-1761), the group tp_ep = etp x ep must have more than one rank
     (token_dispatcher.py:1836), and DeepEP takes only the group sizes of its config table
@@ -185,9 +186,8 @@ def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
             raise NdplanError(FLAGS["flex_backend"], "hybridep", "conflicts with --moe-enable-deepep "
                               "(transformer_config.py:1746-1747)", "drop one of them")
         backend = "deepep"
-    if is_moe and kind == "allgather":
-        notes.append(f"{FLAGS['dispatcher']} allgather (Megatron's default): its buffers are estimated as the alltoall "
-                     "dispatcher's (moe_rows_saved, moe_dispatch_rows; not derived for allgather)")
+    if is_moe and kind == "allgather":  # the tokens gathered over tp x ep (EngineProfile.moe_allgather_dispatch)
+        return {"moe_allgather_dispatch": 1}
     if not is_moe or kind != "flex":
         return {}
     if backend != "deepep":
@@ -219,6 +219,9 @@ def fp8_settings(args, zero: int, notes: list) -> dict:
     if args.no_transpose_cache:
         notes.append(f"{SWITCHES['no_transpose_cache']}: each forward quantizes the weights anew; those fp8 "
                      "copies, saved for the backward, are not modelled")
+    elif zero >= 3 and args.megatron_fsdp and args.fp8_param_gather:
+        notes.append("Megatron-FSDP with fp8 primary weights: each gathered layer in fp8 and the running layer's "
+                     "transpose in backward (mem.zero3_gather, formulas/megatron_fsdp.py)")
     elif zero >= 3:
         notes.append("fp8 weight copies under ZeRO-3 / Megatron-FSDP are not modelled")
     else:
@@ -232,7 +235,8 @@ def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1, 
     """The megatron engine with all of the above (engines.derive; settings equal to the
     profile's are left out)."""
     from ndplan.engines import MEGATRON, derive
+    from ndplan.interop import megatron_fsdp
     settings = (optimizer_settings(args, notes) | recompute_settings(args, selective, notes)
                 | capacity_settings(args, is_moe, notes) | dispatcher_settings(args, is_moe, ep_ranks, notes)
-                | fp8_settings(args, zero, notes))
+                | fp8_settings(args, zero, notes) | megatron_fsdp.settings(args, zero, notes))
     return derive("megatron", {k: v for k, v in settings.items() if getattr(MEGATRON, k) != v})

@@ -24,7 +24,8 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
 * seq <- ``model_config.seq_length``; zero <- 1 when
   ``parallel.enable_parallel_optimizer`` (weights + moments sharded over dp; the mindspore
   engine profile shards weights from zero >= 1); engine mindspore; flash_attention <-
-  ``use_flash_attention``; weight_dtype fp32 when ``param_init_type`` is float32.
+  ``use_flash_attention``; weight_dtype fp32 when ``param_init_type`` (mcore: ``params_dtype``,
+  default float32) is float32; offload_optimizer <- ``optimizer.swap``.
 * recompute: ``recompute`` True -> full (selective settings then do nothing); a per-stage
   list -> full on that many layers per stage (a VPP list of lists: the stage totals,
   dealt over the chunks); ``select_recompute`` True -> selective, a list -> selective per
@@ -33,12 +34,14 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
   (chunk, stage), model order v = chunk*pp + stage; the legacy DeepSeek model counts its
   MTP layers in L and on the last stage (``_layers_per_stage``).
 * memory limit <- ``context.max_device_memory`` ("58GB": MindSpore reads GB as 2^30 bytes).
-* engine settings (interop.mindformers_memory): ``optimizer.type`` (Adam variants, CAME),
-  ``optimizer_weight_shard_size`` (the optimizer-parallel group), the legacy MoE
-  ``capacity_factor`` (MoEV2 pads every expert to capacity).
+* engine settings (interop.mindformers_memory, mindformers_optim): ``optimizer.type`` (Adam
+  variants, PmaAdamW, CAME, Muon, SGD, Momentum), ``optimizer_weight_shard_size`` (the
+  optimizer-parallel group), the legacy MoE ``capacity_factor`` (MoEV2 pads every expert to
+  capacity); the mcore capacity keys, which MindFormers' mcore MoE does not apply (a note).
 
 Not modelled (a note each): the CP algorithm, vocab_emb_dp with tp > 1,
 fine_grain_interleave, micro_batch_interleave_num, other optimizer types (counted as Adam),
+Muon's Newton-Schulz scratch and its unsharded MLA projections, gradient_accumulation_shard,
 op-level ``select_recompute`` dicts; seqpipe is estimated as 1f1b with a
 note of what that leaves out; other pipeline schedulers (zero_bubble_v, seqvpp,
 seqsmartvpp, gpipe) are refused.
@@ -308,6 +311,15 @@ def _scheduler(doc: dict, notes: list) -> None:
                           "ndplan models 1f1b and interleaved pipelines (and estimates seqpipe as 1f1b)")
 
 
+def _weight_dtype(doc: dict, mc: dict) -> str:
+    """fp32 for float32 parameters, else bf16 (2 bytes). The mcore model's params_dtype (alias
+    param_init_type) defaults to float32 (parallel_core/model_parallel_config.py:106 at f52743ca);
+    the legacy param_init_type to float16 (models/llama/llama_config.py:153)."""
+    names = ("params_dtype", "param_init_type") if is_mcore(doc) else ("param_init_type", "params_dtype")
+    v = next((mc[k] for k in names if mc.get(k) is not None), "float32" if is_mcore(doc) else "float16")
+    return "fp32" if str(v) in ("float32", "fp32") else "bf16"
+
+
 def _experts(doc: dict, spec, tp: int, notes: list) -> dict:
     """ep <- parallel_config.expert_parallel; etp <- moe_config.expert_model_parallel, else
     model_parallel in the legacy MoE (experts split over model_parallel: llama_layer.py
@@ -349,8 +361,7 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
               seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
               engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
-              weight_dtype="fp32" if "float32" in (str(mc.get("param_init_type")), str(mc.get("params_dtype"))) else "bf16",
-              schedule=default_schedule(vpp))
+              weight_dtype=_weight_dtype(doc, mc), schedule=default_schedule(vpp))
     L = spec.num_hidden_layers
     lps = _layers_per_stage(doc, L, pp, vpp, notes)
     if lps is not None:
@@ -367,7 +378,11 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
         notes.append(f"fine_grain_interleave={mc['fine_grain_interleave']} not modelled")
     if (doc.get("micro_batch_interleave_num") or 1) > 1:
         notes.append(f"micro_batch_interleave_num={doc['micro_batch_interleave_num']} not modelled")
+    if kw["zero"]:
+        notes.append(f"{KEY['zero']} -> zero=1 (MindSpore optimizer parallel: weights and optimizer states "
+                     "sharded over data_parallel); the format has no ZeRO-2/3 level, so zero 2 or 3 reads back as 1")
     from ndplan.interop import mindformers_memory as MFM
+    kw["offload_optimizer"] = MFM.MFO.swap(doc, notes)
     kw["engine"] = MFM.engine(doc, spec, dp=dp, cp=cp, zero=kw["zero"], mcore=is_mcore(doc), notes=notes,
                               weight_bytes=4 if kw["weight_dtype"] == "fp32" else 2)
     return spec, origin, kw, notes

@@ -1,74 +1,33 @@
 """MindFormers yaml keys that change memory without changing the parallel degrees, read
 into engine settings (engines.derive on the mindspore profile): the optimizer type (its states
-and step temporaries), the
-optimizer shard group (``optimizer_weight_shard_size``) and the MoE capacity. Sources are
-at mindspore-lab/mindformers@fd4deebc.
+and step temporaries, interop.mindformers_optim), the optimizer shard group
+(``optimizer_weight_shard_size``) and the MoE capacity (the legacy ``moe_config`` and the mcore
+``model_config`` keys). Sources are at mindspore-lab/mindformers@fd4deebc (legacy MoE, shard
+size) and @f52743ca (mcore).
 """
 
 from __future__ import annotations
 
-from ndplan import optimizers as O
 from ndplan.errors import NdplanError
-from ndplan.interop.mindformers import get  # mindformers imports this module inside read_doc
+from ndplan.interop import mindformers_optim as MFO
+from ndplan.interop.mindformers import MC, get, model_config  # mindformers imports this module inside read_doc
 
-SHARD_SIZE = "parallel.parallel_optimizer_config.optimizer_weight_shard_size"
-OPTIMIZER = "optimizer.type"
+SHARD_SIZE = MFO.SHARD_SIZE
+OPTIMIZER = MFO.OPTIMIZER
 MOE = "moe_config"
+FP32_ADAM = MFO.FP32_ADAM
+optimizer_settings = MFO.optimizer_settings
+GRAD_SHARD = "parallel.parallel_optimizer_config.gradient_accumulation_shard"
 
-FP32_ADAM = ("AdamW", "FusedAdamW", "FP32StateAdamWeightDecay")
-"""Adam variants with fp32 moments: mindformers' AdamW (core/optim/__init__.py registers it; its
-BasicAdamW and FusedAdamW clone exp_avg and exp_avg_sq as float32, adamw.py:162-181,
-fused_adamw.py:163-193), and FP32StateAdamWeightDecay (the profile's, fp32 by name)."""
-
-
-def _flag(doc: dict, key: str) -> bool:
-    v = get(doc, key, False)
-    if not isinstance(v, bool):
-        raise NdplanError(key, v, "not true or false", f"write {key.rsplit('.', 1)[1]}: True")
-    return v
-
-
-def _fused_adamw(doc: dict, name: str, notes: list) -> dict:
-    """``optimizer.use_fused`` (AdamW's default False, core/optim/__init__.py:175-198) or the type
-    FusedAdamW: the fused in-place kernel (gen.AdamW, fused_adamw.py:17-33, 172) updates the
-    parameters and moments in place, so no optimizer-step temporaries (grads are cast to the
-    parameter dtype they already have); ``amsgrad`` adds max_exp_avg_sq (fused_adamw.py:168).
-    The composite AdamW (adamw.py:35-65) builds each new moment out of place before assigning it:
-    the profile's 8 bytes of step temporaries; it refuses amsgrad and maximize (__init__.py:192-193)."""
-    fused = name == "FusedAdamW" or _flag(doc, "optimizer.use_fused")
-    amsgrad, maximize = _flag(doc, "optimizer.amsgrad"), _flag(doc, "optimizer.maximize")
-    if not fused:
-        if amsgrad or maximize:
-            raise NdplanError("optimizer.amsgrad" if amsgrad else "optimizer.maximize", True, "needs use_fused: True "
-                              "(core/optim/__init__.py:192-193)", "add use_fused: True or drop the key")
-        return {}
-    notes.append("fused AdamW: parameters and moments updated in place (no optimizer-step temporaries)"
-                 + ("; amsgrad keeps max_exp_avg_sq" if amsgrad else ""))
-    out = {"optimizer_step_temp_bytes": 0}
-    if amsgrad:
-        out |= O.engine_settings(O.states("adam_amsgrad"))
-    return out
-
-
-def optimizer_settings(doc: dict, weight_bytes: int, notes: list) -> dict:
-    """optimizer_bytes (and step temporaries) of ``optimizer.type``: Adam's fp32 moments (the
-    profile's 8), the fused AdamW's in-place update, CAME's exp_avg in the parameter dtype
-    (``weight_bytes``), else counted as Adam with a note."""
-    name = get(doc, OPTIMIZER)
-    if name in ("AdamW", "FusedAdamW"):
-        return _fused_adamw(doc, name, notes)
-    if name is None or name in FP32_ADAM:
-        return {}
-    if name == "Came":
-        beta1 = get(doc, "optimizer.beta1", 0.9)
-        if not isinstance(beta1, (int, float)) or isinstance(beta1, bool) or beta1 != beta1:
-            raise NdplanError("optimizer.beta1", beta1, "not a number", "give e.g. 0.9")
-        opt = O.states("came" if beta1 and beta1 > 0 else "came_no_momentum")
-        notes.append("Came: its step temporaries (the full-size update, its square and the instability matrix, "
-                     "came.py:60-140) are counted as AdamW's 8 bytes per parameter (not derived)")
-        return O.engine_settings(opt, weight_bytes)
-    notes.append(f"{OPTIMIZER} {name}: its states are counted as Adam's two fp32 moments (not modelled)")
-    return {}
+MCORE_CAPACITY = ("moe_expert_capacity_factor", "capacity_factor")
+"""The two model_config names of TransformerConfig.moe_expert_capacity_factor
+(parallel_core/transformer_config_utils.py:353 at f52743ca)."""
+CAPACITY_BALANCING = ("sub_seq_aux_loss", "seq_aux_loss", "gbs_aux_loss")
+"""Load-balancing types TransformerConfig accepts beside a capacity factor (transformer_config.py:
+536-543); its default is sub_seq_aux_loss (:234)."""
+PAD_TO_CAPACITY = "moe_pad_expert_input_to_capacity"
+"""Megatron-LM's padding switch: not a key MindFormers' mcore model_config maps (transformer_config_utils.py
+COMMON_CONFIG_MAPPING, :198-423), so convert_to_transformer_config refuses it (:500-518)."""
 
 
 def shard_settings(doc: dict, dp: int, cp: int, zero: int, notes: list) -> dict:
@@ -97,8 +56,11 @@ def capacity_settings(doc: dict, spec, mcore: bool, notes: list) -> dict:
     every expert a (capacity, h) block, capacity = ceil(k x tokens x capacity_factor / E) capped
     at the tokens (modules/transformer/moe.py:276-283, 880-889): cf x tokens x k rows, at most
     E x tokens; capacity_factor <= 0 is dynamic (moe.py:1630-1636), and use_gmm's MoEV3 runs a
-    grouped matmul over the routed tokens only (moev3.py:497-521): both dropless."""
-    if not spec.is_moe or mcore:
+    grouped matmul over the routed tokens only (moev3.py:497-521): both dropless. The mcore
+    model: ``mcore_capacity``."""
+    if mcore:
+        return mcore_capacity(doc, notes)
+    if not spec.is_moe:
         return {}
     cf = get(doc, f"{MOE}.capacity_factor", 1.1)  # MoEConfig default (moe.py:131)
     if not isinstance(cf, (int, float)) or isinstance(cf, bool) or cf != cf or abs(cf) > 1e6:
@@ -111,9 +73,60 @@ def capacity_settings(doc: dict, spec, mcore: bool, notes: list) -> dict:
     return {} if permille == 1000 else {"moe_capacity_permille": permille}
 
 
+def mcore_capacity(doc: dict, notes: list) -> dict:
+    """The mcore model's capacity keys, as MindFormers@f52743ca applies them: none. Its
+    TransformerConfig takes ``moe_expert_capacity_factor`` (alias ``capacity_factor``), turns a
+    negative one into None and refuses any with a load-balancing type outside
+    ``CAPACITY_BALANCING`` (transformer_config.py:536-543), but no module of its mcore MoE reads it
+    (parallel_core/training_graph/transformer/moe/: router.py, token_dispatcher.py, moe_layer.py and
+    ffn.py name no capacity): every routed token reaches its experts, dropless, the profile's
+    moe_capacity_permille 0. ``moe_pad_expert_input_to_capacity`` is refused (``PAD_TO_CAPACITY``);
+    a top-level ``moe_config`` is skipped for mcore models (tools/register/template.py:699-700)."""
+    mc = model_config(doc)
+    if PAD_TO_CAPACITY in mc:
+        raise NdplanError(f"{MC}.{PAD_TO_CAPACITY}", mc[PAD_TO_CAPACITY], "is not a MindFormers mcore key: "
+                          "convert_to_transformer_config refuses unexpected keys (parallel_core/"
+                          "transformer_config_utils.py:500-518 at f52743ca), and its mcore MoE pads no expert",
+                          "drop the key (MindFormers' mcore MoE routes dropless)")
+    moe = doc.get(MOE)
+    if isinstance(moe, dict) and moe:
+        notes.append(f"{MOE} ({', '.join(map(str, moe))}): skipped for mcore models (tools/register/template.py:"
+                     "699-700); the MoE is defined by model_config")
+    given = [k for k in MCORE_CAPACITY if k in mc]
+    if len(given) == 2:
+        raise NdplanError(f"{MC}.capacity_factor", mc["capacity_factor"], "sets moe_expert_capacity_factor a second "
+                          "time, which convert_to_transformer_config refuses (transformer_config_utils.py:480-485, "
+                          "518)", "keep one of the two keys")
+    if not given or mc[given[0]] is None:
+        return {}
+    key = f"{MC}.{given[0]}"
+    cf = mc[given[0]]
+    if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf != cf or abs(cf) > 1e6:
+        raise NdplanError(key, cf, "not a number", "give e.g. 1.5, or drop it (MindFormers' mcore MoE is dropless)")
+    balancing = mc.get("moe_router_load_balancing_type", "sub_seq_aux_loss")
+    if balancing not in CAPACITY_BALANCING:
+        raise NdplanError(f"{MC}.moe_router_load_balancing_type", balancing, f"MindFormers refuses "
+                          f"{given[0]} with it (transformer_config.py:536-543)",
+                          f"use one of {', '.join(CAPACITY_BALANCING)}, or drop {given[0]}")
+    if cf >= 0:
+        notes.append(f"{given[0]} {cf:g}: accepted by MindFormers' TransformerConfig but read by no module of its "
+                     "mcore MoE (parallel_core/training_graph/transformer/moe at f52743ca): routing stays dropless, "
+                     "and is estimated so")
+    return {}
+
+
+def grad_shard_note(doc: dict, notes: list) -> None:
+    """``gradient_accumulation_shard`` (default False, trainer/training_args.py:670-671 at f52743ca)
+    shards the accumulated gradients over data_parallel; the mindspore profile keeps them whole."""
+    if MFO.flag(doc, GRAD_SHARD):
+        notes.append(f"{GRAD_SHARD.rsplit('.', 1)[1]}: the accumulated gradients sharded over data_parallel are "
+                     "counted whole (not modelled)")
+
+
 def engine(doc: dict, spec, *, dp: int, cp: int, zero: int, weight_bytes: int, mcore: bool, notes: list) -> str:
     """The mindspore engine with the settings above (settings equal to the profile's left out)."""
     from ndplan.engines import MINDSPORE, derive
-    settings = (optimizer_settings(doc, weight_bytes, notes) | shard_settings(doc, dp, cp, zero, notes)
-                | capacity_settings(doc, spec, mcore, notes))
+    settings = (optimizer_settings(doc, spec, weight_bytes, mcore=mcore, dp=dp, zero=zero, notes=notes)
+                | shard_settings(doc, dp, cp, zero, notes) | capacity_settings(doc, spec, mcore, notes))
+    grad_shard_note(doc, notes)
     return derive("mindspore", {k: v for k, v in settings.items() if getattr(MINDSPORE, k) != v})

@@ -4,12 +4,15 @@ the lines of the keys that change (comments, order and every other line are kept
 One editor per syntax, each with ``locate(text) -> {dotted key: line index}`` and
 ``edit(text, changes) -> text`` where ``changes`` maps a dotted key to its new value,
 or to ``REMOVE``. Supported layouts: block YAML (MindFormers configs), TOML tables
-(torchtitan), and JSON with one member per line (``json.dumps(indent=...)`` style;
-other JSON is re-serialised with two-space indentation, key order kept).
+(torchtitan), and JSON: ``json_locate`` finds keys in any layout; ``json_edit`` edits in
+place text with one member per line (``json.dumps(indent=...)`` style), replaces the values of
+keys a file has in any layout, and re-serialises other edits (keys added or removed in JSON not
+written one member per line) with two-space indentation, key order kept.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 
@@ -173,8 +176,127 @@ _JSON_MEMBER = re.compile(r'^(\s*)"([^"]+)"\s*:\s*(.*?)(,?)\s*$')
 
 
 def json_locate(text: str) -> dict[str, tuple[int, int, int]] | None:
-    """Dotted key -> (line index, indent, closing line index for objects else -1), or
-    None when the text does not hold one member per line."""
+    """Dotted key -> (line index, column of its opening quote, line index of the closing
+    ``}`` for object values else -1) of every member of every object reached through objects,
+    in any valid JSON layout (``{"a": 1, "b": {"c": 2,`` and the rest); a key given twice
+    takes its last place, as ``json.loads`` keeps the last value. Members of objects inside
+    arrays have no dotted key and are not listed. None when the text is not valid JSON."""
+    try:
+        return _JsonScan(text).members()
+    except (ValueError, IndexError):
+        return None
+
+
+class _JsonScan:
+    """A JSON scanner (RFC 8259 grammar) that records where each object member's key is:
+    ``json`` gives values but not positions."""
+
+    _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+    _STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"')
+    _LITERALS = ("true", "false", "null")
+
+    def __init__(self, text: str):
+        self.t, self.i = text, 0
+        # line breaks as str.splitlines() makes lines of a JSON text (\n, \r\n, lone \r)
+        self.starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
+        self.out: dict[str, tuple[int, int, int]] = {}
+        self.spans: dict[str, tuple[int, int]] = {}  # dotted key -> [start, end) offsets of its value
+
+    def members(self) -> dict[str, tuple[int, int, int]]:
+        self._value("")
+        self._ws()
+        if self.i != len(self.t):
+            raise ValueError("extra data after the JSON value")
+        return self.out
+
+    def _where(self, pos: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.starts, pos) - 1
+        return line, pos - self.starts[line]
+
+    def _ws(self) -> None:
+        while self.i < len(self.t) and self.t[self.i] in " \t\n\r":
+            self.i += 1
+
+    def _expect(self, c: str) -> None:
+        self._ws()
+        if self.t[self.i] != c:
+            raise ValueError(f"expected {c!r} at offset {self.i}")
+        self.i += 1
+
+    def _string(self) -> str:
+        m = self._STRING.match(self.t, self.i)
+        if not m:
+            raise ValueError(f"bad string at offset {self.i}")
+        self.i = m.end()
+        return json.loads(m.group())
+
+    def _value(self, path: str | None) -> None:
+        """One value; ``path``: its dotted key when it is a member of an object reached
+        through objects ("" for the root), None inside arrays."""
+        self._ws()
+        c = self.t[self.i]
+        if c == "{":
+            self._object(path)
+        elif c == "[":
+            self.i += 1
+            self._ws()
+            if self.t[self.i] == "]":
+                self.i += 1
+                return
+            while True:
+                self._value(None)
+                self._ws()
+                c = self.t[self.i]
+                self.i += 1
+                if c == "]":
+                    return
+                if c != ",":
+                    raise ValueError(f"expected ',' or ']' at offset {self.i - 1}")
+        elif c == '"':
+            self._string()
+        else:
+            m = self._NUMBER.match(self.t, self.i)
+            word = next((w for w in self._LITERALS if self.t.startswith(w, self.i)), None)
+            if word:
+                self.i += len(word)
+            elif m:
+                self.i = m.end()
+            else:
+                raise ValueError(f"unexpected {c!r} at offset {self.i}")
+
+    def _object(self, path: str | None) -> None:
+        self.i += 1  # "{"
+        self._ws()
+        if self.t[self.i] == "}":
+            self.i += 1
+            return
+        while True:
+            self._ws()
+            at = self.i
+            key = self._string()
+            self._expect(":")
+            dotted = None if path is None else (f"{path}.{key}" if path else key)
+            self._ws()
+            is_object, start = self.t[self.i] == "{", self.i
+            self._value(dotted)
+            if dotted is not None:
+                line, col = self._where(at)
+                self.out.pop(dotted, None)  # the last occurrence wins, and keeps its order
+                self.out[dotted] = (line, col, self._where(self.i - 1)[0] if is_object else -1)
+                self.spans[dotted] = (start, self.i)
+            self._ws()
+            c = self.t[self.i]
+            self.i += 1
+            if c == "}":
+                return
+            if c != ",":
+                raise ValueError(f"expected ',' or '}}' at offset {self.i - 1}")
+
+
+def _json_line_layout(text: str) -> dict[str, tuple[int, int, int]] | None:
+    """json_locate's places when the text holds one member per line (``json.dumps(indent=...)``
+    style, objects written on one line kept whole: their members are not listed), which
+    json_edit rewrites line by line; None for any other layout (json_edit re-serialises)."""
     out, stack = {}, []  # stack: dotted key of open objects
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -208,19 +330,88 @@ def _closed(val: str) -> bool:
         return False
 
 
+def _ancestors(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _line_editable(key: str, line: dict, spans: dict) -> bool:
+    """Can the line editor place ``key``? It is a member line, or a new key under the root or under
+    an object written over several lines (not inside an object written on one line)."""
+    if key in line:
+        return True
+    if key in spans:
+        return False
+    ancestors = [a for a in _ancestors(key) if a in spans]
+    return not ancestors or (ancestors[-1] in line and line[ancestors[-1]][2] != -1)
+
+
+def _json_splice(text: str, changes: dict) -> str | None:
+    """``changes`` made in the text as it stands, in any layout: a key's value replaced where it is,
+    a new key added first in its deepest existing object (on its own line when that object's members
+    are on lines of their own). None when a change removes a key."""
+    if any(v is REMOVE for v in changes.values()):
+        return None
+    for key, value in changes.items():  # one at a time: every edit moves the offsets after it
+        scan = _JsonScan(text)
+        scan.members()
+        if key in scan.spans:
+            start, end = scan.spans[key]
+            text = text[:start] + json.dumps(value) + text[end:]
+            continue
+        parts = key.split(".")
+        k = len(parts) - 1
+        while k > 0 and ".".join(parts[:k]) not in scan.spans:
+            k -= 1
+        brace = scan.spans[".".join(parts[:k])][0] if k else len(text) - len(text.lstrip())
+        if text[brace] != "{":
+            return None
+        member = value
+        for name in reversed(parts[k + 1:]):
+            member = {name: member}
+        member = f"{json.dumps(parts[k])}: {json.dumps(member)}"
+        at = brace + 1
+        ws = re.match(r"[ \t\r\n]*", text[at:]).group()
+        if text[at + len(ws)] == "}":
+            text = text[:at] + member + text[at:]
+        elif "\n" in ws or "\r" in ws:
+            text = text[:at] + ws + member + "," + text[at:]
+        else:
+            text = text[:at] + member + ", " + text[at:]
+    return text
+
+
 def json_edit(text: str, changes: dict) -> str:
-    if json_locate(text) is None:
-        from ndplan.export.common import flatten, nest
-        doc = flatten(json.loads(text))
+    """``text`` with ``changes`` made: line by line in a one-member-per-line file, else in place
+    (``_json_splice``); re-serialised when a key is removed from another layout or a key is set
+    under a member that is not an object."""
+    from ndplan.export.common import flatten, nest
+    doc = flatten(json.loads(text))
+    # a key set under a member that is not an object ("zero_optimization": true, DeepSpeed's deprecated
+    # form) replaces that member: re-serialised
+    scalar_parent = any(a in doc and not isinstance(doc[a], dict)
+                        for k, v in changes.items() if v is not REMOVE for a in _ancestors(k))
+    line = None if scalar_parent else _json_line_layout(text)
+    if not scalar_parent:
+        scan = _JsonScan(text)
+        scan.members()
+        if line is None or not all(_line_editable(k, line, scan.spans) for k in changes):
+            spliced = _json_splice(text, changes)
+            if spliced is not None:
+                return spliced
+            line = None
+    if line is None:
         for k, v in changes.items():
             if v is REMOVE:
                 doc.pop(k, None)
             else:
+                for a in _ancestors(k):
+                    doc.pop(a, None)
                 doc[k] = v
         return json.dumps(nest(doc), indent=2) + "\n"
     lines = text.splitlines()
     for key, value in changes.items():
-        loc = json_locate("\n".join(lines))
+        loc = _json_line_layout("\n".join(lines))
         if key in loc:
             i, ind, _ = loc[key]
             if value is REMOVE:

@@ -46,11 +46,14 @@ DEFAULTS = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "cp": 1, "pp": 1, "ep": 
 
 
 def _catalog_model(flat: dict):
-    """The catalog model of ``[model] name/flavor``: torchtitan's flavor table (X.FLAVORS),
-    else ``<name>-<flavor>`` when the catalog has it."""
+    """The catalog model of ``[model] name/flavor``: torchtitan's flavor tables (X.FLAVORS, and
+    X.FLAVOR_VARIANTS, the 0.2.x flavors that differ only in attention), else
+    ``<name>-<flavor>`` when the catalog has it."""
     name, flavor = flat.get(KEY["model_name"]), flat.get(KEY["model_flavor"])
     if (name, flavor) in X.FLAVORS:
         return X.FLAVORS[(name, flavor)]
+    if (name, flavor) in X.FLAVOR_VARIANTS:
+        return X.FLAVOR_VARIANTS[(name, flavor)][0]
     if name and flavor and f"{name}-{str(flavor).lower()}" in catalog_names("models"):
         return f"{name}-{str(flavor).lower()}"
     return None
@@ -237,12 +240,17 @@ def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=N
         return flat.get(KEY[k], DEFAULTS.get(k))
 
     guess = _catalog_model(flat) if model is None else None
+    named = (flat.get(KEY["model_name"]), flat.get(KEY["model_flavor"]))
+    what = "torchtitan's test model, not a catalog model" if named in X.DEBUG_FLAVORS else "not a catalog model"
     spec, origin = resolve_model(model if guess is None else guess, None, "",
                                  f"{path.name} names the model only as [model] name/flavor "
-                                 f"({flat.get(KEY['model_name'])!r}/{flat.get(KEY['model_flavor'])!r}), not a catalog model")
+                                 f"({named[0]!r}/{named[1]!r}), {what}")
     if guess:
         origin = f"[model] name/flavor -> catalog {guess}"
     notes: list[str] = list(notes)
+    variant = X.FLAVOR_VARIANTS.get((flat.get(KEY["model_name"]), flat.get(KEY["model_flavor"])))
+    if variant:
+        notes.append(variant[1])
     tp, cp, pp = (positive(KEY[k], get(k), path.name) for k in ("tp", "cp", "pp"))
     rep, shard, gpus, gsrc = _data_parallel(get, path, gpus, tp, pp, cp)
     dp = rep * shard

@@ -1,0 +1,116 @@
+"""The device count a shell launch states: torchrun's ``--nproc_per_node`` x ``--nnodes``
+(``--nnodes`` 1 when absent, torch/distributed/run.py ``--nnodes`` default "1:1"), read
+and rewritten where the script sets it.
+
+A value written on the flag's own line is replaced there; a value that comes from a
+script variable (``NNODES=2``, ``NNODES=${SLURM_NNODES:-2}``) is replaced at the
+variable's assignment (the literal, or the ``${...:-default}`` default); a value taken
+from the environment cannot be written into the file (``None``: the caller says how to
+launch instead). Every rewrite is checked by reading the words again.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ndplan.interop import shell
+
+NPROC = ("--nproc_per_node", "--nproc-per-node")
+NNODES = "--nnodes"
+
+
+def _flag_value(ws: list[shell.Word], flags: tuple[str, ...]) -> tuple[int, shell.Word, bool] | None:
+    """(index of the flag word, value word, joined by ``=``) of the last occurrence of ``flags``."""
+    found = None
+    for k, w in enumerate(ws):
+        name, eq, _ = w.text.partition("=")
+        if name in flags:
+            if eq:
+                found = (k, w, True)
+            elif k + 1 < len(ws):
+                found = (k, ws[k + 1], False)
+    return found
+
+
+def launched(ws: list[shell.Word]) -> tuple[int, int] | None:
+    """(processes per node, nodes) torchrun starts, or None when the script does not say
+    (no ``--nproc_per_node``, or a value that is not a whole number, e.g. ``gpu``)."""
+    p = _flag_value(ws, NPROC)
+    if p is None:
+        return None
+    n = _flag_value(ws, (NNODES,))
+    per = p[1].text.partition("=")[2] if p[2] else p[1].text
+    nodes = "1" if n is None else (n[1].text.partition("=")[2] if n[2] else n[1].text)
+    return (int(per), int(nodes)) if per.isdigit() and nodes.isdigit() else None
+
+
+def _number(name: str) -> str:
+    """A whole number, bare or quoted (groups ``{name}q`` the quote, ``{name}`` the digits)."""
+    return rf"(?P<{name}q>[\"']?)(?P<{name}>\d+)(?P={name}q)"
+
+
+def _replace_value(lines: list[str], ws: list[shell.Word], flags: tuple[str, ...], new: int) -> bool:
+    """Write ``new`` where the script sets the value of ``flags``: on the flag's line, or at
+    the last assignment of the variable written there; False when it cannot."""
+    k, value, joined = _flag_value(ws, flags)
+    if any("from the environment" in s for s in value.sources):
+        return False
+    line = ws[k].line
+    alts = "|".join(re.escape(f) for f in flags)
+    literal = re.compile(r"(?<![\w-])(?:" + alts + r")(?:=|[ \t]+)" + _number("v") + r"(?![\w-])")
+    if literal.search(lines[line]):
+        lines[line] = _sub_digits(literal, lines[line], "v", new)
+        return True
+    ref = re.search(r"(?<![\w-])(?:" + alts + r")(?:=|[ \t]+)\"?\$\{?(\w+)\}?\"?(?![\w-])", lines[line])
+    if not ref:
+        return False
+    assign = re.compile(r"^\s*(?:export\s+)?" + re.escape(ref.group(1)) + r"=(?:" + _number("v") + r"|\$\{\w+:?[-=]"
+                        + _number("d") + r"\})\s*(?:#.*)?$")
+    at = next((i for i in range(line, -1, -1) if re.match(r"^\s*(?:export\s+)?" + re.escape(ref.group(1)) + "=",
+                                                          lines[i])), None)
+    m = assign.match(lines[at]) if at is not None else None
+    if not m:
+        return False
+    lines[at] = _sub_digits(assign, lines[at], "v" if m.group("v") is not None else "d", new)
+    return True
+
+
+def _sub_digits(rx: re.Pattern, line: str, group: str, new: int) -> str:
+    """``line`` with the digits of ``group`` of ``rx``'s first match replaced by ``new``."""
+    m = rx.search(line)
+    return line[:m.start(group)] + str(new) + line[m.end(group):]
+
+
+def _add_nnodes(lines: list[str], ws: list[shell.Word], nodes: int) -> bool:
+    """``--nnodes N`` written after ``--nproc_per_node``'s value (same line)."""
+    k, value, joined = _flag_value(ws, NPROC)
+    line = ws[k].line
+    rx = re.compile(r"((?<![\w-])(?:" + "|".join(re.escape(f) for f in NPROC) + r")(?:=|[ \t]+)\S+)")
+    if not rx.search(lines[line]):
+        return False
+    lines[line] = rx.sub(lambda m: f"{m.group(1)} {NNODES} {nodes}", lines[line], count=1)
+    return True
+
+
+def set_devices(text: str, devices: int, environ: dict | None = None) -> str | None:
+    """``text`` with torchrun launching ``devices`` processes: whole nodes of the script's
+    per-node count when it divides ``devices``, else one node of ``devices``; None when
+    the script does not state its count or states it somewhere this cannot write (the
+    environment, a computed value)."""
+    ws = shell.read_words(text, environ)
+    now = launched(ws)
+    if now is None:
+        return None
+    per, nodes = now
+    new_per, new_nodes = (per, devices // per) if devices % per == 0 else (devices, 1)
+    lines = text.splitlines()
+    if new_per != per and not _replace_value(lines, ws, NPROC, new_per):
+        return None
+    ws_nodes = _flag_value(ws, (NNODES,))
+    if new_nodes != nodes:
+        ok = _replace_value(lines, ws, (NNODES,), new_nodes) if ws_nodes else _add_nnodes(lines, ws, new_nodes)
+        if not ok:
+            return None
+    out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+    again = launched(shell.read_words(out, environ))
+    return out if again is not None and again[0] * again[1] == devices else None
