@@ -476,6 +476,33 @@ def test_cli_sweep_emit_all(tmp_path):
     assert yaml.safe_load((tmp_path / "rank1.yaml").read_text())["parallel_config"]["pipeline_stage"] == 1
 
 
+def test_cli_sweep_emits_the_best_candidate_the_format_can_express(tmp_path):
+    """DeepSpeed's JSON cannot say sp at tp > 1, interleaved or zero-bubble schedules (the
+    exporter refuses them): --emit writes the best-ranked feasible candidate it accepts, which
+    a walk down the ranking with the exporter's own refusals finds, and says so on stderr."""
+    from ndplan.catalog import load_hardware
+    from ndplan.sweep import sweep
+    space = {"tp": [1, 2], "pp": [1, 2], "cp": [1], "schedule": ["1f1b", "zb-h1"], "zero": [1]}
+    res = sweep(load_model("llama3-8b"), load_hardware("h100-sxm"), 8, 4096, 32, space, top=1,
+                base={"engine": "deepspeed"})
+    first = next(i for i in range(res.feasible) if _expressible("deepspeed", res, i))
+    out = tmp_path / "ds.json"
+    r = CliRunner().invoke(main, ["sweep", "-m", "llama3-8b", "--gpus", "8", "--seq", "4096", "--gbs", "32",
+                                  "--tp", "1,2", "--pp", "1,2", "--cp", "1", "--schedule", "1f1b,zb-h1", "--zero", "1",
+                                  "--engine", "deepspeed", "--emit", "deepspeed", "--emit-out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text()) == json.loads(emit("deepspeed", res.model, res.strategy(first)))
+    assert (first > 0) == (f"the best that can is rank {first + 1}" in r.output)
+
+
+def _expressible(form, res, i) -> bool:
+    try:
+        emit(form, res.model, res.strategy(i))
+        return True
+    except NdplanError:
+        return False
+
+
 def test_mindformers_deals_a_stage_count_over_chunks():
     """MindFormers deals a stage's recompute count over its chunks one layer at a time
     (chunk 0, 1, 0, ...): llama3-70b, pp=4, vpp=2 (10 layers a chunk), 3 selective layers

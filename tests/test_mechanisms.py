@@ -785,19 +785,23 @@ def test_megatron_dispatcher_flags(tmp_path):
 
 def test_megatron_allgather_dispatcher_buffers():
     """MoEAllGatherTokenDispatcher (Megatron-LM@d98e8a64 token_dispatcher.py:233-372), one MoE
-    layer, micro-batch b, tokens s, tp 2 with SP, ep 4: the hidden states of the tp x ep group are
-    gathered into the shared "mpu" buffer, (s b / tp) x tp x ep = s b ep rows of h, 2 B
-    (:299-301; GlobalMemoryBuffer keeps the largest request, utils.py:727-750), larger than the SP
-    all-gather's s b h: the comm_buffers Term. At the combine, the experts' output for every routed
-    row of the local experts (s b ep tokens x k/E x E/ep = s b k rows) beside the unpermuted gathered
-    tokens (s b ep rows, :346-352), the transient; the alltoall's 4 rows of s b k / tp are replaced."""
+    layer, micro-batch b, tokens s, tp 2 with SP, ep 4: the dispatcher's group is expert-TP x EP
+    (its tp_group is expt_tp, :46-52). Its hidden states, (s b / tp) x etp x ep rows of h at 2 B,
+    are gathered into the shared "mpu" buffer (:299-301; GlobalMemoryBuffer keeps the largest
+    request, utils.py:727-750), larger than the SP all-gather's s b h: the comm_buffers Term. At
+    the combine, the experts' output for every routed row of the local experts (gathered tokens
+    x k/E x E/ep) beside the unpermuted gathered tokens (:346-352): the transient, in place of the
+    alltoall's 4 rows of s b k / tp. Cases etp 1 and etp 2."""
     spec, hw = ndplan.load_model("mixtral-8x7b"), ndplan.load_hardware("h100-sxm")
     h, k, tp, ep, b = spec.hidden_size, spec.experts_per_token, 2, 4, 2
-    s = ndplan.Strategy(dp=4, tp=tp, pp=2, ep=ep, mbs=b, gbs=64, seq=SEQ, recompute="none",
-                        engine=derive("megatron", {"moe_allgather_dispatch": 1}))
-    terms = ndplan.estimate(spec, hw, s).per_stage[0]["terms"]  # stage 0 of 2: no loss logits
-    assert terms["mem.comm_buffers"] == 2 * SEQ * b * ep * h
-    off = dataclasses.replace(s, engine=derive("megatron", {"moe_dispatch_rows": 0}))
-    without = ndplan.estimate(spec, hw, off).per_stage[0]["terms"]["mem.transient"]
-    assert terms["mem.transient"] == max(without, 2 * SEQ * b * h * (k + ep))
-    assert 2 * SEQ * b * h * (k + ep) > without  # the combine decides it here
+    for etp in (1, 2):
+        s = ndplan.Strategy(dp=4, tp=tp, pp=2, ep=ep, etp=etp, mbs=b, gbs=64, seq=SEQ, recompute="none",
+                            engine=derive("megatron", {"moe_allgather_dispatch": 1}))
+        terms = ndplan.estimate(spec, hw, s).per_stage[0]["terms"]  # stage 0 of 2: no loss logits
+        gathered = SEQ * b // tp * etp * ep
+        assert terms["mem.comm_buffers"] == 2 * gathered * h
+        off = dataclasses.replace(s, engine=derive("megatron", {"moe_dispatch_rows": 0}))
+        without = ndplan.estimate(spec, hw, off).per_stage[0]["terms"]["mem.transient"]
+        combine = 2 * h * (gathered * k // ep + gathered)
+        assert terms["mem.transient"] == max(without, combine)
+        assert combine > without  # the combine decides it here

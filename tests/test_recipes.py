@@ -403,6 +403,12 @@ LAUNCHES = {
     "quoted-default": ('N=${SLURM_NNODES:-"1"}\nD=(--nproc_per_node 8 --nnodes $N)\ntorchrun ${D[@]} x.py\n', 16,
                        'N=${SLURM_NNODES:-"2"}'),
     "fewer-per-node": ('NGPU=${NGPU:-"8"}\ntorchrun --nproc_per_node=${NGPU} x.py\n', 4, 'NGPU=${NGPU:-"4"}'),
+    # --nnodes added inside the string, array or command that holds --nproc_per_node
+    "string-variable": ('D="--nproc_per_node 8"\ntorchrun $D x.py\n', 24, 'D="--nnodes 3 --nproc_per_node 8"'),
+    "one-line-array": ("D=(--nproc_per_node 8)\ntorchrun ${D[@]} x.py\n", 24, "D=(--nnodes 3 --nproc_per_node 8)"),
+    "before-semicolon": ("torchrun --nproc_per_node 8; echo done\n", 24, "--nnodes 3 --nproc_per_node 8;"),
+    "sbatch": ("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH -N 1\ntorchrun --nproc_per_node 8 --nnodes 1 x.py\n", 32,
+               "#SBATCH --nodes=4\n#SBATCH -N 4"),
 }
 
 
@@ -414,7 +420,7 @@ def test_launcher_device_count_rewritten_as_bash_runs_it(name):
     assert out is not None and written in out
     r = subprocess.run(["bash", "-c", "torchrun() { printf '%s\\n' \"$@\"; }\n" + out], capture_output=True, text=True,
                        timeout=10, env={"PATH": os.environ.get("PATH", "")})
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and not r.stderr, r.stderr
     got = dict.fromkeys(("--nproc_per_node", "--nnodes"), "1")
     args = r.stdout.split()
     for k, a in enumerate(args):

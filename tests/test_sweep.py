@@ -135,6 +135,26 @@ def test_rank_equals_the_full_lexsort(llama8b_64, levels, seed, sort):
     assert np.array_equal(rank(t, fits, sort), want)
 
 
+@settings(max_examples=200, deadline=None)
+@given(fit=st.sets(st.integers(1, 64)), step=st.sampled_from([1, 2, 4, 8]), floor=st.sampled_from([0, 8, 16]))
+def test_smallest_count_is_the_stated_walk(fit, step, floor):
+    """smallest_count: the first doubling of ``first`` (up to ``top``) that fits bounds the walk,
+    and the answer is the smallest fitting multiple of ``step`` above ``floor`` below it, or that
+    doubling; brute force over the counts as the docstring states it, with ``fits`` any set."""
+    from ndplan.sweep import smallest_count
+    first, top = 2 * max(floor, step), 64 * step
+    fits = {n * step for n in fit}
+    got, tried = smallest_count(first, step, top, lambda n: n in fits, floor=floor)
+    doublings = [first * 2 ** i for i in range(8) if first * 2 ** i <= top]
+    bound = next((d for d in doublings if d in fits), None)
+    if bound is None:
+        assert got is None
+        return
+    below = [m for m in range(step, bound, step) if m > floor and m in fits]
+    assert got == min(below + [bound])
+    assert len(tried) == len(set(tried))
+
+
 def test_find_min_gpus_equals_linear_scan():
     model = load_model("llama3-70b")
     # one schedule and no vpp/cp: fewer kernels to compile; the scan below is the oracle either way

@@ -36,7 +36,7 @@ from ndplan.estimate import Estimate, estimate
 from ndplan.interop import READERS, REMOVE, CheckInput, launcher, shell
 from ndplan.strategy import Strategy
 from ndplan.sweep import mem_limit as sweep_mem_limit
-from ndplan.sweep import sweep
+from ndplan.sweep import smallest_count, sweep
 from ndplan.units import GIB
 from ndplan.labels import label
 
@@ -104,7 +104,7 @@ class CheckResult:
     scaled_gpus: int | None = None
     """When nothing fits on the file's devices: the device count the proposals run on."""
     tried_gpus: list[int] = field(default_factory=list)
-    """The device counts tried above the file's (check.scaled_counts)."""
+    """The device counts tried above the file's (sweep.smallest_count)."""
 
     @property
     def fits(self) -> bool:
@@ -251,32 +251,9 @@ def _node_size(ci: CheckInput, hw: Hardware) -> int:
     return node if ci.gpus % node == 0 else ci.gpus
 
 
-def scaled_counts(gpus: int, node: int, fits) -> tuple[int | None, list[int]]:
-    """(smallest count that ``fits``, counts tried): the file's count doubled until one fits
-    (at most ``MAX_DEVICE_FACTOR`` x), then every whole number of ``node`` devices between
-    the last that did not fit and it, ascending; the first that fits is the answer
-    (feasibility is not monotonic in the count: divisibility decides, so none is skipped
-    below the doubling that fits). The same walk as sweep.find_min_gpus."""
-    tried: list[int] = []
-    top = min(gpus * MAX_DEVICE_FACTOR, limits.MAX_DEVICES)
-    lo, n = gpus, 2 * gpus
-    while n <= top:
-        tried.append(n)
-        if fits(n):
-            break
-        lo, n = n, 2 * n
-    else:
-        return None, tried
-    for m in range(lo + node - lo % node, n, node):
-        tried.append(m)
-        if fits(m):
-            return m, sorted(tried)
-    return n, sorted(tried)
-
-
 def nearest_scaled(ci: CheckInput, hw: Hardware, limit: int, k: int) -> tuple[int | None, list[Proposal], list[int]]:
     """(device count, proposals, counts tried) at the smallest device count above the
-    file's where a strategy fits (``scaled_counts``), with the sequence length and global
+    file's where a strategy fits (sweep.smallest_count over whole nodes), with the sequence length and global
     batch kept; each proposal's ``changed`` starts with ``gpus``, and its diff writes the
     new count where the file states it (``_on_devices``)."""
     found: dict[int, list[Proposal]] = {}
@@ -285,7 +262,8 @@ def nearest_scaled(ci: CheckInput, hw: Hardware, limit: int, k: int) -> tuple[in
         found[n] = nearest(dataclasses.replace(ci, gpus=n), hw, limit, k)
         return bool(found[n])
 
-    n, tried = scaled_counts(ci.gpus, _node_size(ci, hw), fits)
+    top = min(ci.gpus * MAX_DEVICE_FACTOR, limits.MAX_DEVICES)
+    n, tried = smallest_count(2 * ci.gpus, _node_size(ci, hw), top, fits, floor=ci.gpus)
     if n is None:
         return None, [], tried
     for p in found[n]:
@@ -315,7 +293,7 @@ def _on_devices(ci: CheckInput, p: Proposal, n: int) -> None:
         p.diff = "".join(difflib.unified_diff(ci.text.splitlines(True), text.splitlines(True), f"a/{name}",
                                               f"b/{name}"))
     else:
-        p.launch = (f"the file does not state the device count ({ci.origin.get('gpus', 'given with --gpus')}): "
+        p.launch = (f"the diff cannot set the device count (the file's: {ci.origin.get('gpus', '--gpus')}): "
                     f"launch it on {n} devices (ndplan check {ci.path.name} --gpus {n})")
 
 

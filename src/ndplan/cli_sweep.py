@@ -121,16 +121,48 @@ def _why_report(r: SweepResult, model, space, text: str) -> str:
             f"the smallest needs {fmt_bytes(t.peak_bytes[low])} ({label(t.point(low))})")
 
 
+EMIT_TRIES = 1000
+"""Ranked feasible candidates tried for --emit before giving up (each try renders the form)."""
+
+
+def expressible(r: SweepResult, form: str, k: int) -> tuple[list[tuple[int, str]], NdplanError | None]:
+    """The first ``k`` feasible candidates in rank order that ``form`` can express, as
+    (0-based rank, rendered text), and the exporter's refusal of rank 1 when it refused it
+    (the exporter's own checks decide: export/<format>.py)."""
+    from ndplan.export import emit
+    found, first_refusal = [], None
+    for i in range(min(r.feasible, EMIT_TRIES)):
+        try:
+            found.append((i, emit(form, r.model, r.strategy(i))))
+        except NdplanError as e:
+            if i == 0:
+                first_refusal = e
+            continue
+        if len(found) == k:
+            break
+    return found, first_refusal
+
+
 def _emit(r: SweepResult, form: str, out: str | None, every: bool) -> bool:
-    """--emit the top-1 (or with --emit-all every top candidate as DIR/rank<i><suffix>);
-    True when the form went to stdout instead of the report."""
+    """--emit the best feasible candidate the format can express (or with --emit-all the top-k
+    of them as DIR/rank<i><suffix>, i its rank in the sweep), saying on stderr when a better
+    ranked one could not be written; True when the form went to stdout instead of the report."""
     from pathlib import Path
 
     from ndplan.export import SUFFIX
+    found, refusal = expressible(r, form, len(r.top) if every else 1)
+    if not found:
+        raise NdplanError("--emit", form, f"none of the {min(r.feasible, EMIT_TRIES):,} best feasible candidates "
+                          f"can be written as {form} (rank 1: {refusal.problem if refusal else 'refused'})",
+                          "constrain the sweep to what the format runs (e.g. --schedule 1f1b --vpp 1)")
+    if refusal is not None:
+        click.echo(f"note: rank 1 cannot be written as {form} ({refusal.field}={refusal.value!r}: {refusal.problem}); "
+                   f"{'the best that can is' if not every else 'written from'} rank {found[0][0] + 1:,}", err=True)
     if not every:
-        return emit_cli(form, out, r.model, r.top[0].strategy)
-    for i, e in enumerate(r.top, 1):
-        emit_cli(form, str(Path(out) / f"rank{i}{SUFFIX[form]}"), r.model, e.strategy)
+        i, text = found[0]
+        return emit_cli(form, out, r.model, r.strategy(i), text=text)
+    for i, text in found:
+        emit_cli(form, str(Path(out) / f"rank{i + 1}{SUFFIX[form]}"), r.model, r.strategy(i), text=text)
     return False
 
 
@@ -243,7 +275,8 @@ SWEEP_OPTIONS = MODEL + [
     click.option("--csv", "as_csv", is_flag=True, help="CSV of every evaluated candidate, ranked."),
     click.option("--balance", is_flag=True, help="Balance the top candidates with pp > 1 (ndplan balance) and re-rank."),
     emit_options,
-    click.option("--emit-all", is_flag=True, help="--emit every top candidate into the --emit-out directory."),
+    click.option("--emit-all", is_flag=True, help="--emit the top candidates the format can express into the --emit-out "
+                 "directory, as rank<i> files (i: the rank in the sweep)."),
     report_cli.report_option,
 ]
 

@@ -278,13 +278,13 @@ class EngineProfile:
     moe_allgather_dispatch: int = 0
     """1: Megatron-LM's allgather token dispatcher (its default, ``--moe-token-dispatcher-type
     allgather``; NVIDIA/Megatron-LM@d98e8a64 transformer/moe/token_dispatcher.py:233-372). Each
-    MoE layer gathers the hidden states of its tp x ep group, s x b x ep tokens x h, 16-bit, into
-    the process-wide "mpu" buffer (token_dispatcher.py:299-301 ``use_global_buffer=True``,
+    MoE layer gathers the hidden states of its expert-TP x EP group (its "tp" is expt_tp,
+    :46-52), s x b / t_sp x etp x ep tokens x h, 16-bit, into the process-wide "mpu" buffer (token_dispatcher.py:299-301 ``use_global_buffer=True``,
     tensor_parallel/mappings.py:142-143), which core/utils.py:727-750 GlobalMemoryBuffer keeps at
     the largest size asked for, shared with the SP all-gathers (tensor_parallel/layers.py:627):
     the comm_buffers Term is the larger of the two. Each rank's experts take every routed row of
-    its local experts (the gathered tokens x k/E x E/ep = s x b x k, times the capacity; permute
-    saves only its indices, moe_utils.py), and the combine holds the experts' output beside its
+    its local experts (the gathered tokens x k/E x E/ep, times the capacity; permute saves only
+    its indices, moe_utils.py), and the combine holds the experts' output beside its
     unpermuted copy of the gathered tokens before the reduce-scatter (token_dispatcher.py:346-367),
     an exclusive transient (memory.moe_allgather_transient). The probabilities take the logits'
     dtype (moe_utils.py:936), so the combine's ``.to(local_probs.dtype)`` copies nothing unless

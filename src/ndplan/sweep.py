@@ -57,12 +57,16 @@ class Table:
     the 220 of every column."""
 
     def __init__(self, groups: list[Group], group_of: np.ndarray, row_of: np.ndarray, peak_bytes: np.ndarray,
-                 step_s: np.ndarray, terms_of: Callable[[int], dict[str, np.ndarray]] | None = None):
+                 step_s: np.ndarray, terms_of: Callable[[int], dict[str, np.ndarray]] | None = None,
+                 terms: dict[str, np.ndarray] | None = None):
+        """``terms_of(i)``: group i's time terms, run when ``time_terms`` is first read; ``terms``:
+        the time terms already known (a sweep under hooks keeps them: a later run of the kernels
+        would see the hooks of that moment)."""
         self.groups, self.group_of, self.row_of = groups, group_of, row_of
         self.peak_bytes, self.step_s = peak_bytes, step_s
         self._terms_of = terms_of
         self._columns: dict[str, np.ndarray] = {}
-        self._terms: dict[str, np.ndarray] | None = None
+        self._terms: dict[str, np.ndarray] | None = terms
         self._members: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -70,7 +74,7 @@ class Table:
 
     def take(self, idx) -> "Table":
         return Table(self.groups, self.group_of[idx], self.row_of[idx], self.peak_bytes[idx], self.step_s[idx],
-                     self._terms_of)
+                     self._terms_of, None if self._terms is None else {k: v[idx] for k, v in self._terms.items()})
 
     def _by_group(self) -> list[np.ndarray]:
         """Per group, the table rows that belong to it."""
@@ -284,18 +288,23 @@ def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: i
              progress: Callable[[int], None] | None = None) -> Table:
     """Peak memory and step time of every valid candidate, group by group, written into columns
     allocated once at the candidate count (the table's other columns are the groups' own)."""
+    from ndplan import hooks
     hw_values = hw.kernel_values(fp8=base.get("weight_dtype") == "fp8")
     n_all = cands.valid
     group_of = np.empty(n_all, dtype=np.int16 if len(cands.groups) < 2 ** 15 else np.int32)
     row_of = np.empty(n_all, dtype=np.int32)
     peak_all, step_all = np.empty(n_all), np.empty(n_all)
+    kept = {} if hooks.active() else None  # the terms of this moment's hooks
     at = 0
     for i, group in enumerate(cands.groups):
-        peak, step, _ = evaluate_group(model, hw, group, seq, gbs, base, hw_values)
+        peak, step, terms = evaluate_group(model, hw, group, seq, gbs, base, hw_values)
         n = len(group)
         rows = slice(at, at + n)
         group_of[rows], row_of[rows] = i, np.arange(n)
         peak_all[rows], step_all[rows] = peak, step
+        if kept is not None:
+            for k, v in terms.items():
+                kept.setdefault(k, np.zeros(n_all))[rows] = v
         at += n
         if progress:
             progress(1)
@@ -303,7 +312,7 @@ def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: i
     def terms_of(i: int) -> dict[str, np.ndarray]:
         return evaluate_group(model, hw, cands.groups[i], seq, gbs, base, hw_values)[2]
 
-    return Table(cands.groups, group_of, row_of, peak_all, step_all, terms_of)
+    return Table(cands.groups, group_of, row_of, peak_all, step_all, terms_of, kept)
 
 
 SCHEDULE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zbv", "gpipe")
@@ -439,37 +448,58 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
                        elapsed_s=time.perf_counter() - t0, sort=sort, base=base)
 
 
+def smallest_count(first: int, step: int, top: int, fits: Callable[[int], bool], floor: int = 0
+                   ) -> tuple[int | None, list[int]]:
+    """(smallest multiple of ``step`` in (floor, top] for which ``fits`` holds, counts tried):
+    ``first`` doubled until one fits, then every multiple of ``step`` above ``floor`` and below
+    it not yet tried, ascending; the first that fits is the answer. Feasibility is not monotonic
+    in the count (divisibility decides), so no count below the doubling that fits is skipped;
+    the doubling only bounds the walk."""
+    tried: list[int] = []
+    seen: dict[int, bool] = {}
+
+    def ok(n: int) -> bool:
+        if n not in seen:
+            tried.append(n)
+            seen[n] = fits(n)
+        return seen[n]
+
+    n = first
+    while n <= top and not ok(n):
+        n *= 2
+    if n > top:
+        return None, sorted(tried)
+    for m in range(floor + step - floor % step, n, step):
+        if ok(m):
+            return m, sorted(tried)
+    return n, sorted(tried)
+
+
 def find_min_gpus(model: ModelSpec, hw: Hardware, seq: int, gbs: int, space: Mapping | None = None, *,
                   mem_limit_gib: float | None = None, mem_fraction: float | None = None,
                   base: Mapping | None = None, max_nodes: int = 4096, sort: str = "time", top: int = 10,
                   progress: Callable[[int], None] | None = None) -> SweepResult:
-    """The sweep at the smallest whole-node device count with a feasible candidate:
-    doubling node counts until one fits, then every node count below it (``progress``
-    is told each device count tried)."""
+    """The sweep at the smallest whole-node device count with a feasible candidate
+    (``smallest_count``: node counts doubled until one fits, then every count below it;
+    ``progress`` is told each device count tried)."""
     mem_limit(hw, mem_limit_gib, mem_fraction)  # bad limits fail before the first sweep
     node = hw.devices_per_node
     max_nodes = min(max_nodes, limits.MAX_DEVICES // node)
     seen: dict[int, SweepResult | None] = {}
 
-    def feasible_at(nodes: int) -> SweepResult | None:
-        if nodes not in seen:
-            if progress:
-                progress(nodes * node)
-            try:
-                r = sweep(model, hw, nodes * node, seq, gbs, space, top=top, sort=sort, mem_limit_gib=mem_limit_gib,
-                          mem_fraction=mem_fraction, base=base)
-                seen[nodes] = r if r.feasible else None
-            except NdplanError:
-                seen[nodes] = None  # no candidate at this count (constraints cannot divide it)
-        return seen[nodes]
+    def feasible_at(gpus: int) -> bool:
+        if progress:
+            progress(gpus)
+        try:
+            r = sweep(model, hw, gpus, seq, gbs, space, top=top, sort=sort, mem_limit_gib=mem_limit_gib,
+                      mem_fraction=mem_fraction, base=base)
+            seen[gpus] = r if r.feasible else None
+        except NdplanError:
+            seen[gpus] = None  # no candidate at this count (constraints cannot divide it)
+        return seen[gpus] is not None
 
-    n = 1
-    while n <= max_nodes and feasible_at(n) is None:
-        n *= 2
-    if n > max_nodes:
+    n, _ = smallest_count(node, node, max_nodes * node, feasible_at)
+    if n is None:
         raise NdplanError("gpus", max_nodes * node, f"nothing fits on up to {max_nodes} nodes of {node}",
                           "relax the space constraints or raise the memory limit")
-    for k in range(max(1, n // 2 + 1), n):
-        if feasible_at(k) is not None:
-            return seen[k]
     return seen[n]

@@ -44,7 +44,7 @@ import sympy as sp
 from ndplan.catalog.model import ModelSpec
 from ndplan import symbols as S
 from ndplan.engines import EngineProfile
-from ndplan.formulas import activations as A
+from ndplan.formulas import groups as G
 from ndplan.formulas.local import largest_kind, layer_params
 from ndplan.formulas.minmax import Max, Min
 from ndplan.formulas.placement import head_device_flag, pp_expr
@@ -69,20 +69,20 @@ def deepspeed_gather(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: Eng
         bucket = Min(eng.zero3_prefetch_elements, gathered - in_use)
     else:
         gathered, bucket = in_use, sp.Integer(0)
-    w = A.ACT_BYTES
+    w = G.weight_bytes(view, eng)  # parameters are gathered in their own dtype (_all_gather_dtype)
     if eng.zero3_quantized_weights:
         # ahead: the int8 buffer; the bucket in use adds its dequantized flat tensor and its parameters
         out = w * in_use + QWZ_INT8_BYTES * (gathered - in_use) + 2 * w * bucket
-        buffers = "qwZ: 1 B per prefetched element (int8) and 4 B more per element of the bucket in use"
+        buffers = f"qwZ: 1 B per prefetched element (int8) and {2 * w} B more per element of the bucket in use"
     else:
         # ahead: the buffer (or the parameter copied out of it); the bucket in use: buffer and parameters
         out = w * gathered + w * bucket
-        buffers = "2 B per element of the bucket in use (its coalesced all-gather buffer)"
+        buffers = f"{w} B more per element of the bucket in use (its coalesced all-gather buffer)"
     what = (f"DeepSpeed ZeRO-3 coordinator: parameters reused within stage3_max_reuse_distance/2 = "
             f"{eng.zero3_reuse_elements // 2:,} elements of the forward's end (the output layer at least)"
             + (", or one whole layer under full recompute" if view.recompute == "full" else "")
             + (f", prefetched up to stage3_max_live_parameters = {eng.zero3_live_elements:,} gathered elements in "
                f"buckets of stage3_prefetch_bucket_size = {eng.zero3_prefetch_elements:,}"
                if eng.zero3_prefetch_elements else ", no prefetch (stage3_prefetch_bucket_size 0)")
-            + f", 16-bit; {buffers} (formulas/deepspeed_gather.py)")
+            + f", {w} B per element; {buffers} (formulas/deepspeed_gather.py)")
     return out, what

@@ -311,8 +311,8 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
                 "(gathered_at_loss), and under SP no all-gather is in flight (the output layer saved its gathered "
                 "input, gathered_inputs_kept): the logits less those Terms")
     if dispatch != 0:
-        src += ("; one MoE layer's combine under the allgather dispatcher: the experts' output (k x tokens x "
-                "capacity rows) and the unpermuted gathered tokens (ep x tokens rows), 16-bit (engine setting "
+        src += ("; one MoE layer's combine under the allgather dispatcher: the experts' output (k x capacity / ep "
+                "rows per gathered token) and the unpermuted gathered tokens (etp x ep x tokens), 16-bit (engine setting "
                 "moe_allgather_dispatch; counted on every stage of an MoE model)" if eng.moe_allgather_dispatch else
                 f"; one MoE layer's dispatch and combine: {eng.moe_dispatch_rows} copies of its routed rows "
                 "(k x tokens x capacity x h, 16-bit) beside what it saves (engine setting moe_dispatch_rows; counted on "
@@ -365,22 +365,30 @@ def moe_dispatch_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) ->
     return eng.moe_dispatch_rows * A.ACT_BYTES * c.s * c.b * M.k * c.capacity / c.t_sp * M.h
 
 
+def _allgather_tokens(spec: ModelSpec, view: Structure) -> sp.Expr:
+    """Tokens the allgather dispatcher gathers: the device's s x b / t_sp over its tp_ep group,
+    expert-TP x EP ranks (the dispatcher's "tp" is the expert-TP group: token_dispatcher.py:
+    46-52, ``self.tp_group = pg_collection.expt_tp``, ``self.tp_ep_group = pg_collection.tp_ep``)."""
+    c = act_context(spec, view)
+    return c.s * c.b / c.t_sp * S.etp * S.ep
+
+
 def moe_allgather_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
     """Megatron's allgather dispatcher at the combine (EngineProfile.moe_allgather_dispatch):
-    the experts' output, s x b x k x capacity rows, beside its unpermuted copy of the tp x ep
-    group's gathered tokens, s x b x ep rows, of h 16-bit elements each; only when the group
-    has more than one rank (token_dispatcher.py:285, 364)."""
+    the experts' output, the gathered tokens x k x capacity / ep rows (the routed rows of the
+    E/ep local experts), beside its unpermuted copy of the gathered tokens, of h 16-bit elements
+    each (token_dispatcher.py:322-352; the unpermute runs on one rank too)."""
     c = act_context(spec, view)
-    return A.ACT_BYTES * c.s * c.b * M.h * (M.k * c.capacity + S.ep) * Min(S.tp * S.ep - 1, 1)
+    return A.ACT_BYTES * _allgather_tokens(spec, view) * M.h * (M.k * c.capacity / S.ep + 1)
 
 
 def moe_gathered_tokens(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
-    """The allgather dispatcher's gathered hidden states in the shared "mpu" buffer, s x b x ep
-    tokens x h x 2 B when tp x ep > 1 (EngineProfile.moe_allgather_dispatch), else 0."""
+    """The allgather dispatcher's gathered hidden states in the shared "mpu" buffer, 2 B x h per
+    gathered token when the tp_ep group has more than one rank (token_dispatcher.py:285-301;
+    EngineProfile.moe_allgather_dispatch), else 0."""
     if not (spec.is_moe and view.engine.moe_allgather_dispatch):
         return sp.Integer(0)
-    c = act_context(spec, view)
-    return A.ACT_BYTES * c.s * c.b * S.ep * M.h * Min(S.tp * S.ep - 1, 1)
+    return A.ACT_BYTES * _allgather_tokens(spec, view) * M.h * Min(S.etp * S.ep - 1, 1)
 
 
 def sp_gather_buffer(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
@@ -399,7 +407,7 @@ def buffer_terms(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
     buffer = sp_gather_buffer(spec, M, view) if gathered == 0 else Max(sp_gather_buffer(spec, M, view), gathered)
     out = [Term(key="mem.comm_buffers", expr=buffer, unit="bytes",
                 source=("the shared all-gather buffer: the larger of the MoE allgather dispatcher's gathered tokens, "
-                        "2*s*b*ep*h (EngineProfile.moe_allgather_dispatch), and " if gathered != 0 else "") +
+                        "2*s*b/t_sp*etp*ep*h (EngineProfile.moe_allgather_dispatch), and " if gathered != 0 else "") +
                        "SP all-gather output of one layer input, 2*s*b*h (Korthikanti Sec. 4.2.2: the gathered "
                        "tensor is transient); zero when tp=1. DP gradient buckets are views of the grad buffer (Megatron-LM@d98e8a64 "
                        "param_and_grad_buffer.py:506-526, 1530-1547: in-place reduce-scatter/all-gather on bucket "

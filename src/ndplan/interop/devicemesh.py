@@ -51,7 +51,7 @@ def _constants(path: Path, text: str, tree: ast.Module) -> dict[str, tuple[objec
             name = node.targets[0].id
             try:
                 out[name] = (ast.literal_eval(node.value), node.lineno)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 raise NdplanError(name, ast.get_source_segment(text, node.value),
                                   f"not a literal (line {node.lineno} of {path.name})",
                                   "write the value itself, as --emit devicemesh does") from None
@@ -80,6 +80,22 @@ def _label(doc: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
 
+def _label_int(lab: dict, key: str) -> int:
+    """An integer field of the docstring's strategy line (1 when absent)."""
+    v = lab.get(key, "1")
+    if not v.isdigit() or int(v) < 1:
+        raise NdplanError(key, v, "not a positive whole number in the docstring's strategy line",
+                          "write it as --emit devicemesh does, e.g. ep=1")
+    return int(v)
+
+
+def _label_sp(lab: dict) -> bool:
+    v = lab.get("sp", "on")
+    if v not in ("on", "off"):
+        raise NdplanError("sp", v, "not on or off in the docstring's strategy line", "write sp=on or sp=off")
+    return v == "on"
+
+
 def _recompute(text: str) -> tuple[str, object]:
     """(mode, recompute_layers) of ``selective`` or ``full[first 4]`` / ``[first 4,2]`` (labels.recompute_text)."""
     m = re.fullmatch(r"(\w+)(?:\[first ([\d,]+)\])?", text)
@@ -106,7 +122,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     c = _constants(path, text, tree)
     names, shape = c["MESH_DIM_NAMES"][0], c["MESH_SHAPE"][0]
     if not (isinstance(names, tuple) and isinstance(shape, tuple) and len(names) == len(shape)
-            and set(names) <= set(MESH_NAMES) and len(set(names)) == len(names)):
+            and all(isinstance(n, str) for n in names) and set(names) <= set(MESH_NAMES)
+            and len(set(names)) == len(names)):
         raise NdplanError("MESH_DIM_NAMES", names, f"with MESH_SHAPE {shape}: not one size per distinct dim of "
                           f"{', '.join(MESH_NAMES)}", "give the mesh --emit devicemesh writes")
     size = {n: _int(f"MESH_SHAPE[{n}]", v, path) for n, v in zip(names, shape)}
@@ -140,8 +157,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     rec, rec_layers = _recompute(lab.get("recompute", "none"))
     kw = dict(dp=dp, tp=size["tp"], pp=pp, cp=size["cp"], vpp=vpp, mbs=mbs,
               gbs=gbs if gbs is not None else mbs * m * dp, seq=seq if seq is not None else _int("SEQ_LEN", c["SEQ_LEN"][0], path),
-              zero=zero, ep=int(lab.get("ep", 1)), etp=int(lab.get("etp", 1)), recompute=rec,
-              recompute_layers=rec_layers, sp=lab.get("sp", "on") == "on", engine=lab.get("engine", "fsdp"),
+              zero=zero, ep=_label_int(lab, "ep"), etp=_label_int(lab, "etp"), recompute=rec,
+              recompute_layers=rec_layers, sp=_label_sp(lab), engine=lab.get("engine", "fsdp"),
               layers_per_stage=None if even else chunks)
     if "schedule" in lab:
         kw["schedule"] = lab["schedule"]

@@ -6,7 +6,8 @@ A value written on the flag's own line is replaced there; a value that comes fro
 script variable (``NNODES=2``, ``NNODES=${SLURM_NNODES:-2}``) is replaced at the
 variable's assignment (the literal, or the ``${...:-default}`` default); a value taken
 from the environment cannot be written into the file (``None``: the caller says how to
-launch instead). Every rewrite is checked by reading the words again.
+launch instead). Every rewrite is checked by reading the words again. A Slurm batch script's ``#SBATCH --nodes`` / ``-N`` follows the new
+node count.
 """
 
 from __future__ import annotations
@@ -82,14 +83,26 @@ def _sub_digits(rx: re.Pattern, line: str, group: str, new: int) -> str:
 
 
 def _add_nnodes(lines: list[str], ws: list[shell.Word], nodes: int) -> bool:
-    """``--nnodes N`` written after ``--nproc_per_node``'s value (same line)."""
+    """``--nnodes N`` written just before ``--nproc_per_node`` (inside the same quoted string,
+    array or command, wherever that flag stands)."""
     k, value, joined = _flag_value(ws, NPROC)
     line = ws[k].line
-    rx = re.compile(r"((?<![\w-])(?:" + "|".join(re.escape(f) for f in NPROC) + r")(?:=|[ \t]+)\S+)")
+    rx = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in NPROC) + r")(?=[= \t])")
     if not rx.search(lines[line]):
         return False
-    lines[line] = rx.sub(lambda m: f"{m.group(1)} {NNODES} {nodes}", lines[line], count=1)
+    lines[line] = rx.sub(lambda m: f"{NNODES} {nodes} {m.group(1)}", lines[line], count=1)
     return True
+
+
+SBATCH_NODES = re.compile(r"^(#SBATCH\s+(?:--nodes[= ]|-N\s*))(\d+)(\s*(?:#.*)?)$")
+"""A Slurm batch script's node count (sbatch ``--nodes`` / ``-N``), kept equal to torchrun's."""
+
+
+def _sbatch_nodes(lines: list[str], nodes: int) -> None:
+    for i, ln in enumerate(lines):
+        m = SBATCH_NODES.match(ln)
+        if m:
+            lines[i] = f"{m.group(1)}{nodes}{m.group(3)}"
 
 
 def set_devices(text: str, devices: int, environ: dict | None = None) -> str | None:
@@ -111,6 +124,7 @@ def set_devices(text: str, devices: int, environ: dict | None = None) -> str | N
         ok = _replace_value(lines, ws, (NNODES,), new_nodes) if ws_nodes else _add_nnodes(lines, ws, new_nodes)
         if not ok:
             return None
+    _sbatch_nodes(lines, new_nodes)
     out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
     again = launched(shell.read_words(out, environ))
     return out if again is not None and again[0] * again[1] == devices else None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ndplan.errors import NdplanError
 from ndplan.export import torchtitan03 as X
-from ndplan.interop import shell
+from ndplan.interop import launcher, shell
 from ndplan.interop.base import CheckInput
 from ndplan.interop.torchtitan import KEY, read_flat
 from ndplan.trace.titan import TITAN_SETTINGS
@@ -69,16 +69,9 @@ def _overrides(words: list[shell.Word], name: str) -> tuple[str, str, dict, dict
 
 
 def _launched(words: list[shell.Word]) -> int | None:
-    """torchrun's --nproc_per_node x --nnodes (1 by default), or None."""
-    got: dict[str, str] = {}
-    for k, w in enumerate(words):
-        for flag in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
-            if w.text == flag and k + 1 < len(words):
-                got[flag.replace("-per-", "_per_")] = words[k + 1].text
-            elif w.text.startswith(flag + "="):
-                got[flag.replace("-per-", "_per_")] = w.text.split("=", 1)[1]
-    n, nodes = got.get("--nproc_per_node"), got.get("--nnodes", "1")
-    return int(n) * int(nodes) if n and n.isdigit() and nodes.isdigit() else None
+    """torchrun's --nproc_per_node x --nnodes (1 by default), or None (interop.launcher)."""
+    got = launcher.launched(words)
+    return got[0] * got[1] if got else None
 
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
