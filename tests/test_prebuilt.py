@@ -52,6 +52,24 @@ def test_the_readme_sweep_compiles_nothing_on_an_empty_cache(empty_cache):
     assert len(list((empty_cache / "kernels").glob("*.json"))) >= 200  # copied into the disk cache
 
 
+def test_a_warm_lookup_never_opens_the_store(empty_cache, monkeypatch):
+    """Once a kernel is in the disk cache, looking it up again opens no shipped store, even when
+    the disk knows other name lists under the same key that miss for this model (another
+    model's reads): each probe of those used to decompress the store (0.2 s a run)."""
+    spec = ndplan.load_model("llama3-8b")
+    view = structure(spec, ndplan.Strategy(dp=8, gbs=64, seq=4096))
+    memory_kernel(spec, view)  # now on disk
+    monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+    real = kernels._read_sets
+    monkeypatch.setattr(kernels, "_read_sets", lambda base, use_disk: [("vocab_size",)] + real(base, use_disk))
+
+    def opened(*_):
+        raise AssertionError("the shipped store was opened")
+    monkeypatch.setattr(prebuilt, "entry", opened)
+    monkeypatch.setattr(prebuilt, "read_sets", opened)
+    assert memory_kernel(spec, view) is not None
+
+
 @pytest.mark.parametrize("name", ["llama3-8b", "qwen3-30b-a3b", "deepseek-v3"])
 def test_a_shipped_kernel_equals_a_fresh_build(name, empty_cache, monkeypatch):
     model = ndplan.load_model(name)

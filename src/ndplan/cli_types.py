@@ -237,6 +237,28 @@ class _PipeClosed(Exception):
     which reads as "nothing fits")."""
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc mallopt parameters (malloc.h)."""
+HEAP_TEMPORARIES_BYTES = 64 << 20
+"""Allocations up to this size come from the heap, and freed heap stays for reuse up to 4x it."""
+
+
+def heap_temporaries() -> None:
+    """Serve numpy's kernel temporaries from the heap (glibc only; elsewhere nothing). A kernel
+    pass allocates and frees a few hundred arrays of up to 256 KiB (kernels.CHUNK_ROWS float64
+    elements); above glibc's default 128 KiB mmap threshold each was a fresh mmap, paid in page
+    faults on every pass: DeepSeek-V3 on 131,072 devices took 3.9-4.5 s with the default and
+    2.3-2.7 s with these settings, at 177 MB peak either way (benchmarks/README.md). The CLI's
+    process only: a library caller keeps its own allocator settings."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, HEAP_TEMPORARIES_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, 4 * HEAP_TEMPORARIES_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
 class Cli(click.Group):
     """The ndplan group: one-line errors and warnings for every command. Commands named in
     ``lazy`` (name -> module with ``register(group)``) are imported when first asked for: a
@@ -268,6 +290,7 @@ class Cli(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         global PROGRESS
         from ndplan.kernels import compile_listener
+        heap_temporaries()
         argv = list(sys.argv[1:] if args is None else args)
         PROGRESS = CompileProgress()
         held = _Warnings()
