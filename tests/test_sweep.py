@@ -118,7 +118,7 @@ def test_rank_equals_the_full_lexsort(llama8b_64, levels, seed, sort):
     degree columns gathered for tied rows only; the definition is one lexsort over every key of
     every row (the columns all gathered). Step and peak are quantized to ``levels`` values so
     that most rows tie, and NaN appears."""
-    from ndplan.sweep import _REC_ORDER, _SCHED_ORDER, _codes, rank
+    from ndplan.table import _REC_ORDER, _SCHED_ORDER, _codes, rank
     t = llama8b_64.table
     rng = np.random.default_rng(seed)
     t = t.take(rng.permutation(len(t)))
