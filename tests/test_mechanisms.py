@@ -743,6 +743,11 @@ def test_moe_dispatch_buffers_are_a_transient(engine, rows):
         without = ndplan.estimate(spec, hw, off).per_stage[stage]["terms"]["mem.transient"]
         assert with_buffers == max(without, rows * u), (pp, stage, with_buffers, without)
         decided.append(rows * u > without)
+        # the buffers themselves, where they do not decide the Term too (MindSpore)
+        from ndplan.formulas.memory import moe_dispatch_transient
+        from ndplan.structure import structure
+        expr = moe_dispatch_transient(spec, model_symbols(spec), structure(spec, s))
+        assert expr.subs({S.tp: tp, S.mbs: b, S.seq: SEQ, S.cp: 1, S.ep: 4, S.etp: s.etp}) == rows * u
     # Megatron: on a first stage (no loss) the buffers decide the Term. MindSpore: the backward's
     # workspace of one layer's activation gradients (backward_layer_workspace) holds more than 2U
     # (the layer saves 2U of rows alone), so the buffers never decide there

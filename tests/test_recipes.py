@@ -671,3 +671,32 @@ def test_torchtitan_toml_interleaved_layers_per_stage():
     assert (s.dp, s.tp, s.pp, s.vpp, s.schedule) == (8, 8, 8, 2, "interleaved")
     assert s.layers_per_stage == (7,) + (8,) * 14 + (7,)
     assert (s.mbs, s.m, s.gbs) == (1, 16, 128)
+
+
+RUN = ("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8 --micro-batch-size 1 "
+       "--global-batch-size 64 --seq-length 4096 --bf16")
+BAD_FILES = {  # file name, text, extra arguments, the field the one-line error names
+    "nan-json": ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": NaN}',
+                 ["-m", "llama3-8b", "--gpus", "8", "--seq", "4096"], "gradient_accumulation_steps"),
+    "zero-string": ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": "3"}',
+                    ["-m", "llama3-8b", "--gpus", "8", "--seq", "4096"], "zero_optimization"),
+    "optimizer-string": ("mf.yaml", "optimizer: AdamW\nmodel:\n  model_config:\n    seq_length: 4096\n"
+                         "parallel_config:\n  data_parallel: 8\n", ["-m", "llama3-8b"], "optimizer"),
+    "outer-strategy": ("run.sh", RUN + " --use-megatron-fsdp --outer-dp-sharding-strategy banana\n", ["-m", "llama3-8b"],
+                       "--outer-dp-sharding-strategy"),
+    "nproc-gpu": ("run.sh", RUN.replace("--nproc_per_node 8", "--nproc_per_node gpu") + "\n", ["-m", "llama3-8b"],
+                  "--nproc_per_node"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_check_bad_recipe_values_are_one_line(tmp_path, name, clean_env):
+    from click.testing import CliRunner
+    from ndplan.cli import main
+    fname, text, extra, field = BAD_FILES[name]
+    f = tmp_path / fname
+    f.write_text(text)
+    r = CliRunner().invoke(main, ["check", str(f), *extra])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {field}="), r.output
+

@@ -81,3 +81,11 @@ def test_emit_reads_back(tmp_path, fmt, case):
     assert differ == fields, {k: (getattr(s, k), getattr(back, k)) for k in differ}
     if fields:
         assert said in text  # the emitted file says what it cannot express
+
+
+def test_devicemesh_reads_back_partial_recompute(tmp_path):
+    """The docstring's label writes ``recompute=full[first 4]`` (labels.recompute_text): one item."""
+    s = ndplan.Strategy(dp=8, gbs=64, seq=4096, zero=3, engine="fsdp", recompute="full", recompute_layers=4)
+    f = tmp_path / "mesh.py"
+    f.write_text(emit("devicemesh", ndplan.load_model("llama3-8b"), s))
+    assert read_config(f).strategy == s

@@ -101,3 +101,12 @@ def int_arg(args, name: str, flag: str, default=None, lo: int = 1, most: int | N
     if most is not None:
         return limits.count(flag, n, 1, most, "a positive count")
     return positive(flag, n, "the Megatron-LM arguments")
+
+
+def choice_arg(args, name: str, flag: str, choices, default: str) -> str:
+    """The value of argparse dest ``name`` (``default`` when absent), one of ``choices`` (the
+    framework's own argparse choices), else a one-line error naming ``flag``."""
+    v = getattr(args, name) or default
+    if v not in choices:
+        raise NdplanError(flag, v, "not a value Megatron-LM accepts", f"give one of {', '.join(choices)}")
+    return v

@@ -249,6 +249,10 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     gpus, dp = world_dp(gpus, tp, pp, cp, "autotp_size x pipeline.stages x sequence_parallel_size", path.name)
     mbs, gbs_, _ = _batch(_auto(flat, dp, gbs, path.name, notes), dp, path.name)
     zero = flat.get(KEY["zero"], 0)
+    section = flat.get("zero_optimization")
+    if section is not None and not isinstance(section, (bool, dict)):
+        raise NdplanError("zero_optimization", section, "neither an object nor true/false",
+                          'write "zero_optimization": {"stage": N}')
     if isinstance(flat.get("zero_optimization"), bool):
         # the deprecated form: stage 1 when true (runtime/zero/config.py:60-78 read_zero_config_deprecated)
         zero = int(flat["zero_optimization"])

@@ -255,6 +255,7 @@ def zero3_settings(flat: dict, zero: int, hidden_size: int, notes: list) -> dict
         notes.append(f"{OFFLOAD_RATIO} {ratio}: read, not modelled: ZeRO-3 offloads only this fraction of the "
                      "optimizer's sub-groups (runtime/zero/stage3.py:1100-1108); the estimate offloads them all")
     if SUB_GROUP in flat:
+        elements(flat, SUB_GROUP, 1)  # a count of elements, or the one-line error
         notes.append(f"{SUB_GROUP} {flat[SUB_GROUP]}: read, not modelled: the ZeRO-3 optimizer step handles the fp32 "
                      "partitions in sub-groups of this many elements (runtime/zero/stage3.py:1213-1230); its "
                      "per-sub-group buffers are not counted")

@@ -21,7 +21,7 @@ from pathlib import Path
 from ndplan.errors import NdplanError
 from ndplan.export import devicemesh as X
 from ndplan.export.common import HEADER_PHRASE
-from ndplan.interop.base import CheckInput, resolve_model
+from ndplan.interop.base import CheckInput, positive, resolve_model
 
 CONSTANTS = ("MESH_SHAPE", "MESH_DIM_NAMES", "LAYERS_PER_VIRTUAL_STAGE", "MICRO_BATCH_SIZE", "MICRO_BATCHES",
              "SEQ_LEN")
@@ -68,8 +68,12 @@ def _reshard(tree: ast.Module) -> bool | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "fully_shard":
             for kw in node.keywords:
-                if kw.arg == "reshard_after_forward" and isinstance(kw.value, ast.Constant):
-                    found = bool(kw.value.value)
+                if kw.arg == "reshard_after_forward":
+                    if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool)):
+                        raise NdplanError("reshard_after_forward", ast.unparse(kw.value),
+                                          f"not True or False (line {node.lineno})",
+                                          "write the value itself, as --emit devicemesh does")
+                    found = kw.value.value
             found = True if found is None else found  # FSDP2's default is True
     return found
 
@@ -77,7 +81,8 @@ def _reshard(tree: ast.Module) -> bool | None:
 def _label(doc: str) -> dict[str, str]:
     """``field=value`` items of the docstring's strategy line (labels.label, full form)."""
     line = next((ln for ln in doc.splitlines() if ln.startswith("dp=")), "")
-    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+    items = re.findall(r"(\w+)=((?:[^\s\[]|\[[^\]]*\])+)", line)  # recompute=full[first 4] is one item
+    return dict(items)
 
 
 def _label_int(lab: dict, key: str) -> int:
@@ -109,9 +114,7 @@ def _recompute(text: str) -> tuple[str, object]:
 
 
 def _int(name: str, value, path: Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise NdplanError(name, value, f"not a positive whole number (in {path.name})", "give an integer >= 1")
-    return value
+    return positive(name, value, path.name)
 
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:

@@ -35,14 +35,16 @@ def _flag_value(ws: list[shell.Word], flags: tuple[str, ...]) -> tuple[int, shel
 
 def launched(ws: list[shell.Word]) -> tuple[int, int] | None:
     """(processes per node, nodes) torchrun starts, or None when the script does not say
-    (no ``--nproc_per_node``, or a value that is not a whole number, e.g. ``gpu``)."""
+    (no ``--nproc_per_node``, or a value that is not a whole number >= 1, e.g. ``gpu`` or 0)."""
     p = _flag_value(ws, NPROC)
     if p is None:
         return None
     n = _flag_value(ws, (NNODES,))
     per = p[1].text.partition("=")[2] if p[2] else p[1].text
     nodes = "1" if n is None else (n[1].text.partition("=")[2] if n[2] else n[1].text)
-    return (int(per), int(nodes)) if per.isdigit() and nodes.isdigit() else None
+    if not (per.isdigit() and nodes.isdigit()) or int(per) < 1 or int(nodes) < 1:
+        return None  # not a count this can rewrite (the readers name a bad one in their own error)
+    return int(per), int(nodes)
 
 
 def _number(name: str) -> str:

@@ -68,6 +68,8 @@ SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_param
 src/megatron_fsdp/fully_shard.py ``ShardingStrategy`` (NO_SHARD 0 "similar memory usage to DDP",
 OPTIM 1 optimizer states and main weights, OPTIM_GRADS 2 "ZeRO-2", OPTIM_GRADS_PARAMS 3 "ZeRO-3");
 the argument's default is optim_grads_params (arguments.py:3190-3192)."""
+ZERO_SHARDING = {z: n for n, z in SHARDING_ZERO.items()}
+"""ZeRO stage -> Megatron-FSDP sharding strategy (the inverse of SHARDING_ZERO)."""
 LAUNCHER = {"nproc": ("--nproc_per_node", "--nproc-per-node"), "nnodes": ("--nnodes",)}
 _INT = {"layers", "tp", "pp", "cp", "ep", "etp", "layers_per_vstage", "vstages_per_rank", "first_layers",
         "last_layers", "mbs", "gbs", "seq", "recompute_num_layers"}
@@ -288,7 +290,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
                                  f"flags in {path.name}", _missing_model(args, path.name))
     pp, cp = get("pp", 1), get("cp", 1)
-    launched = _int(args, "nproc", "--nproc_per_node") * _int(args, "nnodes", "--nnodes", 1) if args.nproc else None
+    got = launcher.launched(ws)
+    launched = got[0] * got[1] if got else None
+    if gpus is None and launched is None and args.nproc:  # torchrun also takes gpu, cpu, auto, elastic 1:4
+        raise NdplanError("--nproc_per_node", f"{args.nproc} x --nnodes {args.nnodes or 1}",
+                          "not a device count ndplan can read", "give --gpus N")
     if gpus is None and launched is not None:
         gpus, gsrc = launched, "torchrun --nproc_per_node x --nnodes"
     else:
@@ -365,7 +371,7 @@ def follow_up(ci: CheckInput, strat) -> dict:
     (``SHARDING_ZERO``), not the distributed optimizer / torch FSDP2 flags the exporter writes."""
     if "--use-megatron-fsdp" not in {w for w, _ in words(ci.text)}:
         return {}
-    name = {z: n for n, z in SHARDING_ZERO.items()}[strat.zero]
+    name = ZERO_SHARDING[strat.zero]
     out = {FLAG["fsdp2"]: REMOVE, FLAG["no_grad_fusion"]: True, FLAG["distributed_optimizer"]: True}
     return out | ({MEMORY_FLAGS["sharding"]: name} if strat.zero != ci.strategy.zero else {})
 

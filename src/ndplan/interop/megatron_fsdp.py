@@ -8,7 +8,8 @@ megatron/training/arguments.py (A below).
 from __future__ import annotations
 
 from ndplan.errors import NdplanError
-from ndplan.interop.base import int_arg
+from ndplan.interop.base import choice_arg, int_arg
+from ndplan.units import DTYPE_BYTES
 
 FLAGS = {"fsdp_main_params": "--megatron-fsdp-main-params-dtype", "fsdp_grad_comm": "--megatron-fsdp-grad-comm-dtype",
          "fsdp_comm_unit": "--suggested-communication-unit-size", "fsdp_version": "--megatron-fsdp-version",
@@ -21,23 +22,22 @@ SWITCHES = {"fsdp_double_buffer": "--fsdp-double-buffer", "nccl_ub": "--use-nccl
 
 DTYPE_CHOICES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-params-dtype / --megatron-fsdp-grad-comm-dtype choices (A:3687-3698)."""
-MAIN_PARAMS_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "auto": 0}
+COMM_BYTES = {d: DTYPE_BYTES[d] for d in ("fp32", "bf16", "fp16")}
+MAIN_PARAMS_BYTES = COMM_BYTES | {"auto": 0}
 """Main weight bytes per element; ``auto`` maps to None (A:1077-1091), and then no main weight
 buffer is made: the model weight buffer is the optimizer's (param_and_grad_buffer.py:2689-2693)."""
-COMM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def _choice(args, name: str, default: str) -> str:
-    v = getattr(args, name) or default
-    if v not in DTYPE_CHOICES:
-        raise NdplanError(FLAGS[name], v, "not a dtype Megatron accepts", f"give one of {', '.join(DTYPE_CHOICES)}")
-    return v
+    return choice_arg(args, name, FLAGS[name], DTYPE_CHOICES, default)
 
 
 def _count(args, name: str, default: int | None) -> int | None:
     return int_arg(args, name, FLAGS[name], default, most=MAX_COUNT)
 
 
+OUTER_CHOICES = ("no_shard", "optim")
+"""--outer-dp-sharding-strategy choices (arguments.py:3193-3194 at d98e8a64)."""
 MAX_COUNT = 10 ** 12
 """Largest count accepted (a communication unit is a number of elements)."""
 
@@ -74,6 +74,12 @@ def settings(args, zero: int, notes: list) -> dict:
     if args.fsdp_persist_on_fail and double:
         notes.append(f"{SWITCHES['fsdp_persist_on_fail']}: the embedding's and output layer's gradient buckets, "
                      "then kept for the run, are counted as transient")
+    outer = getattr(args, "fsdp_outer", None)
+    if outer is not None:
+        if outer not in OUTER_CHOICES:  # argparse choices, A:3193-3194
+            raise NdplanError(FLAGS["fsdp_outer"], outer, "not a strategy Megatron accepts",
+                              f"give one of {', '.join(OUTER_CHOICES)}")
+        notes.append(f"{FLAGS['fsdp_outer']} {outer}: the outer data-parallel group of hybrid FSDP, not modelled")
     if (_count(args, "fsdp_instances", 1) or 1) > 1:
         notes.append(f"{FLAGS['fsdp_instances']} {args.fsdp_instances}: hybrid FSDP (sharding inside each "
                      "instance, replicas across them) is not modelled: the states are counted sharded over dp*cp")
@@ -85,8 +91,8 @@ def flags(strat, eng) -> tuple[dict, list[str]]:
     ``eng`` (the inverse of ``settings``, for export/megatron.py); Megatron-FSDP needs the
     fsdp_dtensor checkpoint format (A:1169-1170) and CUDA_DEVICE_MAX_CONNECTIONS unset or above 1
     (A:1166-1167), which no argument sets."""
-    from ndplan.interop.megatron import MEMORY_FLAGS, SHARDING_ZERO
-    name = {z: n for n, z in SHARDING_ZERO.items()}[strat.zero]
+    from ndplan.interop.megatron import MEMORY_FLAGS, ZERO_SHARDING
+    name = ZERO_SHARDING[strat.zero]
     out = {"--use-megatron-fsdp": True, MEMORY_FLAGS["sharding"]: name, "--ckpt-format": "fsdp_dtensor",
            "--no-gradient-accumulation-fusion": True}
     notes = ["Megatron-FSDP: run with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (arguments.py:1166-1167)"]

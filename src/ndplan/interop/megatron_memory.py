@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ndplan import optimizers as O
 from ndplan.errors import NdplanError
+from ndplan.interop.base import choice_arg
 
 FLAGS = {"optimizer": "--optimizer", "sgd_momentum": "--sgd-momentum", "muon_scalar": "--muon-scalar-optimizer",
          "main_params_dtype": "--main-params-dtype", "exp_avg_dtype": "--exp-avg-dtype",
@@ -47,10 +48,7 @@ def _float(args, name: str):
 
 
 def _choice(args, name: str, choices, default: str) -> str:
-    v = getattr(args, name) or default
-    if v not in choices:
-        raise NdplanError(FLAGS[name], v, "not a value Megatron-LM accepts", f"give one of {', '.join(choices)}")
-    return v
+    return choice_arg(args, name, FLAGS[name], choices, default)
 
 
 def optimizer_settings(args, notes: list) -> dict:

@@ -201,6 +201,8 @@ def optimizer_settings(doc: dict, spec, weight_bytes: int, *, mcore: bool, dp: i
     AdamW's in-place update, PmaAdamW's third fp32 state, CAME's exp_avg, Muon's momentum and
     AdamW moments, SGD's and Momentum's states (those in the parameter dtype, ``weight_bytes``),
     else counted as Adam with a note."""
+    if "optimizer" in doc and not isinstance(doc["optimizer"], dict):
+        raise NdplanError("optimizer", doc["optimizer"], "not a mapping", "write optimizer:\n  type: AdamW")
     name = get(doc, OPTIMIZER)
     if name in ("AdamW", "FusedAdamW"):
         return _fused_adamw(doc, name, notes)

@@ -191,7 +191,8 @@ class _JsonScan:
     """A JSON scanner (RFC 8259 grammar) that records where each object member's key is:
     ``json`` gives values but not positions."""
 
-    _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+    _NUMBER = re.compile(r"NaN|-?Infinity|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+    """JSON numbers, and the NaN / Infinity Python's json (and so DeepSpeed) reads."""
     _STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"')
     _LITERALS = ("true", "false", "null")
 
