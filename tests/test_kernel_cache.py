@@ -47,6 +47,8 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NDPLAN_PREBUILT", "0")
     monkeypatch.setattr(kernels, "_READ_SETS", {})
     monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+    monkeypatch.setattr(kernels._ModelMemo, "_BY_SPEC", {})  # the resolved-digest shortcut of other tests
+    monkeypatch.setattr(kernels, "_UNSAVED_READS", {})
 
 
 def _point(s: ndplan.Strategy, stage: int) -> dict:
@@ -111,8 +113,13 @@ def _next(values: tuple, v):
 
 def _variants(s: ndplan.Strategy, model) -> list[ndplan.Strategy]:
     """``s`` changed in one field at a time: every categorical field the builders read,
-    and the numbers a Structure may hold (pp, cp, m through gbs)."""
-    R = dataclasses.replace
+    and the numbers a Structure may hold (pp, cp, m through gbs); a change the strategy's
+    engine cannot run (rules.py: DeepSpeed's pipeline and AutoTP) is left out."""
+    def R(s, **kw):
+        try:
+            return dataclasses.replace(s, **kw)
+        except NdplanError:
+            return None
     out = [R(s, sp=not s.sp), R(s, offload_optimizer=not s.offload_optimizer),
            R(s, flash_attention=not s.flash_attention), R(s, zero=_next((0, 1, 2, 3), s.zero)),
            R(s, grad_dtype=_next(("fp32", "bf16"), s.grad_dtype)),
@@ -132,7 +139,7 @@ def _variants(s: ndplan.Strategy, model) -> list[ndplan.Strategy]:
         other = 4 if s.pp == 2 else 2
         out.append(R(s, pp=other, gbs=s.dp * s.mbs * other, recompute_layers=None if isinstance(
             s.recompute_layers, tuple) else s.recompute_layers))
-    return out
+    return [v for v in out if v is not None]
 
 
 @st.composite
@@ -152,10 +159,15 @@ def strategy_families(draw):
     dp, tp, cp, mbs = (draw(st.sampled_from((1, 2))) for _ in range(4))
     ep = draw(st.sampled_from((1, 2))) if model.is_moe else 1
     m = pp * draw(st.sampled_from((1, 2, 3)))
+    seq, zero, sp = draw(st.sampled_from((1024, 2048))), draw(st.sampled_from((0, 1, 2, 3))), draw(st.booleans())
+    engine = draw(st.sampled_from(ENGINES))
+    if engine == "deepspeed":  # what DeepSpeed runs (rules.py): 1F1B and ZeRO <= 1 with pp > 1, no SP with AutoTP
+        engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
+        zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
     s = ndplan.Strategy(
-        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=draw(st.sampled_from((1024, 2048))),
-        zero=draw(st.sampled_from((0, 1, 2, 3))), sp=draw(st.booleans()), recompute=recompute,
-        recompute_layers=counts, schedule=schedule, engine=draw(st.sampled_from(ENGINES)),
+        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
+        zero=zero, sp=sp, recompute=recompute,
+        recompute_layers=counts, schedule=schedule, engine=engine,
         flash_attention=draw(st.booleans()), layers_per_stage=layers,
         grad_dtype=draw(st.sampled_from(("fp32", "bf16"))),
         weight_dtype=draw(st.sampled_from(("auto", "fp32", "bf16", "fp8"))),
@@ -303,7 +315,7 @@ CLASS_STRATEGIES = [ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8, recompute="selectiv
                     ndplan.Strategy(dp=2, tp=2, pp=2, vpp=2, gbs=8, schedule="interleaved", zero=3, engine="fsdp"),
                     ndplan.Strategy(dp=2, pp=2, vpp=2, gbs=4, schedule="zbv", recompute="full", sp=False,
                                     engine="mindspore"),
-                    ndplan.Strategy(dp=4, tp=2, gbs=16, zero=2, engine="deepspeed", flash_attention=False)]
+                    ndplan.Strategy(dp=4, tp=2, gbs=16, zero=2, sp=False, engine="deepspeed", flash_attention=False)]
 
 
 def _with_ep(model, s: ndplan.Strategy) -> ndplan.Strategy:
@@ -341,7 +353,7 @@ def test_the_oracle_catches_a_kernel_shared_across_models_that_differ(monkeypatc
     from the model (readlog.values_of), a GPT-style model (LayerNorm, biases, learned
     positions, a 2-matrix MLP) would get Llama's kernel and disagree with its substitution."""
     from ndplan import readlog
-    monkeypatch.setattr(readlog, "values_of", lambda spec, names: ())
+    monkeypatch.setattr(readlog, "values_of", lambda spec, names, derived=None: ())
     a, b = ndplan.load_model("llama3-8b"), ndplan.load_model("megatron-gpt-1.7b")
     s = ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8, seq=2048)
     ndplan.estimate(a, HW, s)
@@ -356,11 +368,32 @@ def test_an_entry_without_this_pythons_code_is_compiled_once_and_kept(tmp_path, 
     model, s = MODELS["llama3-8b"], ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8)
     first = ndplan.estimate(model, HW, s)
     cache = tmp_path / "kernels"
-    codes = sorted(cache.glob("*.code"))
-    assert codes and len(codes) == len(list(cache.glob("*.json"))) - len(list(cache.glob("reads-*.json")))
+    codes = sorted(cache.glob("*.kc"))
+    assert codes and len(codes) == len(list(cache.glob("*.json"))) - len(list(cache.glob("reads-*.json"))) - len(list(cache.glob("model-*.json")))
     for p in codes:
         p.rename(p.with_name(p.name.replace(kernels._CODE_TAG, "other-python")))
     monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
     again = ndplan.estimate(model, HW, s)
-    assert sorted(cache.glob(f"*.{kernels._CODE_TAG}.code")) == codes
+    assert sorted(cache.glob(f"*.{kernels._CODE_TAG}.kc")) == codes
     assert again.per_stage == first.per_stage and again.step_s == first.step_s
+
+
+def test_a_stale_or_corrupt_model_memo_costs_speed_never_values(tmp_path, monkeypatch):
+    """kernels._ModelMemo keeps, per model, the kernel each key resolved to: a memo whose digests
+    name kernels that are gone, or a memo that is not JSON, gives the same estimate."""
+    import json
+    model, s = ndplan.load_model("llama3-8b"), ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8)
+    first = ndplan.estimate(model, HW, s)
+    kernels.flush()
+    memos = list((tmp_path / "kernels").glob("model-*.json"))
+    assert len(memos) == 1
+    doc = json.loads(memos[0].read_text())
+    assert doc["resolved"]
+    memos[0].write_text(json.dumps(doc | {"resolved": {k: "0" * 32 for k in doc["resolved"]}}))
+    for text in (None, "\x00 not json"):
+        if text is not None:
+            memos[0].write_text(text)
+        monkeypatch.setattr(kernels, "_MEMORY", OrderedDict())
+        monkeypatch.setattr(kernels._ModelMemo, "_BY_SPEC", {})
+        again = ndplan.estimate(model, HW, s)
+        assert again.per_stage == first.per_stage and again.step_s == first.step_s

@@ -82,11 +82,15 @@ def valid_strategies(draw, spec, allow_uneven=True, allow_tuple=True,
             rec_layers = tuple(draw(st.lists(st.integers(0, chunk_max), min_size=pp, max_size=pp)))
         else:
             rec_layers = draw(st.integers(0, chunk_max))
+    zero, sp = draw(st.integers(0, 3)), draw(st.booleans())
+    engine = draw(st.sampled_from(ENGINES))
+    if engine == "deepspeed":  # what DeepSpeed runs (rules.py): 1F1B and ZeRO <= 1 with pp > 1, no SP with AutoTP
+        engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
+        zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
     strat = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
-        zero=draw(st.integers(0, 3)), sp=draw(st.booleans()),
-        recompute=recompute, recompute_layers=rec_layers,
-        schedule=schedule, engine=draw(st.sampled_from(ENGINES)), flash_attention=draw(st.booleans()),
+        zero=zero, sp=sp, recompute=recompute, recompute_layers=rec_layers,
+        schedule=schedule, engine=engine, flash_attention=draw(st.booleans()),
         layers_per_stage=lps, grad_dtype=draw(st.sampled_from(["fp32", "bf16"])),
         weight_dtype=draw(st.sampled_from(["auto", "fp32", "bf16", "fp8"])),
         offload_optimizer=draw(st.booleans()))
@@ -164,11 +168,17 @@ def test_peak_at_least_static(name, data):
 # ------------------------------------------------------------------------- (c)
 
 def _with(strat, **kw):
+    """``strat`` with ``kw`` changed; under DeepSpeed SP off once tp > 1 (AutoTP has none, and
+    at tp = 1 it changes nothing); a change DeepSpeed's pipeline refuses (ZeRO >= 2, or a
+    schedule other than 1F1B, at pp > 1) is no example (assume)."""
     d = strat.as_dict()
     d.pop("m")
     d["layers_per_stage"] = strat.layers_per_stage
     d["recompute_layers"] = strat.recompute_layers
     d.update(kw)
+    if d["engine"] == "deepspeed" and d["tp"] > 1:
+        d["sp"] = False
+    assume(not (d["engine"] == "deepspeed" and d["pp"] > 1 and (d["zero"] >= 2 or d["schedule"] != "1f1b")))
     return ndplan.Strategy(**d)
 
 

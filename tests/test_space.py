@@ -42,7 +42,7 @@ def rows_of(cands):
     return out
 
 
-def oracle(model, gpus, seq, gbs, dom):
+def oracle(model, gpus, seq, gbs, dom, engine="megatron"):
     """Valid candidates by brute force: nested loops building Strategy(...) and calling
     .check(), catching NdplanError, plus the canonical rule (pp == 1 keeps only 1f1b
     with vpp 1; tp == 1 keeps only sp=True). ``dom`` lists each dimension's values;
@@ -57,7 +57,7 @@ def oracle(model, gpus, seq, gbs, dom):
             continue
         try:
             Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
-                     zero=zero, recompute=rec, schedule=sched, sp=sp).check(model, gpus)
+                     zero=zero, recompute=rec, schedule=sched, sp=sp, engine=engine).check(model, gpus)
         except NdplanError:
             continue
         valid.add((dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp))
@@ -309,3 +309,53 @@ def test_pipeline_and_strategy_share_the_schedule_rules():
             Pipeline(budget_bytes=1e9, **kw)
         with pytest.raises(NdplanError):
             Strategy(pp=kw["pp"], vpp=kw["vpp"], gbs=kw["m"], schedule=kw["schedule"])
+
+
+def test_a_deepspeed_sweep_holds_what_deepspeed_runs():
+    """engine=deepspeed: the candidates are the brute-force oracle's (each Strategy(engine=
+    "deepspeed") refuses what DeepSpeed refuses), and, written out here from DeepSpeed 0.19.8's
+    code (runtime/pipe/engine.py:76-77 and 500-501, module_inject/layers.py:215-225): no pipeline
+    schedule but 1F1B with one chunk, no ZeRO-2/3 with a pipeline, no sequence parallelism with
+    AutoTP; the megatron sweep of the same space holds all of them and more."""
+    model, gpus, seq, gbs = spec("llama3-8b"), 8, 4096, 16
+    space = {"mbs": [1, 2], "sp": [True, False], "zero": [0, 1, 2, 3], "recompute": "none", "uneven": False}
+    dom = {"etp": [1], "vpp": range(1, 33), "mbs": [1, 2], "zero": [0, 1, 2, 3], "recompute": ["none"],
+           "schedule": SCHEDULES, "sp": [True, False]}
+    cands = generate(model, gpus, seq, gbs, space, engine="deepspeed")
+    rows = set(rows_of(cands))
+    assert rows == oracle(model, gpus, seq, gbs, dom, engine="deepspeed")
+    assert cands.generated == cands.valid + sum(cands.rejected.values())
+    for dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp in rows:
+        assert pp == 1 or (sched == "1f1b" and vpp == 1 and zero <= 1)
+        assert tp == 1 or not sp
+    megatron = generate(model, gpus, seq, gbs, space)
+    assert rows < set(rows_of(megatron))
+    assert cands.rejected["engine"] == megatron.valid - cands.valid > 0
+
+
+def test_why_names_the_engine_rule_and_defaults_sp_off_for_deepspeed_tp():
+    model, gpus, seq, gbs = spec("llama3-8b"), 8, 4096, 16
+    assert why(model, gpus, seq, gbs, None, {"tp": 2}, engine="deepspeed") is None  # sp defaults off
+    assert why(model, gpus, seq, gbs, None, {"tp": 2, "sp": True}, engine="deepspeed").startswith("engine: sp=True")
+    assert why(model, gpus, seq, gbs, None, {"pp": 2, "zero": 3}, engine="deepspeed").startswith("engine: zero=3")
+    assert why(model, gpus, seq, gbs, None, {"pp": 2, "zero": 3}) is None
+    assert ndplan.strategy_from_point({"tp": 2, "engine": "deepspeed"}, 8).sp is False
+    assert ndplan.strategy_from_point({"tp": 2}, 8).sp is True
+
+
+def test_the_deepspeed_rules_are_in_deepspeeds_code():
+    """The lines rules.py cites, in the DeepSpeed the CI installs (read as text: no import)."""
+    import importlib.util
+    from pathlib import Path
+    found = importlib.util.find_spec("deepspeed")
+    if found is None:
+        pytest.skip("DeepSpeed is not installed (a CI extra)")
+    root = Path(found.origin).parent
+    engine = (root / "runtime/pipe/engine.py").read_text()
+    assert '"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"' in engine
+    train = engine[engine.index("def _train_schedule"):]
+    assert train[:train.index("\n    def ", 10)].count("schedule.TrainSchedule(") == 1
+    layers = (root / "module_inject/layers.py").read_text()
+    row = layers[layers.index("class RowParallel"):]
+    row = row[:row.index("\nclass ")]
+    assert "all_reduce" in row and "reduce_scatter" not in row

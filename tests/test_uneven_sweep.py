@@ -100,10 +100,11 @@ def test_sweep_holds_every_layout_of_the_family(name, vpps):
 
 
 def _concrete():
-    """Estimate with layer counts taken from the layer list (no ends closed form)."""
+    """Estimate with layer counts taken from the layer list (no ends closed form): ends_layout
+    (layouts.py) patched where it is defined and where it is imported by name."""
     no = lambda spec, strat: False  # noqa: E731
-    return mock.patch.multiple("ndplan.formulas.placement", ends_layout=no), \
-        mock.patch("ndplan.structure.ends_layout", no)
+    return (mock.patch("ndplan.layouts.ends_layout", no), mock.patch("ndplan.formulas.placement.ends_layout", no),
+            mock.patch("ndplan.structure.ends_layout", no))
 
 
 def test_best_uneven_layout_equals_brute_force():
@@ -116,8 +117,8 @@ def test_best_uneven_layout_equals_brute_force():
     fixed = {"tp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1, "zero": 1, "recompute": "none",
              "schedule": "1f1b", "vpp": 1, "sp": True}
     results = []
-    p1, p2 = _concrete()
-    with p1, p2:
+    p1, p2, p3 = _concrete()
+    with p1, p2, p3:
         for pp in (2, 4, 8):
             for counts in _compositions(model.num_hidden_layers, pp, 1):
                 if not _allowed(counts, 1):

@@ -23,7 +23,6 @@ from ndplan.export import emit
 from ndplan.paths import output_file
 from ndplan.estimate import estimate as run_estimate
 from ndplan.report import cli as report_cli
-from ndplan.symbols import model_symbols
 
 
 @click.group(cls=Cli, name="ndplan", context_settings={"help_option_names": ["-h", "--help"]})
@@ -146,6 +145,7 @@ def models(as_json):
       ndplan models --json
     """
     from ndplan.formulas.params import params_total
+    from ndplan.symbols import model_symbols
     rows = []
     for m in list_models():
         rows.append({"name": m.name, "model_type": m.model_type, "architecture": m.architecture,

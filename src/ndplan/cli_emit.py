@@ -5,14 +5,14 @@ from __future__ import annotations
 import click
 
 from ndplan.errors import NdplanError
-from ndplan.export import EMITTERS, emit, write
+from ndplan.export import FORMATS, emit, write
 from ndplan.paths import output_dir, output_file
 
 
 def emit_options(fn):
     fn = click.option("--emit-out", type=click.Path(), default=None,
                       help="Write the --emit form here (default: stdout, instead of the report).")(fn)
-    return click.option("--emit", "emit_fmt", type=click.Choice(list(EMITTERS)), default=None,
+    return click.option("--emit", "emit_fmt", type=click.Choice(list(FORMATS)), default=None,
                         help="Export the strategy as a framework config.")(fn)
 
 

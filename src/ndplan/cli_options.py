@@ -83,7 +83,9 @@ DIMENSIONS = [
     click.option("--mbs", type=BATCH, default=1, show_default=True, help="Micro-batch size."),
     click.option("--zero", type=click.IntRange(min(ZERO_LEVELS), max(ZERO_LEVELS)), default=1, show_default=True,
                  help="0 none, 1 optimizer (distributed optimizer), 2 +grads, 3 +weights (FSDP)."),
-    click.option("--sp/--no-sp", default=True, show_default=True, help="Sequence parallelism on the TP group."),
+    click.option("--sp/--no-sp", default=None,
+                 help="Sequence parallelism on the TP group [default: on; off for --engine deepspeed at --tp > 1, "
+                      "whose AutoTP has none]."),
     click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="none", show_default=True),
     click.option("--recompute-layers", callback=_int_list, default=None,
                  help="Apply --recompute only to the first N layers of each stage chunk; one N, or one per stage (4,2,0,0)."),

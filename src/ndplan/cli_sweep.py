@@ -105,7 +105,7 @@ def _completions(r: SweepResult, point: dict) -> np.ndarray:
 def _why_report(r: SweepResult, model, space, text: str) -> str:
     """``--why``: the rule that rejects the point, or where its best completion ranks."""
     point = _parse_point(text)
-    reason = why(model, r.gpus, r.seq, r.gbs, space, point)
+    reason = why(model, r.gpus, r.seq, r.gbs, space, point, r.base.get("engine", "megatron"))
     if reason:
         return f"{text}: rejected by rule {reason}"
     t, idx = r.table, _completions(r, point)

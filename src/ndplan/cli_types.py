@@ -299,6 +299,8 @@ class Cli(click.Group):
             warnings.showwarning = held
             code, line = self._run(argv, prog_name, complete_var, extra)
         PROGRESS.finish()
+        from ndplan import kernels
+        kernels.flush()  # what this command learned about kernels, before any later kill (atexit does it too)
         if line is not None:
             click.echo(f"error: {' '.join(line.split())}", err=True)
         else:

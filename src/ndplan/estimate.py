@@ -5,49 +5,55 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import sympy as sp
 
-from ndplan import symbols as S
+from ndplan.argnames import HW_ARGS, STRATEGY_ARGS
 from ndplan.errors import warn
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import EngineProfile
-from ndplan.formulas import flops as FL
-from ndplan.formulas import groups as G
-from ndplan.formulas import params as P
-from ndplan.formulas.step import step_time
-from ndplan.formulas.memory import OUTSIDE_TENSOR_KEYS, STATIC_KEYS, stage_memory
-from ndplan.formulas.states import host_memory
-from ndplan.formulas.placement import symbolic_layout as symbolic_stage_ok
 from ndplan.kernels import model_kernel
-from ndplan.layouts import ends_of
-from ndplan.symbols import HW_SYMBOLS, STRATEGY_SYMBOLS
+from ndplan.layouts import ends_of, head_stage, symbolic_layout as symbolic_stage_ok
 from ndplan.strategy import Strategy
 from ndplan.structure import Structure, kernel_key, structure
-from ndplan.terms import Breakdown
 from ndplan.throughput import tokens_per_s_per_device, utilization
-from ndplan.symbols import model_symbols
+from ndplan.vocab import OUTSIDE_TENSOR_KEYS, STATIC_KEYS
+
+if TYPE_CHECKING:
+    from ndplan.terms import Breakdown
+
+# SymPy and the formula builders are imported where a kernel is built or a Breakdown is asked
+# for: an estimate whose kernels are cached runs on numpy alone (kernels.py).
 
 
-def strategy_point(strat: Strategy, stage: int = 0) -> dict[sp.Symbol, int]:
-    """Values of the strategy symbols (stage excluded; nrec taken at ``stage`` when
-    recompute_layers is per stage; first_layers/last_layers those of an ends layout,
+def strategy_values(strat: Strategy, stage: int = 0) -> dict[str, int]:
+    """Values of the strategy kernel arguments by name (stage excluded; nrec taken at ``stage``
+    when recompute_layers is per stage; first_layers/last_layers those of an ends layout,
     layouts.ends_of, else 0: no other kernel reads them)."""
     ends = ends_of(strat.pp, strat.vpp, strat.schedule, strat.layers_per_stage) or (0, 0)  # read by ends kernels only
-    return {S.dp: strat.dp, S.tp: strat.tp, S.pp: strat.pp, S.vpp: strat.vpp, S.cp: strat.cp,
-            S.ep: strat.ep, S.etp: strat.etp, S.mbs: strat.mbs, S.m: strat.m, S.seq: strat.seq,
-            S.nrec: strat.nrec[stage] if isinstance(strat.nrec, tuple) else strat.nrec,
-            S.first_layers: ends[0], S.last_layers: ends[1]}
+    return {"dp": strat.dp, "tp": strat.tp, "pp": strat.pp, "vpp": strat.vpp, "cp": strat.cp, "ep": strat.ep,
+            "etp": strat.etp, "mbs": strat.mbs, "m": strat.m, "seq": strat.seq,
+            "nrec": strat.nrec[stage] if isinstance(strat.nrec, tuple) else strat.nrec,
+            "first_layers": ends[0], "last_layers": ends[1]}
+
+
+def strategy_point(strat: Strategy, stage: int = 0) -> dict:
+    """``strategy_values`` keyed by the SymPy symbols (symbols.BY_NAME), for substitution."""
+    from ndplan.symbols import BY_NAME
+    return {BY_NAME[k]: v for k, v in strategy_values(strat, stage).items()}
 
 
 def stage_breakdown(model: ModelSpec, view: Structure, stage: int | None = None, M=None) -> Breakdown:
     """Memory Terms of a stage. ``stage=None`` keeps the stage index a symbol where the
     layout allows it (even split); otherwise give the stage number. ``M``: the model sizes
     (default the model's numbers; kernels pass ModelSymbols.symbolic())."""
+    import sympy as sp
+    from ndplan import symbols as S
+    from ndplan.formulas.memory import stage_memory
     view = structure(model, view)
-    M = model_symbols(model) if M is None else M
+    M = S.model_symbols(model) if M is None else M
     if stage is None:
         stage = S.stage if symbolic_stage_ok(model, view) else 0
     return stage_memory(model, M, view, stage if isinstance(stage, sp.Symbol) else sp.Integer(stage))
@@ -59,14 +65,62 @@ def memory_kernel(model: ModelSpec, view: Structure, stage: int | None = None):
     (kernels.model_kernel) and bound to this model's sizes."""
     view = structure(model, view)
     return model_kernel(model, kernel_key(None, view, "memory", stage),
-                        lambda spec, M: stage_breakdown(spec, view, stage, M), STRATEGY_SYMBOLS,
+                        lambda spec, M: stage_breakdown(spec, view, stage, M), STRATEGY_ARGS,
                         use_disk=not view.hooks)
+
+
+def _step_breakdown(spec, M, view) -> Breakdown:
+    from ndplan.formulas.step import step_time
+    return step_time(spec, M, view)
 
 
 def time_kernel(model: ModelSpec, view: Structure):
     """The compiled step-time kernel of ``view`` (arguments: strategy and hardware symbols)."""
-    return model_kernel(model, kernel_key(None, view, "time"), lambda spec, M: step_time(spec, M, view),
-                        STRATEGY_SYMBOLS + HW_SYMBOLS, use_disk=not view.hooks)
+    return model_kernel(model, kernel_key(None, view, "time"), lambda spec, M: _step_breakdown(spec, M, view),
+                        STRATEGY_ARGS + HW_ARGS, use_disk=not view.hooks)
+
+
+def _terms(rows) -> Breakdown:
+    """A Breakdown of (key, expression, unit, source) rows."""
+    import sympy as sp
+    from ndplan.terms import Breakdown, Term
+    return Breakdown(tuple(Term(key=k, expr=sp.sympify(e), unit=u, source=src) for k, e, u, src in rows))
+
+
+def _model_totals(spec, M, mode: str) -> Breakdown:
+    import sympy as sp
+    from ndplan import symbols as S
+    from ndplan.formulas import flops as FL, params as P
+    return _terms((("total.params", P.params_total(spec, M), "count", "formulas/params.py params_total"),
+                   ("total.params_active", P.params_active(spec, M) if spec.is_moe else sp.Integer(0), "count",
+                    "formulas/params.py params_active (0: a dense model)"),
+                   ("total.flops_per_sequence", FL.model_flops_per_sequence(spec, M, S.seq), "flop",
+                    "formulas/flops.py model_flops_per_sequence"),
+                   ("total.recompute_flops_per_sequence", FL.recompute_flops_per_sequence(spec, M, S.seq, mode),
+                    "flop", "formulas/flops.py recompute_flops_per_sequence")))
+
+
+def model_totals(model: ModelSpec, seq: int, recompute: str = "none") -> dict[str, float]:
+    """Parameters (total; active, 0 for a dense model) and the model and ``recompute`` FLOPs of
+    one sequence of ``seq`` tokens, from a compiled kernel (argument: seq): numbers a cached
+    estimate or sweep reads without SymPy."""
+    kernel = model_kernel(model, ("model totals", recompute), lambda spec, M: _model_totals(spec, M, recompute),
+                          ("seq",))
+    return {k: float(v) for k, v in kernel(seq=float(seq)).items()}
+
+
+def _host_breakdown(spec, M, view) -> Breakdown:
+    import sympy as sp
+    from ndplan.formulas.states import host_memory
+    return _terms((("total.host_bytes", host_memory(spec, M, view, sp.Integer(0)), "bytes",
+                    "formulas/states.py host_memory (stage 0)"),))
+
+
+def host_kernel(model: ModelSpec, view: Structure):
+    """The compiled host-memory kernel of ``view`` (bytes per device; arguments: strategy symbols)."""
+    view = structure(model, view)
+    return model_kernel(model, kernel_key(None, view, "host"), lambda spec, M: _host_breakdown(spec, M, view),
+                        STRATEGY_ARGS, use_disk=not view.hooks)
 
 
 @dataclass
@@ -165,7 +219,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     same engine with a stated ``--tp-comm-overlap``: ``dataclasses.replace(MEGATRON,
     overlap_tp_comm=True)``); memory always uses the named profile."""
     strat.check(model, gpus)
-    point = {k.name: v for k, v in strategy_point(strat).items()}
+    point = strategy_values(strat)
     stages = np.arange(strat.pp)
     if isinstance(strat.recompute_layers, tuple):
         point["nrec"] = np.asarray(strat.recompute_layers, dtype=float)  # one count per stage
@@ -180,21 +234,26 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
         nrec = np.broadcast_to(np.asarray(point["nrec"], dtype=float), (strat.pp,))
         values = [memory_kernel(model, view, int(i))(**(point | {"nrec": nrec[i]}), stage=float(i)) for i in stages]
     rows = _stage_rows(values, stages)
-    M = model_symbols(model)
-    host = host_memory(model, M, strat, sp.Integer(0))
-    host_bytes = int(np.ceil(float(host.subs(strategy_point(strat)).subs({S.pp: strat.pp}))))
+    head = strategy_values(strat, head_stage(strat, strat.pp))["nrec"]
+    totals = model_totals(model, strat.seq, strat.recompute)
+    host = float(host_kernel(model, view)(**strategy_values(strat), stage=0.0)["total.host_bytes"])  # stage 0, as before
     tview = structure(model, strat, engine)
-    tbd = functools.partial(step_time, model, M, tview)
-    tvals = time_kernel(model, tview)(**(point | {"nrec": strategy_point(strat, G.head_stage(strat, strat.pp))[S.nrec]}),
-                                      stage=0.0, **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
+    tvals = time_kernel(model, tview)(**(point | {"nrec": head}), stage=0.0,
+                                      **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
     time_terms = {k: float(v) for k, v in tvals.items()}
     if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
         warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",
              "check the hardware values (--set, -H) and the strategy")
-    flops = float(FL.model_flops_per_sequence(model, M, strat.seq)) * strat.gbs
-    rec = float(FL.recompute_flops_per_sequence(model, M, strat.seq, strat.recompute)) * strat.gbs
+    flops = totals["total.flops_per_sequence"] * strat.gbs
+    rec = totals["total.recompute_flops_per_sequence"] * strat.gbs
     return Estimate(model=model, hardware=hardware, strategy=strat, per_stage=rows,
-                    params_total=int(P.params_total(model, M)),
-                    params_active=int(P.params_active(model, M)) if model.is_moe else None,
-                    host_bytes=host_bytes, time_terms=time_terms, flops_per_step=flops,
-                    hardware_flops_per_step=flops + rec, _breakdowns=bds, _time_breakdown=tbd)
+                    params_total=round(totals["total.params"]),
+                    params_active=round(totals["total.params_active"]) if model.is_moe else None,
+                    host_bytes=int(np.ceil(host)), time_terms=time_terms, flops_per_step=flops,
+                    hardware_flops_per_step=flops + rec, _breakdowns=bds,
+                    _time_breakdown=lambda: _step_breakdown(model, _model_symbols(model), tview))
+
+
+def _model_symbols(model: ModelSpec):
+    from ndplan.symbols import model_symbols
+    return model_symbols(model)

@@ -28,13 +28,14 @@ read from the disk cache (a Python function has no stable identity across runs).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import sympy as sp
+if TYPE_CHECKING:
+    from ndplan.terms import Breakdown
 
-from ndplan.terms import Breakdown, Term
-
-HookFn = Callable[[Term, object, object], "Term | sp.Expr"]
+HookFn = Callable[[object, object, object], object]
+"""``fn(term, spec, structure) -> Term | SymPy expression`` (SymPy and terms.py are imported
+when a Breakdown is hooked, not with this registry: a cached sweep never imports SymPy)."""
 _HOOKS: dict[str, HookFn] = {}
 _SERIAL: dict[str, int] = {}
 """Registration number of each hook: two functions at one memory address (a replaced
@@ -68,6 +69,8 @@ def apply(bd: Breakdown, spec, view) -> Breakdown:
     table = {key: fn for key, _, fn in view.hooks}
     if not table:
         return bd
+    import sympy as sp
+    from ndplan.terms import Breakdown, Term
     out = []
     for t in bd:
         fn = table.get(t.key)

@@ -5,7 +5,8 @@
     out["mem.weights"]   # broadcast to the common shape of the arguments
 
 Arguments are floats; every output is broadcast to the arguments' common shape
-(a constant term lambdifies to a scalar and is broadcast here).
+(a constant term lambdifies to a scalar and is broadcast here). SymPy is imported only
+to build a kernel: one found in the cache runs on numpy alone (argnames.py).
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from __future__ import annotations
 import functools
 import math
 from functools import lru_cache
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import sympy as sp
 
 from ndplan import prebuilt
-from ndplan.lambdify import lambdify
-from ndplan.symbols import STRATEGY_SYMBOLS
-from ndplan.terms import Breakdown
+from ndplan.memo import LIMIT, by_identity
+
+if TYPE_CHECKING:
+    import sympy as sp
+
+    from ndplan.terms import Breakdown
 
 
 CHUNK_ROWS = 32768
@@ -29,21 +32,36 @@ CHUNK_ROWS = 32768
 
 
 class Kernel:
-    def __init__(self, keys: list[str], args: tuple[sp.Symbol, ...], fn: Callable):
+    """A generated numpy function; ``args``: its argument names (symbol names), in order."""
+
+    def __init__(self, keys: list[str], args: tuple[str, ...], fn: Callable):
         self.keys = keys
         self.args = args
         self._fn = fn
 
     def __call__(self, **values) -> dict[str, np.ndarray]:
-        missing = [a.name for a in self.args if a.name not in values]
+        missing = [a for a in self.args if a not in values]
         if missing:
             raise TypeError(f"kernel needs values for {', '.join(missing)}")
-        arrays = [np.asarray(values[a.name], dtype=float) for a in self.args]
+        arrays = [np.asarray(values[a], dtype=float) for a in self.args]
         shape = np.broadcast_shapes(*[x.shape for x in arrays])
         if shape and math.prod(shape) > CHUNK_ROWS and all(x.ndim == 0 or x.shape[-1] == shape[-1] for x in arrays):
             return self._chunked(arrays, shape)
-        outs = self._fn(*arrays)
-        return {k: np.broadcast_to(np.asarray(o, dtype=float), shape) for k, o in zip(self.keys, outs)}
+        return self._own(self._fn(*arrays), arrays, shape)
+
+    def _own(self, outs, arrays: list[np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """Each output at ``shape``: the generated function's own array where it is new and
+        unshared, else a read-only broadcast view (a Term equal to an argument returns the
+        argument; common subexpressions return one array for several Terms)."""
+        seen = {id(x) for x in arrays}
+        out = {}
+        for k, o in zip(self.keys, outs):
+            if isinstance(o, np.ndarray) and o.shape == shape and o.dtype == float and id(o) not in seen:
+                out[k] = o
+            else:
+                out[k] = np.broadcast_to(np.asarray(o, dtype=float), shape)
+            seen.add(id(o))
+        return out
 
     def _chunked(self, arrays: list[np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Evaluate about CHUNK_ROWS elements at a time, in slices of the last axis: the
@@ -63,14 +81,24 @@ class Kernel:
 
 @lru_cache(maxsize=256)
 def _compile(breakdown: Breakdown, args: tuple[sp.Symbol, ...]) -> Kernel:
+    from ndplan.lambdify import lambdify
+    return Kernel([t.key for t in breakdown], tuple(a.name for a in args), lambdify(args, _exprs(breakdown, args)))
+
+
+def _exprs(breakdown: Breakdown, args: tuple[sp.Symbol, ...]) -> list:
+    """The Terms' expressions, refused when a symbol is not among ``args``."""
+    import sympy as sp
     exprs = [sp.sympify(t.expr) for t in breakdown]
     free = set().union(*[e.free_symbols for e in exprs]) - set(args)
     if free:
         raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-    return Kernel([t.key for t in breakdown], args, lambdify(args, exprs))
+    return exprs
 
 
-def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS) -> Kernel:
+def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] | None = None) -> Kernel:
+    """``args``: SymPy symbols (default symbols.STRATEGY_SYMBOLS)."""
+    if args is None:
+        from ndplan.symbols import STRATEGY_SYMBOLS as args
     return _compile(breakdown, tuple(args))
 
 
@@ -78,13 +106,17 @@ def compile_breakdown(breakdown: Breakdown, args: tuple[sp.Symbol, ...] = STRATE
 #
 # A sweep compiles one memory and one time kernel per categorical group (about 130 for a
 # dense model on 1024 devices). Building the SymPy Breakdown and lambdifying it costs
-# about 0.1 s each; the generated numpy source is cached on disk, keyed by everything
-# the expressions depend on (the ndplan formula sources, the model, the categorical
-# strategy fields, the argument names), so a later run execs the
-# stored source and never touches SymPy. Behind the disk cache is the store of kernels
-# shipped with the package (prebuilt.py): a first run of a catalog class finds its
-# kernels there and copies them into the disk cache.
+# about 0.1 s each; the generated numpy source (``<digest>.json``, any Python) and its
+# compiled code with the output keys (``<digest>.<python tag>.kc``, marshal) are cached on
+# disk, keyed by everything the expressions depend on (the ndplan formula sources, the
+# model's reads, the categorical strategy fields, the argument names), so a later run
+# execs the stored code and never imports SymPy. Behind the disk cache is the store of
+# kernels shipped with the package (prebuilt.py): a first run of a catalog class finds
+# its kernels there and writes their code (not their source, which stays in the store)
+# into the disk cache. What a run learns besides kernels (read lists, _ModelMemo) is
+# written by ``flush``: at the end of a sweep, of a CLI command, and at exit.
 
+import atexit
 import hashlib
 import importlib.util
 import inspect
@@ -99,15 +131,16 @@ from pathlib import Path
 _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
 #: Modules whose code decides a kernel's expressions (the CLI and reports do not).
-_EXPR_MODULES = ("formulas", "catalog", "engines.py", "engine_fields.py", "torch_facts.py", "units.py", "vocab.py",
+_EXPR_MODULES = ("formulas", "catalog", "argnames.py", "engines.py", "engine_fields.py", "torch_facts.py", "units.py", "vocab.py",
                  "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "lambdify.py", "estimate.py",
                  "readlog.py")
 """Modules whose sources are in every kernel's key: the builders, what they read, the Breakdowns
 estimate.py asks of them, and the code printer (lambdify.py)."""
-_VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py", "kernels.py", "prebuilt.py")
+_VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py", "kernels.py", "prebuilt.py",
+                       "memo.py")
 """Modules the formulas import that decide no expression: messages, input bounds, catalog paths,
 validity rules (they reject strategies, never change a Term), hooks (each hook is in the key), and
-the kernel cache and the shipped store (they store and look up what lambdify.py prints, under keys
+the kernel cache, the shipped store and memo.py (they store and look up what lambdify.py prints, under keys
 that name the view, the model's reads and the sources above)."""
 MEMORY_KERNELS = 2048
 """Kernels kept in memory, least recently used dropped first (a 1024-device sweep of a
@@ -133,11 +166,16 @@ class compile_listener:
 
 def cache_dir() -> Path:
     """``$NDPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/ndplan/kernels`` (``~/.cache``)."""
-    env = os.environ.get("NDPLAN_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ndplan" / "kernels"
+    env = os.environ
+    return _cache_dir(env.get("NDPLAN_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+
+
+@lru_cache(maxsize=16)
+def _cache_dir(ndplan_dir: str | None, xdg: str | None, home: str | None) -> Path:
+    """cache_dir for these environment values (a sweep asks 600 times: 0.05 s unremembered)."""
+    if ndplan_dir:
+        return Path(ndplan_dir).absolute()  # a relative directory means the one of the first call
+    return Path(xdg or Path.home() / ".cache").absolute() / "ndplan" / "kernels"
 
 
 def _sources_digest() -> str:
@@ -174,7 +212,8 @@ _CODE_TAG = f"{sys.implementation.cache_tag}-{importlib.util.MAGIC_NUMBER.hex()}
 
 
 def _code_path(path: Path) -> Path:
-    return path.with_name(f"{path.stem}.{_CODE_TAG}.code")
+    """The marshalled (output keys, code object) of the kernel whose source is at ``path``."""
+    return path.with_name(f"{path.stem}.{_CODE_TAG}.kc")
 
 
 def _from_source(keys: list[str], args: tuple[str, ...], source: str, code=None) -> Kernel:
@@ -183,7 +222,7 @@ def _from_source(keys: list[str], args: tuple[str, ...], source: str, code=None)
     ns = _namespace()
     exec(code if code is not None else compile(source, "<ndplan-kernel>", "exec"), ns)  # noqa: S102
     fn = ns["_lambdifygenerated"]
-    return Kernel(keys, tuple(sp.Symbol(a) for a in args), fn)
+    return Kernel(keys, args, fn)
 
 
 def _digest(*parts) -> str:
@@ -206,21 +245,23 @@ def _load(digest: str, names: tuple[str, ...], use_disk: bool, use_store: bool =
     if not use_disk:
         return None
     path = cache_dir() / f"{digest}.json"
+    try:  # this Python's code: one read, no source parsed
+        keys, code = marshal.loads(_code_path(path).read_bytes())
+        return _remember(digest, _from_source(list(keys), names, "", code))
+    except (OSError, ValueError, EOFError, TypeError, KeyError):
+        pass  # absent (another Python wrote the entry) or corrupt: from the source
     if path.exists():
         try:
             data = json.loads(path.read_text())
-            code_path = _code_path(path)
-            if code_path.exists():
-                code = marshal.loads(code_path.read_bytes())
-            else:  # written by another Python: compile once, and keep this Python's code
-                code = _store(path, data["keys"], data["source"], json_too=False)
+            code = _store(path, data["keys"], data["source"], json_too=False)  # kept for the next run
             return _remember(digest, _from_source(data["keys"], names, data["source"], code))
         except (OSError, ValueError, KeyError, SyntaxError, EOFError, TypeError):
             pass  # a corrupt entry is rebuilt (or taken from the prebuilt store)
     data = prebuilt.entry(digest) if use_store else None
     if data is None:
         return None
-    code = _store(path, data["keys"], data["source"])  # later runs load its marshalled code
+    # later runs load its marshalled code; its source stays in the store (another Python finds it there)
+    code = _store(path, data["keys"], data["source"], json_too=False)
     return _remember(digest, _from_source(data["keys"], names, data["source"], code))
 
 
@@ -233,11 +274,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def _build(bd: Breakdown, args: tuple[sp.Symbol, ...], digest: str, use_disk: bool) -> Kernel:
     """Lambdify ``bd`` over ``args``, remember it, and store its source (and code) on disk."""
-    exprs = [sp.sympify(t.expr) for t in bd]
-    free = set().union(*[e.free_symbols for e in exprs]) - set(args)
-    if free:
-        raise ValueError(f"breakdown has symbols not among the kernel arguments: {sorted(map(str, free))}")
-    source = inspect.getsource(lambdify(args, exprs))
+    from ndplan.lambdify import lambdify
+    source = inspect.getsource(lambdify(args, _exprs(bd, args)))
     code = _store(cache_dir() / f"{digest}.json", bd.keys(), source) if use_disk else None
     return _remember(digest, _from_source(bd.keys(), tuple(a.name for a in args), source, code))
 
@@ -247,7 +285,7 @@ def _store(path: Path, keys: list[str], source: str, json_too: bool = True):
     source) to the disk cache. Returns the code object."""
     code = compile(source, "<ndplan-kernel>", "exec")
     try:  # the code first: a reader that finds the .json finds its code
-        _write_atomic(_code_path(path), marshal.dumps(code))
+        _write_atomic(_code_path(path), marshal.dumps((tuple(keys), code)))
         if json_too:
             _write_atomic(path, json.dumps({"keys": keys, "source": source}).encode())
     except OSError:
@@ -260,7 +298,7 @@ def _announce() -> None:
         fn()
 
 
-def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Symbol, ...] = STRATEGY_SYMBOLS,
+def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Symbol, ...] | None = None,
                   use_disk: bool = True) -> Kernel:
     """The kernel of ``build()``, compiled once per ``key`` (memory, then disk).
 
@@ -268,6 +306,8 @@ def cached_kernel(key: object, build: Callable[[], Breakdown], args: tuple[sp.Sy
     structure.kernel_key, from the Structure the builder receives. ``use_disk=False``
     for Breakdowns with user hooks (a function has no identity across runs)."""
     from ndplan import hooks
+    if args is None:
+        from ndplan.symbols import STRATEGY_SYMBOLS as args
     names = tuple(a.name for a in args)
     use_disk = use_disk and not hooks.active()
     digest = _digest(repr(key), names)
@@ -302,10 +342,15 @@ def _disk_read_sets(path: Path) -> list[tuple[str, ...]]:
 
 
 def _read_sets(base: str, use_disk: bool) -> list[tuple[str, ...]]:
-    """The name lists read under ``base`` that the disk cache knows."""
+    """The name lists read under ``base`` that the disk cache knows, and those learned since
+    (written by ``flush``)."""
     if base not in _READ_SETS:
         _READ_SETS[base] = _disk_read_sets(cache_dir() / f"reads-{base}.json") if use_disk else []
     return _READ_SETS[base]
+
+
+_UNSAVED_READS: dict[Path, list[tuple[str, ...]]] = {}
+"""Read lists learned since the last ``flush``, by the file they belong in."""
 
 
 def _add_read_set(base: str, read: tuple[str, ...], use_disk: bool) -> None:
@@ -313,12 +358,21 @@ def _add_read_set(base: str, read: tuple[str, ...], use_disk: bool) -> None:
     if read in sets:
         return
     sets.append(read)
-    if use_disk:  # merged with the file as it is now, under a lock: another process may add a list
-        path = cache_dir() / f"reads-{base}.json"
+    if use_disk:  # written by flush: a first run of a class copies 300 kernels from the store
+        _UNSAVED_READS.setdefault(cache_dir() / f"reads-{base}.json", []).append(read)
+
+
+def _save_read_sets() -> None:
+    """Merge the unsaved read lists into their files as they are now, under a lock (another
+    process may add a list), in cache directories that still exist."""
+    while _UNSAVED_READS:
+        path, new = _UNSAVED_READS.popitem()
+        if not path.parent.is_dir():
+            continue
         try:
             with _locked(path.with_suffix(".lock")):
                 on_disk = _disk_read_sets(path)
-                _write_atomic(path, json.dumps(on_disk + [s for s in sets if s not in on_disk]).encode())
+                _write_atomic(path, json.dumps(on_disk + [s for s in new if s not in on_disk]).encode())
         except OSError:
             pass
 
@@ -344,54 +398,137 @@ class _locked:
         os.close(self.fd)  # closing releases the lock
 
 
-_ARG_VALUES: dict[int, tuple[object, dict[str, float]]] = {}
+_ARG_VALUES: dict = {}
+"""argnames.model_arg_values per spec (memo.by_identity)."""
 
 
-def _arg_values(spec, fn: Callable) -> dict[str, float]:
-    """``fn(spec)`` (symbols.model_arg_values), remembered for the last few specs."""
-    hit = _ARG_VALUES.get(id(spec))
-    if hit is None or hit[0] is not spec:
-        if len(_ARG_VALUES) > 64:
-            _ARG_VALUES.clear()
-        hit = _ARG_VALUES[id(spec)] = (spec, fn(spec))
-    return hit[1]
+class _ModelMemo:
+    """Per model (its repr) and ndplan sources, in the disk cache: the values of its @derived
+    reads (readlog.derived; computing one imports the formula modules and SymPy, 0.3 s: catalog
+    models find them shipped, prebuilt.derived_values) and the kernel each model-free key
+    resolved to (one file read instead of a name-list file per key: 0.05 s of a 300-kernel
+    sweep). Written by ``flush`` (at exit, into a cache directory that still exists). Both
+    are facts about the model under these sources: a stale or lost file costs speed, never a
+    wrong kernel (a resolved digest that is not stored is looked up as before)."""
+
+    _BY_SPEC: dict = {}
+    """Per spec object and cache directory (memo.by_identity)."""
+
+    def __init__(self, spec, use_disk: bool):
+        key = _digest(repr(spec))
+        self.path = cache_dir() / f"model-{key}.json" if use_disk else None
+        self.derived: dict[str, str] = {}
+        self.resolved: dict[str, str] = {}
+        if self.path is not None and self.path.exists():
+            try:
+                loaded = json.loads(self.path.read_text())
+                self.derived = {k: v for k, v in loaded["derived"].items() if isinstance(v, str)}
+                self.resolved = {k: v for k, v in loaded["resolved"].items() if isinstance(v, str)}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                pass  # recomputed
+        self.dirty = False
+        if not self.derived and use_disk:
+            self.derived = dict(prebuilt.derived_values(key))
+
+    @classmethod
+    def of(cls, spec, use_disk: bool) -> "_ModelMemo":
+        if len(cls._BY_SPEC) > LIMIT:
+            flush()  # before by_identity starts the table over
+        return by_identity(cls._BY_SPEC, spec, lambda: cls(spec, use_disk), cache_dir() if use_disk else None)
+
+    def values(self, spec, read: tuple[str, ...]) -> tuple:
+        """readlog.values_of with the @derived values this memo knows (it learns the new ones)."""
+        from ndplan.readlog import values_of
+        n = len(self.derived)
+        out = values_of(spec, read, self.derived)
+        self.dirty |= len(self.derived) != n
+        return out
+
+    def learn(self, table: str, key: str, value: str) -> None:
+        """Set ``derived`` or ``resolved`` [key] (to be saved)."""
+        mapping = getattr(self, table)
+        if mapping.get(key) != value:
+            mapping[key] = value
+            self.dirty = True
+
+    def save(self) -> None:
+        """Merge into the file as it is now, under a lock (another process, or another spec
+        object of the same model, may have written it); this process's entries win."""
+        if self.path is None or not self.dirty or not self.path.parent.is_dir():
+            return
+        try:
+            with _locked(self.path.with_suffix(".lock")):
+                try:
+                    on_disk = json.loads(self.path.read_text())
+                    old = {t: dict(on_disk[t]) for t in ("derived", "resolved")}
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    old = {"derived": {}, "resolved": {}}
+                doc = {t: old[t] | getattr(self, t) for t in ("derived", "resolved")}
+                _write_atomic(self.path, json.dumps(doc, sort_keys=True).encode())
+            self.dirty = False
+        except OSError:
+            pass  # a read-only cache only costs speed
 
 
-def model_kernel(spec, key: object, build: Callable, args: tuple[sp.Symbol, ...], use_disk: bool = True
+def flush() -> None:
+    """Write what this process learned to the disk cache: the read lists and the model memos
+    (_ModelMemo). At exit, and by the prebuild after each sequence."""
+    _save_read_sets()
+    for _, memo in list(_ModelMemo._BY_SPEC.values()):
+        memo.save()
+
+
+atexit.register(flush)
+
+
+def model_kernel(spec, key: object, build: Callable, args: tuple[str, ...], use_disk: bool = True
                  ) -> BoundKernel:
     """The kernel of ``build(spec_log, M)`` with the model sizes as kernel arguments, shared
     by every model that agrees with ``spec`` on what the builder read (readlog.py).
+    ``args``: the argument names before the model sizes (argnames.py).
 
     ``key``: the model-free part (structure.kernel_key(None, view, ...)); ``build`` gets a
     readlog.ReadLog of the spec and the symbolic ModelSymbols. The stored kernel is keyed
-    by ``key`` and the names and values of the attributes the build read; a lookup tries
-    each name list seen under ``key`` with this model's values."""
+    by ``key`` and the names and values of the attributes the build read; a lookup takes
+    the digest this model resolved ``key`` to before (_ModelMemo), else tries each name list
+    seen under ``key`` with this model's values (disk, then the shipped store), else builds."""
     from ndplan import hooks
-    from ndplan.readlog import ReadLog, values_of
-    from ndplan.symbols import MODEL_ARGS, model_arg_values
+    from ndplan.readlog import ReadLog
+    from ndplan.argnames import MODEL_ARGS, model_arg_values
     use_disk = use_disk and not hooks.active()
-    full_args = tuple(args) + MODEL_ARGS
-    names = tuple(a.name for a in full_args)
+    names = tuple(args) + MODEL_ARGS
     base = _digest(repr(key), names)
-    bound = _arg_values(spec, model_arg_values)
+    bound = by_identity(_ARG_VALUES, spec, lambda: model_arg_values(spec))
+    memo = _ModelMemo.of(spec, use_disk)
+    if base in memo.resolved:  # this model's kernel under this key, found before
+        kernel = _load(memo.resolved[base], names, use_disk, use_store=False)
+        if kernel is not None:
+            return BoundKernel(kernel, bound)
     known = _read_sets(base, use_disk)
     for read in known:  # memory and disk under every name list seen: a miss here opens no store
-        kernel = _load(_digest(base, values_of(spec, read)), names, use_disk, use_store=False)
+        digest = _digest(base, memo.values(spec, read))
+        kernel = _load(digest, names, use_disk, use_store=False)
         if kernel is not None:
+            memo.learn("resolved", base, digest)
             return BoundKernel(kernel, bound)
     # the shipped store, only when neither has it (a warm run probing other models' name lists
     # opened it on every miss: 0.2 s of DeepSeek-V3's 131,072-device sweep)
     shipped = [r for r in (prebuilt.read_sets(base) if use_disk else []) if r not in known]
     for read in (known + shipped) if use_disk else []:
-        kernel = _load(_digest(base, values_of(spec, read)), names, use_disk)
+        digest = _digest(base, memo.values(spec, read))
+        kernel = _load(digest, names, use_disk)
         if kernel is not None:
             _add_read_set(base, read, use_disk)
+            memo.learn("resolved", base, digest)
             return BoundKernel(kernel, bound)
     _announce()
     log = ReadLog(spec)
-    from ndplan.symbols import ModelSymbols
-    bd = build(log, ModelSymbols.symbolic())
+    from ndplan import symbols as S
+    bd = build(log, S.ModelSymbols.symbolic())
     read = log.names()
-    kernel = _build(bd, full_args, _digest(base, values_of(spec, read)), use_disk)
+    full_args = tuple(S.BY_NAME[n] for n in args) + S.MODEL_ARGS
+    digest = _digest(base, memo.values(spec, read))
+    kernel = _build(bd, full_args, digest, use_disk)
+    memo.learn("resolved", base, digest)
     _add_read_set(base, read, use_disk)
     return BoundKernel(kernel, bound)

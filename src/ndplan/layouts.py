@@ -29,7 +29,12 @@ where a layer count leaves no other choice.
 
 from __future__ import annotations
 
-from ndplan.formulas.schedules import virtual_stage
+from typing import TYPE_CHECKING
+
+from ndplan.vocab import HEAD_ON_FIRST_STAGE
+
+if TYPE_CHECKING:
+    from ndplan.catalog.model import ModelSpec
 
 BELOW = 2
 """Layers per chunk the first/last stage may hold under the middle count: 2 admits
@@ -70,7 +75,7 @@ def ends_options(L: int, pp: int, vpp: int) -> list[tuple[int, int]]:
 
 
 def stage_of(schedule: str, v: int, pp: int) -> int:
-    """The stage running virtual stage v (schedules.virtual_stage inverted)."""
+    """The stage running virtual stage v (virtual_stage inverted)."""
     for chunk in (0, 1) if schedule == "zbv" else (v // pp,):
         for s in range(pp):
             if virtual_stage(schedule, s, chunk, pp) == v:
@@ -99,3 +104,52 @@ def ends_of(pp: int, vpp: int, schedule: str, lps: tuple[int, ...] | None) -> tu
     if len(set(counts[1:-1])) > 1:
         return None
     return counts[0], counts[-1]
+
+
+# Which layout a model and strategy have: plain Python, read by the sweep without SymPy
+# (formulas/placement.py, schedules.py and groups.py re-export them for the builders).
+
+
+def virtual_stage(schedule: str, stage, chunk, pp):
+    """Index of the model slice (in layer order) that (stage, chunk) runs."""
+    if schedule == "zbv":
+        return stage if chunk == 0 else 2 * pp - 1 - stage
+    return chunk * pp + stage
+
+
+def head_stage(view, pp: int) -> int:
+    """The pipeline stage holding the output head and loss: the last, or stage 0 under
+    a V schedule (vocab.HEAD_ON_FIRST_STAGE; placement.head_device_flag is its symbolic form)."""
+    return 0 if view.schedule in HEAD_ON_FIRST_STAGE else pp - 1
+
+
+def leading_dense(spec: ModelSpec) -> int | None:
+    """k if the layers are k dense followed by only MoE (or all dense: k = L), else None."""
+    pattern = spec.layer_pattern
+    return {"dense": spec.num_hidden_layers if pattern[0] == "dense" else None, "moe": 0,
+            "leading": pattern[-1], "mixed": None}[pattern[0]]
+
+
+def mixed_layers(spec: ModelSpec) -> bool:
+    """Do dense and MoE layers interleave (no closed-form layout; leading_dense is None)?"""
+    return spec.layer_pattern[0] == "mixed"
+
+
+def ends_layout(spec: ModelSpec, strat) -> bool:
+    """Is the layout an "ends" layout written in the symbols first_layers/last_layers? A
+    Structure says so (``ends``); a Strategy when its layers_per_stage is one
+    (layouts.ends_of), the layers are leading-dense and vpp is 1. Under vpp > 1 a given
+    layout keeps its exact max over held vectors (structure.peaks_over_held_vectors),
+    which needs concrete pp and m; the sweep evaluates such rows as ends layouts with the
+    in-flight split, as it does even ones (schedules.py docstring: at most one
+    micro-batch of the embedding/head chunk's extra under-counted)."""
+    if hasattr(strat, "ends"):
+        return strat.ends
+    return (strat.vpp == 1 and not mixed_layers(spec)
+            and ends_of(strat.pp, strat.vpp, strat.schedule, strat.layers_per_stage) is not None)
+
+
+def symbolic_layout(spec: ModelSpec, strat) -> bool:
+    """Can layer counts be written in the symbols pp and stage (even split or an "ends"
+    layout, leading-dense layers)?"""
+    return not mixed_layers(spec) and (strat.layers_per_stage is None or ends_layout(spec, strat))

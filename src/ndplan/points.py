@@ -5,8 +5,10 @@ derived defaults live.
 * the global batch defaults to dp*mbs*pp sequences: pp micro-batches fill the pipeline
   once (m = pp, which the interleaved schedule also needs);
 * the schedule defaults to 1f1b, interleaved when vpp > 1;
+* sequence parallelism defaults to on, off for the deepspeed engine at tp > 1 (AutoTP
+  has none: rules.py);
 * every other field takes ``Strategy``'s own default (tp, pp, cp, ep, etp, vpp, mbs 1,
-  zero 1, sp on, recompute none, ...).
+  zero 1, recompute none, ...).
 
 ``estimate``/``explain`` (cli.build), ``compare`` (cli_sweep) and the config readers'
 dp (interop.base.world_dp) derive through these functions; a framework's own default
@@ -22,9 +24,9 @@ from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
 
 STRATEGY_DEFAULTS: dict[str, object] = {f.name: f.default for f in fields(Strategy) if f.default is not MISSING}
-"""Strategy field -> its default (the values a point's missing fields take, but dp, gbs
-and schedule, which are derived)."""
-DERIVED = ("dp", "gbs", "schedule")
+"""Strategy field -> its default (the values a point's missing fields take, but dp, gbs,
+schedule and sp, which are derived)."""
+DERIVED = ("dp", "gbs", "schedule", "sp")
 
 
 def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, field: str = "--gpus", context: str = "") -> int:
@@ -39,6 +41,12 @@ def data_parallel(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1, field: str =
 def default_gbs(dp: int, mbs: int, pp: int) -> int:
     """Global batch when none is given: pp micro-batches of mbs on every replica."""
     return dp * mbs * pp
+
+
+def default_sp(engine: str, tp: int) -> bool:
+    """Sequence parallelism when none is given: on, but for DeepSpeed at tp > 1, whose AutoTP
+    has none (rules.py, the engine rules)."""
+    return not (engine == "deepspeed" and tp > 1)
 
 
 def default_schedule(vpp: int) -> str:
@@ -67,6 +75,8 @@ def complete_point(point: Mapping, gpus: int | None = None, field: str = "--gpus
                           f"{p['gbs'] // (p['dp'] * p['mbs'])}", "give m or gbs, or values that agree")
     if point.get("schedule") is None:
         p["schedule"] = default_schedule(p["vpp"])
+    if point.get("sp") is None:
+        p["sp"] = default_sp(p["engine"], p["tp"])
     return p
 
 

@@ -2,11 +2,13 @@
 
 Runs, with the shipped store off and an empty kernel cache, every case below in-process
 (the CLI's own code path, output discarded) and stores the generated sources and read lists
-the cases compiled into prebuilt.STORE, with a manifest naming the formula sources they came from:
+the cases compiled into prebuilt.STORE, with a manifest naming the formula sources they came from,
+and every catalog model's @derived read values into prebuilt.DERIVED:
 
-- each catalog model's default sweep (engine megatron, every dimension auto) on 64, 1,024
-  and 16,384 H100s: the kernels of every catalog architecture class (a model of a class
-  that is already built compiles nothing, kernels.model_kernel);
+- each catalog model's default sweep (engine megatron, every dimension auto, the top 10
+  estimated) on 64, 1,024 and 16,384 H100s at sequence 4,096 and the README's (1,024 at
+  8,192): the kernels of every catalog architecture class (a model of a class that is
+  already built compiles nothing, kernels.model_kernel);
 - every ``ndplan`` command of README.md and of every ``--help`` (the commands a new user
   runs first), from a scratch copy of ``examples/``.
 
@@ -33,8 +35,11 @@ from ndplan import prebuilt
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout (README.md, examples/): the prebuild runs from a clone, not an installed wheel."""
-SWEEP_GPUS = (64, 1024, 16384)
-SWEEP_ARGS = ("-H", "h100-sxm", "--seq", "4096", "--gbs", "1024", "--top", "3")
+SWEEPS = ((64, 4096), (1024, 4096), (16384, 4096), (1024, 8192))
+"""(devices, sequence length) of each catalog model's sweeps; 1,024 at 8,192 is the README's."""
+SWEEP_ARGS = ("-H", "h100-sxm", "--gbs", "1024")
+"""The default --top (10): each of the top rows is estimated, and a row of a concrete layout
+has kernels of its own (structure.peaks_over_held_vectors)."""
 SIGNATURE = ("layer_pattern", "gated_mlp", "is_mla", "attention_bias", "qk_norm", "layernorm", "router_bias",
              "has_shared_experts", "learned_positions", "tie_word_embeddings", "mtp_layers", "hidden_dropout",
              "is_moe", "implicit_qkv_bias", "has_q_lora")
@@ -55,9 +60,9 @@ def catalog_cases() -> tuple[list[Case], list[Case]]:
     for name in sorted(p.stem for p in builtin_dir("models").glob("*.yaml")):
         spec = load_model(name)
         sig = tuple(repr(getattr(spec, a, None)) for a in SIGNATURE)
-        for gpus in SWEEP_GPUS:
-            case = (["sweep", "-m", name, "--gpus", str(gpus), *SWEEP_ARGS], (0, 1))
-            (first if sig not in seen and gpus == 1024 else rest).append(case)
+        for gpus, seq in SWEEPS:
+            case = (["sweep", "-m", name, "--gpus", str(gpus), "--seq", str(seq), *SWEEP_ARGS], (0, 1))
+            (first if sig not in seen and (gpus, seq) == SWEEPS[1] else rest).append(case)
         seen.add(sig)
     return first, rest
 
@@ -96,6 +101,7 @@ def _run_sequence(seq: list[Case]) -> tuple[int, float, list[str]]:
                     wrong.append(f"ndplan {' '.join(argv)}: exit {r.exit_code}, expected {codes}")
         finally:
             os.chdir(here)
+            kernels.flush()
     return built[0], time.perf_counter() - t0, wrong
 
 
@@ -119,18 +125,40 @@ def run_all(seqs: list[list[Case]], cache: str, jobs: int, use_store: bool) -> l
 
 
 def write_store(cache: Path, path: Path, cases: int) -> int:
-    """Store the cache's kernel sources and read lists (not the marshalled code, not traces)."""
+    """Store the cache's kernel sources and read lists (not the marshalled code, not traces, not the
+    model memos), and the catalog models' @derived values beside the store (write_derived)."""
     from importlib.metadata import version
 
     from ndplan.kernels import _sources_digest
-    members = {p.name: p.read_text() for p in sorted(cache.glob("*.json"))}
+    members = {p.name: p.read_text() for p in sorted(cache.glob("*.json")) if not p.name.startswith("model-")}
     for name in members:  # read lists in a fixed order, whichever worker added one first
         if name.startswith("reads-"):
             members[name] = json.dumps(sorted(json.loads(members[name])))
     manifest = {"sources": _sources_digest(), "sympy": version("sympy"), "kernels": sum(
         not n.startswith("reads-") for n in members), "cases": cases, "built_by": "python -m ndplan.prebuild"}
     prebuilt.write(path, manifest, members)
+    write_derived(members, path.with_name(prebuilt.DERIVED.name))
     return manifest["kernels"]
+
+
+def derived_document(members: dict[str, str]) -> dict:
+    """Every catalog model's value of every @derived read the stored read lists name, by the
+    model's key (prebuilt.derived_values)."""
+    from ndplan.catalog.files import builtin_dir
+    from ndplan.catalog.model import load_model
+    from ndplan.kernels import _digest, _sources_digest
+    from ndplan.readlog import _value
+    names = sorted({n for m, text in members.items() if m.startswith("reads-")
+                    for names in json.loads(text) for n in names if ":" in n})
+    models = {}
+    for name in sorted(p.stem for p in builtin_dir("models").glob("*.yaml")):
+        spec = load_model(name)
+        models[_digest(repr(spec))] = {n: repr(_value(spec, n)) for n in names}
+    return {"sources": _sources_digest(), "names": names, "models": models}
+
+
+def write_derived(members: dict[str, str], path: Path) -> None:
+    path.write_text(json.dumps(derived_document(members), indent=1, sort_keys=True) + "\n")
 
 
 def _jobs(text: str) -> int:

@@ -5,8 +5,10 @@ from (``manifest``: ``sources``, kernels._sources_digest), the generated source 
 that the cases of ``ndplan.prebuild`` compile (each catalog model's default sweep and the
 README's and ``--help`` examples), under the same digests as the disk cache, and the builders'
 read lists (``reads-<base>.json``, kernels.model_kernel): one xz-compressed JSON document
-(about 26 MiB of source in under 1 MiB; read in about 0.3 s). kernels.py looks here only after
-the disk cache missed, and copies what it finds into it, so a warm run never opens it. A store
+(about 26 MiB of source in under 1 MiB; read in about 0.1-0.3 s). kernels.py looks here only
+after the disk cache missed, and writes the compiled code of what it finds into it, so a warm
+run never opens it. ``prebuilt_derived.json`` beside it holds each catalog model's @derived read
+values (readlog.derived) under the same sources, so that a catalog model runs without SymPy. A store
 built from other sources answers nothing (every digest would differ anyway; the manifest check
 skips the look-ups), so a stale store costs speed, never a wrong number;
 tests/test_prebuilt.py fails while it is stale, and ``python -m ndplan.prebuild`` rebuilds it.
@@ -90,7 +92,31 @@ def read_sets(base: str) -> list[tuple[str, ...]]:
     return [tuple(x) for x in data] if isinstance(data, list) else []
 
 
+DERIVED = Path(__file__).resolve().parent / "prebuilt_derived.json"
+"""Each catalog model's @derived read values (readlog.derived) under the sources the store was
+built from, by the model's key (kernels._ModelMemo): a catalog model whose kernels are cached
+(another model of its class built them) then runs without SymPy. Plain JSON, a few kB."""
+_DERIVED: dict | None = None
+
+
+def derived_values(model_key: str) -> dict[str, str]:
+    """The shipped @derived values of the model keyed ``model_key`` (kernels._digest of its
+    repr, which names the sources), or {}."""
+    global _DERIVED
+    if not enabled():
+        return {}
+    if _DERIVED is None:
+        try:
+            doc = json.loads(DERIVED.read_text())
+            _DERIVED = doc["models"] if isinstance(doc, dict) and isinstance(doc.get("models"), dict) else {}
+        except (OSError, ValueError):
+            _DERIVED = {}
+    values = _DERIVED.get(model_key)
+    return {k: v for k, v in values.items() if isinstance(v, str)} if isinstance(values, dict) else {}
+
+
 def reset() -> None:
     """Forget the open store (after replacing STORE or rebuilding it)."""
-    global _MEMBERS
+    global _MEMBERS, _DERIVED
     _MEMBERS = None
+    _DERIVED = None

@@ -70,13 +70,19 @@ def _value(spec, name: str):
     return getattr(spec, name)
 
 
-def values_of(spec, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+def values_of(spec, names: tuple[str, ...], derived: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
     """(name, repr(value)) of ``spec`` for ``names``: the model part of a kernel key
-    (each value remembered per spec: a sweep asks for 300 kernels' keys)."""
-    return tuple((n, _shown(spec, n)) for n in names)
+    (each value remembered per spec: a sweep asks for 300 kernels' keys). ``derived``: the
+    values of @derived reads already known for this spec (kernels.py keeps them on disk:
+    computing one imports the formulas and SymPy); the ones computed here are added to it."""
+    return tuple((n, _shown(spec, n, derived)) for n in names)
 
 
-def _shown(spec, name: str) -> str:
+def _shown(spec, name: str, derived: dict[str, str] | None = None) -> str:
+    if derived is not None and ":" in name:
+        if name not in derived:
+            derived[name] = _shown(spec, name)
+        return derived[name]
     try:
         return _shown_memo(spec, name)
     except TypeError:  # a spec with an unhashable field

@@ -10,7 +10,8 @@ failing point.
 
 Scopes: ``strategy`` rules read only strategy fields (Strategy.__post_init__);
 ``schedule`` rules read pp, vpp, m and schedule (also PPB's Pipeline); ``model`` rules
-need the model and the device count (Strategy.check); ``canonical`` rules keep one of
+need the model and the device count (Strategy.check); ``engine`` rules are what the
+strategy's engine can run (they read ``engine``); ``canonical`` rules keep one of
 several equivalent points (the space generator only). ``group`` is the name the space
 generator counts rejections under (``sweep --json``'s ``rejected_by_rule``).
 """
@@ -42,6 +43,8 @@ class Rule:
     fix: Callable[[Any], str]
     static: bool = False
     """Reads no categorical knob (vpp, schedule, sp): the space computes its mask once per sweep."""
+    reads_zero: bool = False
+    """Reads the ZeRO level (the space evaluates it per level, after the other rules)."""
 
     def error(self, c) -> NdplanError:
         return NdplanError(field_of(self, c), self.value(c), self.problem(c), self.fix(c))
@@ -156,6 +159,28 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.sp,
          lambda c: "tp=1 makes sequence parallelism a no-op; sp=False duplicates sp=True",
          lambda c: "the equivalent point is in the sweep"),
+    # Engine rules last (the space evaluates the ZeRO ones per level, after all others).
+    # DeepSpeed (0.19.8, the CI extra) runs what its engine code allows. PipelineEngine trains with
+    # schedule.TrainSchedule, 1F1B with one chunk per stage (runtime/pipe/engine.py:500-501; its
+    # DualPipeVEngine keeps each weight gradient inside the backward, schedule.py:340-341, so it is
+    # not zbv); it asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+    # (engine.py:76-77); AutoTP's row-parallel linears all-reduce their output (module_inject/
+    # layers.py:215-225, 896-900), so the residual stream stays whole: no sequence parallelism.
+    Rule("engine", "deepspeed: pp > 1 runs 1f1b (one chunk per stage)", "engine", "schedule",
+         lambda c: (c.engine == "deepspeed") & (c.pp > 1) & ((c.schedule != "1f1b") | (c.vpp != 1)),
+         lambda c: c.schedule,
+         lambda c: "DeepSpeed's pipeline engine runs 1F1B with one chunk per stage (TrainSchedule)",
+         lambda c: "use --schedule 1f1b --vpp 1, or another engine"),
+    Rule("engine", "deepspeed: pp > 1 needs zero <= 1", "engine", "zero",
+         lambda c: (c.engine == "deepspeed") & (c.pp > 1) & (c.zero >= 2),
+         lambda c: c.zero,
+         lambda c: "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3",
+         lambda c: "use --zero 0 or 1 with pp > 1, or pp=1", reads_zero=True),
+    Rule("engine", "deepspeed: tp > 1 without sp (AutoTP all-reduces)", "engine", "sp",
+         lambda c: (c.engine == "deepspeed") & (c.tp > 1) & c.sp,
+         lambda c: c.sp,
+         lambda c: "DeepSpeed AutoTP all-reduces the row-parallel outputs: no sequence parallelism",
+         lambda c: "use --no-sp with --tp > 1, or another engine"),
 )
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(r.group for r in RULES))

@@ -19,7 +19,8 @@ zero        0, 1, 2, 3
 recompute   none, selective, full
 schedule    gpipe, 1f1b, interleaved, zb-h1, zbv (``dualpipe-v`` is read as zbv)
 sp          True only: sequence parallelism is on whenever tp > 1 (list
-            ``[true, false]`` to compare)
+            ``[true, false]`` to compare); under the deepspeed engine True and
+            False, the engine rule keeping False only at tp > 1 (points.default_sp)
 uneven      False and True: the even split and the "ends" layouts of layouts.py
             (first and last stage apart, middle stages even), for models whose
             dense layers come first (all dense, all MoE, DeepSeek); even only for
@@ -38,8 +39,8 @@ sum(rejected.values())``. One canonical rule, ``duplicate``, is the space's own:
 pp == 1 no pipeline schedule runs, so only schedule 1f1b with vpp 1 is kept; with
 tp == 1 sequence parallelism does nothing, so only sp=True is kept.
 
-``zero`` and ``recompute`` enter no rule: they multiply the counts and split the
-valid rows into groups. A ``Group`` is one categorical combination (schedule, vpp,
+``recompute`` enters no rule and ``zero`` only the engine rules (evaluated per level,
+last): they multiply the counts and split the valid rows into groups. A ``Group`` is one categorical combination (schedule, vpp,
 recompute, zero, sp) -- one compiled kernel downstream -- holding equal-length int64
 arrays of the numeric degrees.
 
@@ -63,8 +64,8 @@ from ndplan.catalog.model import ModelSpec
 from ndplan import limits
 from ndplan import points as P
 from ndplan import rules as R
-from ndplan.formulas.groups import micro_batches
-from ndplan.formulas.placement import leading_dense
+from ndplan.strategy import micro_batches
+from ndplan.layouts import leading_dense
 from ndplan.layouts import RANGE_TEXT, ends_options
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
@@ -106,6 +107,9 @@ class _Ctx:
     vpp: int
     schedule: str
     sp: bool
+    engine: str = "megatron"
+    zero: int | None = None
+    """The ZeRO level, set while the ``reads_zero`` rules are evaluated (generate)."""
     layers_per_stage: None = None
     """The space gives uneven splits as ``uneven`` rows (first/last counts), not lists."""
     uneven: np.ndarray | bool = False
@@ -233,7 +237,8 @@ def _check_args(gpus: int, seq: int, gbs: int) -> None:
         limits.count(name, v, 1, hi)
 
 
-def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None]) -> dict[str, tuple]:
+def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None], engine: str = "megatron"
+             ) -> dict[str, tuple]:
     """Values each dimension takes: the constraint, or the auto default (module docstring).
 
     A listed degree that cannot divide gpus (dp, tp, pp, cp, and ep, etp through
@@ -253,7 +258,8 @@ def _domains(model: ModelSpec, gpus: int, cons: dict[str, tuple | None]) -> dict
     auto = {
         "ep": _divisors(math.gcd(model.num_experts, gpus)) if model.is_moe else (1,),
         "etp": (1,), "vpp": auto_vpp, "mbs": AUTO_MBS, "zero": ZERO_STAGES,
-        "recompute": RECOMPUTE_MODES, "schedule": SCHEDULES, "sp": (True,),
+        "recompute": RECOMPUTE_MODES, "schedule": SCHEDULES,
+        "sp": tuple(sorted({P.default_sp(engine, tp) for tp in divs}, reverse=True)),  # the defaults of each tp
         "uneven": (False, True) if leading_dense(model) is not None else (False,),
         "first_layers": None, "last_layers": None,  # any count
         **dict.fromkeys(WORLD_DIMS, divs),
@@ -348,21 +354,24 @@ def _layout_rows(model: ModelSpec, pp: np.ndarray, vpp: int, dom: dict) -> tuple
     return tuple(np.concatenate(x) for x in zip(*parts))
 
 
-def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None = None) -> Candidates:
-    """Every candidate of the space that satisfies RULES, grouped by categorical knobs.
+def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None = None,
+             engine: str = "megatron") -> Candidates:
+    """Every candidate of the space that satisfies RULES (those of ``engine`` included),
+    grouped by categorical knobs.
 
     Raises NdplanError for a bad space, non-positive arguments, a listed degree that
     cannot divide gpus, or constraints no factorization of gpus meets.
     """
     _check_args(gpus, seq, gbs)
-    dom = _domains(model, gpus, normalize_space(space))
+    dom = _domains(model, gpus, normalize_space(space), engine)
     base = _base_grid(gpus, dom)
     n = len(base["dp"])
-    per_combo = len(dom["zero"]) * len(dom["recompute"])  # knobs in no rule: multiply counts
+    per_zero = len(dom["recompute"])  # a knob in no rule: multiply counts
+    per_combo = len(dom["zero"]) * per_zero
     rejected = dict.fromkeys(R.GROUPS, 0)
     static: dict[int, np.ndarray] = {}
     groups: list[Group] = []
-    base_ctx = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=1, schedule="1f1b", sp=True, **base)
+    base_ctx = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=1, schedule="1f1b", sp=True, engine=engine, **base)
     generated = 0
     layouts: dict[int, tuple] = {}
     for schedule, vpp, sp in itertools.product(dom["schedule"], dom["vpp"], dom["sp"]):
@@ -372,9 +381,11 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
         k = len(rows)
         generated += k * per_combo
         c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, uneven=uneven,
-                 **{d: v[rows] for d, v in base.items()})
+                 engine=engine, **{d: v[rows] for d, v in base.items()})
         alive = np.ones(k, dtype=bool)
         for i, rule in enumerate(R.RULES):
+            if rule.reads_zero:
+                continue  # per ZeRO level below (these rules come last: R.RULES)
             if not rule.static:
                 fails = np.broadcast_to(rule.fails(c), (k,))
             else:
@@ -386,14 +397,24 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
             alive &= ~bad
         if not alive.any():
             continue
-        grid = {d: base[d][rows][alive] for d in base}
-        grid["m"] = micro_batches(gbs, grid["dp"], grid["mbs"])
-        grid |= {"first_layers": first[alive], "last_layers": last[alive], "uneven": uneven[alive].astype(np.int64)}
-        for a in grid.values():
-            a.flags.writeable = False
-        for zero, recompute in itertools.product(dom["zero"], dom["recompute"]):
-            groups.append(Group(schedule=schedule, vpp=vpp, recompute=recompute, zero=zero, sp=sp,
-                                grid=dict(grid)))  # own dict, shared read-only arrays
+        for zero in dom["zero"]:
+            ok = alive.copy()
+            c.zero = zero
+            for rule in R.RULES:
+                if rule.reads_zero:
+                    bad = ok & np.broadcast_to(rule.fails(c), (k,))
+                    rejected[rule.group] += int(bad.sum()) * per_zero
+                    ok &= ~bad
+            if not ok.any():
+                continue
+            grid = {d: base[d][rows][ok] for d in base}
+            grid["m"] = micro_batches(gbs, grid["dp"], grid["mbs"])
+            grid |= {"first_layers": first[ok], "last_layers": last[ok], "uneven": uneven[ok].astype(np.int64)}
+            for a in grid.values():
+                a.flags.writeable = False
+            for recompute in dom["recompute"]:
+                groups.append(Group(schedule=schedule, vpp=vpp, recompute=recompute, zero=zero, sp=sp,
+                                    grid=dict(grid)))  # own dict, shared read-only arrays
     return Candidates(groups=groups, generated=generated, rejected=rejected)
 
 
@@ -409,7 +430,8 @@ def group_strategies(model: ModelSpec, group: Group, seq: int, gbs: int, rows=No
 
 # --------------------------------------------------------------------------- why
 
-def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, point: Mapping) -> str | None:
+def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, point: Mapping,
+        engine: str = "megatron") -> str | None:
     """Why ``point`` is not a candidate: ``"<rule>: <explanation>"``, or None if it is one.
 
     Missing dimensions take the space's value when it fixes one (its first listed value
@@ -420,7 +442,7 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
     """
     _check_args(gpus, seq, gbs)
     cons = normalize_space(space)
-    dom = _domains(model, gpus, cons)
+    dom = _domains(model, gpus, cons, engine)
     given = normalize_space(point)
     for dim, vals in given.items():
         if vals is not None and len(vals) != 1:
@@ -432,7 +454,8 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
         if given[dim] is not None:
             p[dim] = given[dim][0]
         else:
-            default = P.default_schedule(p["vpp"]) if dim == "schedule" else P.STRATEGY_DEFAULTS[dim]
+            default = (P.default_schedule(p["vpp"]) if dim == "schedule" else P.default_sp(engine, p["tp"])
+                       if dim == "sp" else P.STRATEGY_DEFAULTS[dim])
             p[dim] = default if default in dom[dim] else dom[dim][0]
     rest = p["tp"] * p["pp"] * p["cp"]
     if given["dp"] is None and gpus % rest:
@@ -441,12 +464,12 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
     if p["dp"] * rest != gpus:
         return f"world: dp*tp*pp*cp={p['dp']}*{p['tp']}*{p['pp']}*{p['cp']}={p['dp'] * rest} != gpus={gpus}"
     c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, **{d: p[d] for d in DEGREE_DIMS if d != "vpp"},
-             vpp=p["vpp"], schedule=p["schedule"], sp=p["sp"])
+             vpp=p["vpp"], schedule=p["schedule"], sp=p["sp"], engine=engine, zero=p["zero"])
     layout = _layout_point(model, p, given)
     if isinstance(layout, str):
         return layout
     c.uneven = layout["uneven"]
-    rule = R.first_failure(c, ("strategy", "schedule", "model", "canonical"))
+    rule = R.first_failure(c, ("strategy", "schedule", "model", "canonical", "engine"))
     if rule is not None:
         return f"{rule.group}: {R.field_of(rule, c)}={rule.value(c)}: {rule.problem(c)}"
     p |= layout

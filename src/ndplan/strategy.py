@@ -69,7 +69,6 @@ class Strategy:
     @property
     def m(self) -> int:
         """Micro-batches per step."""
-        from ndplan.formulas.groups import micro_batches
         return micro_batches(self.gbs, self.dp, self.mbs)
 
     @property
@@ -134,7 +133,7 @@ class Strategy:
             if self.recompute == "none":
                 raise NdplanError("recompute_layers", self.recompute_layers, "given with recompute none",
                                   "set --recompute selective or full too")
-        rules.check(self, ("strategy", "schedule"))
+        rules.check(self, ("strategy", "schedule", "engine"))
 
     def check(self, model: ModelSpec, gpus: int | None = None) -> None:
         """Divisibility rules against a model and device count."""
@@ -155,3 +154,9 @@ class Strategy:
                 raise NdplanError("recompute_layers", self.recompute_layers, f"exceeds num_hidden_layers={L}",
                                   f"give at most {L}")
         model.warn_long_seq(self.seq)
+
+
+def micro_batches(gbs, dp, mbs):
+    """Micro-batches per step m = gbs / (dp*mbs) (each replica runs gbs/dp sequences in
+    micro-batches of mbs); integer division, on numbers or numpy arrays."""
+    return gbs // (dp * mbs)

@@ -29,7 +29,8 @@ from dataclasses import dataclass, fields
 
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import EngineProfile, profile
-from ndplan.formulas.placement import ends_layout, symbolic_layout
+from ndplan.layouts import ends_layout, symbolic_layout
+from ndplan.memo import by_identity
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,4 +111,15 @@ NUMERIC_FIELDS = {"pp": "pp", "cp_gt1": "cp", "m": "m"}
 def kernel_key(spec: ModelSpec, view: Structure, what: str, stage: int | None = None) -> tuple:
     """Cache key of the kernel of ``what`` ("memory" or "time") for ``view``: the model,
     every field of the view, and the concrete stage a non-symbolic layout was built at."""
-    return (repr(spec), tuple((f.name, repr(getattr(view, f.name))) for f in fields(view)), what, stage)
+    return (repr(spec), tuple((f.name, _repr(getattr(view, f.name))) for f in fields(view)), what, stage)
+
+
+_PROFILE_REPRS: dict = {}
+
+
+def _repr(value) -> str:
+    """repr, remembered for an engine profile (a 60-field dataclass a sweep keys 300 times;
+    frozen, so its repr never changes; remembered by identity, it holds a dict)."""
+    if not isinstance(value, EngineProfile):
+        return repr(value)
+    return by_identity(_PROFILE_REPRS, value, lambda: repr(value))

@@ -2,7 +2,7 @@
 what does not fit, rank the rest, and keep the Pareto front of memory vs step time.
 
 Per categorical group (space.Group: schedule, vpp, recompute, zero, sp) one memory
-kernel and one time kernel are compiled (cached on disk, kernels.cached_kernel) and
+kernel and one time kernel are compiled (cached on disk, kernels.model_kernel) and
 called once on the group's arrays. The peak of a candidate is the maximum over the
 stages that can hold it (``PEAK_STAGES``); the top-k are then re-estimated stage by
 stage with ``estimate.estimate`` for their full breakdowns. The table of results, its
@@ -19,13 +19,12 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ndplan import limits
+from ndplan import kernels, limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError, warn
-from ndplan.estimate import Estimate, estimate, memory_kernel, time_kernel
-from ndplan.formulas import flops as FL
-from ndplan.formulas.placement import leading_dense, symbolic_layout
+from ndplan.estimate import Estimate, estimate, memory_kernel, model_totals, time_kernel
+from ndplan.layouts import leading_dense, symbolic_layout
 from ndplan.layouts import ends_of
 from ndplan.throughput import utilization
 from ndplan.space import GRID_KEYS, Candidates, Group, generate
@@ -34,7 +33,6 @@ from ndplan.points import strategy_from_row
 from ndplan.strategy import Strategy
 from ndplan.structure import NUMERIC_FIELDS, kernel_key, structure
 from ndplan.units import GIB
-from ndplan.symbols import model_symbols
 
 PEAK_STAGES = """Stages evaluated for the peak: 0 (embedding, most in-flight micro-batches), 1 (the
 first middle stage of an uneven layout), pp-1 (head, loss) and, for models whose first k
@@ -128,7 +126,7 @@ def sweep_view(model: ModelSpec, view):
     even rows (first = last = L/pp) and uneven ones share one kernel. Under vpp > 1 a given
     ends layout is a concrete split with its exact held-vector peak (one kernel per pp, m and
     stage, structure.peaks_over_held_vectors); the sweep ranks it with the in-flight split as
-    it does even rows (placement.ends_layout)."""
+    it does even rows (layouts.ends_layout)."""
     if leading_dense(model) is None or view.ends:
         return view
     lps = view.layers_per_stage
@@ -266,7 +264,7 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
     cap = mem_limit(hw, mem_limit_gib, mem_fraction)
     model.warn_long_seq(seq)
     base = dict(base or {})
-    cands = generate(model, gpus, seq, gbs, space)
+    cands = generate(model, gpus, seq, gbs, space, base.get("engine", "megatron"))
     tick = progress(len(cands.groups), cands.valid) if progress else None
     table = evaluate(model, hw, cands, seq, gbs, base, tick)
     fits = table.peak_bytes <= cap
@@ -278,7 +276,8 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
     front = np.sort(front)  # rank order
     top_est = [estimate(model, hw, row_strategy(table.point(i), seq, gbs, base, model.num_hidden_layers), gpus)
                for i in range(min(top, feasible))]
-    flops = float(FL.model_flops_per_sequence(model, model_symbols(model), seq)) * gbs
+    flops = model_totals(model, seq)["total.flops_per_sequence"] * gbs
+    kernels.flush()  # what the look-ups learned, for the next process
     return SweepResult(model=model, hardware=hw, gpus=gpus, seq=seq, gbs=gbs, mem_limit_bytes=cap,
                        candidates=cands, table=table, feasible=feasible, top=top_est,
                        pareto=[int(i) for i in front], flops_per_step=flops,

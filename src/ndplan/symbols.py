@@ -31,6 +31,8 @@ from dataclasses import dataclass, fields
 
 import sympy as sp
 
+from ndplan import argnames
+
 
 def _pos(name: str) -> sp.Symbol:
     return sp.Symbol(name, positive=True, integer=True)
@@ -76,12 +78,10 @@ lat_intra = _posreal("lat_intra")  #: latency per collective step inside a node,
 lat_inter = _posreal("lat_inter")  #: latency per collective step across nodes, s
 node = _posreal("node")            #: devices per node
 
-HW_SYMBOLS: tuple[sp.Symbol, ...] = (peak, eff_gemm, eff_attn, hbm_bytes_per_s, eff_hbm, bw_intra, bw_inter,
-                                     eff_intra, eff_inter, lat_intra, lat_inter, node)
+HW_SYMBOLS: tuple[sp.Symbol, ...] = tuple(globals()[n] for n in argnames.HW_ARGS)
 
-#: Strategy symbols in the canonical argument order of compiled kernels.
-STRATEGY_SYMBOLS: tuple[sp.Symbol, ...] = (dp, tp, pp, vpp, cp, ep, etp, mbs, m, seq, stage, nrec, first_layers,
-                                           last_layers)
+#: Strategy symbols in the canonical argument order of compiled kernels (argnames.STRATEGY_ARGS).
+STRATEGY_SYMBOLS: tuple[sp.Symbol, ...] = tuple(globals()[n] for n in argnames.STRATEGY_ARGS)
 BY_NAME: dict[str, sp.Symbol] = {s.name: s for s in STRATEGY_SYMBOLS + HW_SYMBOLS}
 
 
@@ -112,14 +112,7 @@ class ModelSymbols:
     def of(cls, spec) -> "ModelSymbols":
         """A model's sizes (a catalog ModelSpec) as SymPy Integers: the catalog itself
         builds no SymPy (symbols depend on the catalog, never the other way)."""
-        I = sp.Integer
-        return cls(
-            h=I(spec.hidden_size), L=I(spec.num_hidden_layers), a=I(spec.num_attention_heads),
-            kv=I(spec.num_key_value_heads), d=I(spec.head_dim), f=I(spec.intermediate_size),
-            V=I(spec.vocab_size), P=I(spec.max_position_embeddings), E=I(spec.num_experts),
-            k=I(spec.experts_per_token), fe=I(spec.moe_intermediate_size),
-            fs=I(spec.shared_intermediate_size), ql=I(spec.q_lora_rank), kl=I(spec.kv_lora_rank),
-            dn=I(spec.qk_nope_head_dim), dr=I(spec.qk_rope_head_dim), dv=I(spec.v_head_dim))
+        return cls(**{name: sp.Integer(getattr(spec, field)) for name, field in argnames.MODEL_FIELDS.items()})
 
     @classmethod
     def symbolic(cls) -> "ModelSymbols":
@@ -138,10 +131,7 @@ def model_symbols(spec) -> ModelSymbols:
 
 #: Model-size symbols in the canonical argument order of compiled kernels (kernels.model_kernel):
 #: kernels are built over ModelSymbols.symbolic() and get a model's sizes as arguments.
-MODEL_ARGS: tuple[sp.Symbol, ...] = tuple(getattr(ModelSymbols.symbolic(), f.name) for f in fields(ModelSymbols))
+MODEL_ARGS: tuple[sp.Symbol, ...] = tuple(getattr(ModelSymbols.symbolic(), n) for n in argnames.MODEL_ARGS)
+model_arg_values = argnames.model_arg_values
+assert tuple(f.name for f in fields(ModelSymbols)) == argnames.MODEL_ARGS, "ModelSymbols and argnames.MODEL_FIELDS"
 
-
-def model_arg_values(spec) -> dict[str, float]:
-    """A model's sizes by kernel argument name (MODEL_ARGS)."""
-    concrete = ModelSymbols.of(spec)
-    return {f.name: float(getattr(concrete, f.name)) for f in fields(ModelSymbols)}

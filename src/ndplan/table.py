@@ -56,21 +56,22 @@ class Table:
         return self._members
 
     def column(self, key: str, rows=None) -> np.ndarray:
-        """Column ``key`` at ``rows`` (table rows; all when None), gathered from the groups."""
+        """Column ``key`` at ``rows`` (table rows; all when None), gathered from the groups in one
+        indexing: a per-row column from the groups' arrays laid end to end, a per-group one
+        (CATEGORICAL) from one value per group."""
         if rows is None and key in self._columns:
             return self._columns[key]
         gof = self.group_of if rows is None else self.group_of[rows]
         rof = self.row_of if rows is None else self.row_of[rows]
-        members = self._by_group() if rows is None else [np.flatnonzero(gof == i) for i in range(len(self.groups))]
-        out = None
-        for g, at in zip(self.groups, members):
-            if not len(at):
-                continue
-            value = g.grid[key][rof[at]] if key in g.grid else getattr(g, key)
-            if out is None:
-                out = np.empty(len(gof), dtype=object if isinstance(value, str) else np.asarray(value).dtype)
-            out[at] = value
-        out = np.empty(0) if out is None else out
+        if not self.groups:
+            return np.empty(0)
+        if key in self.groups[0].grid:
+            parts = [g.grid[key] for g in self.groups]
+            starts = np.concatenate(([0], np.cumsum([len(x) for x in parts])[:-1]))
+            out = np.concatenate(parts)[starts[gof] + rof]
+        else:
+            values = [getattr(g, key) for g in self.groups]
+            out = np.array(values, dtype=object if isinstance(values[0], str) else None)[gof]
         if rows is None:
             self._columns[key] = out
         return out

@@ -28,3 +28,7 @@ ZERO_LEVELS = (0, 1, 2, 3)
 """0: nothing sharded on dp; 1: optimizer states (+fp32 master); 2: + gradients; 3: + weights."""
 GRAD_DTYPES = ("fp32", "bf16")
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp8")
+STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
+"""Memory Terms that are static (held for the whole step); the rest of a stage's Terms are dynamic."""
+OUTSIDE_TENSOR_KEYS = ("mem.allocator", "mem.reserve")
+"""Terms that are not live tensors: the caching allocator's slack and the memory outside it."""

@@ -2,7 +2,7 @@
 stage, the one-line "cannot express" error, and the header every form carries.
 
 Virtual stage v (0 .. pp*vpp-1) is the v-th model slice in layer order; it runs on
-(stage, chunk) given by ``formulas.schedules.virtual_stage`` (interleaved: v = chunk*pp
+(stage, chunk) given by ``layouts.virtual_stage`` (interleaved: v = chunk*pp
 + stage; zbv: the V). Counts are decoder layers only (embedding and head are not
 counted), as in ``Strategy.layers_per_stage`` and the frameworks' flags.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 from ndplan.labels import label
-from ndplan.formulas.schedules import virtual_stage
+from ndplan.layouts import virtual_stage
 from ndplan.ppb.plan import slot  # reads pp, vpp, schedule: a Strategy has them too
 from ndplan.strategy import Strategy
 

@@ -21,7 +21,8 @@ from ndplan.formulas.minmax import Min
 
 from ndplan import symbols as S
 from ndplan.engines import EngineProfile
-from ndplan.vocab import HEAD_ON_FIRST_STAGE
+from ndplan.layouts import head_stage  # noqa: F401  (plain Python: layouts.py)
+from ndplan.strategy import micro_batches  # noqa: F401  (plain Python: strategy.py)
 
 
 def dense_shard_ranks(dp=S.dp, cp=S.cp):
@@ -32,12 +33,6 @@ def dense_shard_ranks(dp=S.dp, cp=S.cp):
 def expert_shard_ranks(dp=S.dp, cp=S.cp, tp=S.tp, ep=S.ep, etp=S.etp):
     """Expert-data-parallel ranks edp = dp*cp*tp/(ep*etp) (the routed experts' ZeRO group)."""
     return dp * cp * tp / (ep * etp)
-
-
-def micro_batches(gbs, dp, mbs):
-    """Micro-batches per step m = gbs / (dp*mbs) (each replica runs gbs/dp sequences in
-    micro-batches of mbs); integer division, on numbers or numpy arrays."""
-    return gbs // (dp * mbs)
 
 
 def weight_bytes(view, eng: EngineProfile) -> int:
@@ -83,12 +78,6 @@ def state_shard_ranks(eng: EngineProfile):
     if not k:
         return dense_shard_ranks(), expert_shard_ranks()
     return Min(dense_shard_ranks(), k), Min(expert_shard_ranks(), k)
-
-
-def head_stage(view, pp: int) -> int:
-    """The pipeline stage holding the output head and loss: the last, or stage 0 under
-    a V schedule (vocab.HEAD_ON_FIRST_STAGE; placement.head_device_flag is its symbolic form)."""
-    return 0 if view.schedule in HEAD_ON_FIRST_STAGE else pp - 1
 
 
 def tied_head_copy(spec, first, last):

@@ -36,9 +36,7 @@ from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 from ndplan.vocab import RECOMPUTE_MODES
 
-STATIC_KEYS = ("mem.weights", "mem.grads", "mem.master", "mem.optimizer", "mem.graph_constants")
-OUTSIDE_TENSOR_KEYS = ("mem.allocator", "mem.reserve")
-"""Terms that are not live tensors: the caching allocator's slack and the memory outside it."""
+from ndplan.vocab import OUTSIDE_TENSOR_KEYS, STATIC_KEYS  # noqa: F401  (re-exported)
 
 
 def weight_cast(view: Structure, eng: EngineProfile) -> int:

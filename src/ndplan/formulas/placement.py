@@ -27,25 +27,14 @@ import sympy as sp
 from ndplan.formulas.minmax import Max, Min
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.formulas.schedules import virtual_stage
+from ndplan.layouts import virtual_stage
+from ndplan.layouts import ends_layout, leading_dense, mixed_layers, symbolic_layout  # noqa: F401  (plain Python)
 from ndplan.strategy import Strategy
 from ndplan.vocab import HEAD_ON_FIRST_STAGE
 
 
 def _is_num(x) -> bool:
     return isinstance(x, (int, sp.Integer))
-
-
-def leading_dense(spec: ModelSpec) -> int | None:
-    """k if the layers are k dense followed by only MoE (or all dense: k = L), else None."""
-    pattern = spec.layer_pattern
-    return {"dense": spec.num_hidden_layers if pattern[0] == "dense" else None, "moe": 0,
-            "leading": pattern[-1], "mixed": None}[pattern[0]]
-
-
-def mixed_layers(spec: ModelSpec) -> bool:
-    """Do dense and MoE layers interleave (no closed-form layout; leading_dense is None)?"""
-    return spec.layer_pattern[0] == "mixed"
 
 
 def layer_count(spec: ModelSpec, M, kind: str):
@@ -63,27 +52,6 @@ def has_kind(spec: ModelSpec, kind: str) -> bool:
     """Does the model have a decoder layer of ``kind``?"""
     pattern = spec.layer_pattern
     return kind in pattern[1] if pattern[0] == "mixed" else pattern[0] == "leading" or pattern[0] == kind
-
-
-def ends_layout(spec: ModelSpec, strat) -> bool:
-    """Is the layout an "ends" layout written in the symbols first_layers/last_layers? A
-    Structure says so (``ends``); a Strategy when its layers_per_stage is one
-    (layouts.ends_of), the layers are leading-dense and vpp is 1. Under vpp > 1 a given
-    layout keeps its exact max over held vectors (structure.peaks_over_held_vectors),
-    which needs concrete pp and m; the sweep evaluates such rows as ends layouts with the
-    in-flight split, as it does even ones (schedules.py docstring: at most one
-    micro-batch of the embedding/head chunk's extra under-counted)."""
-    if hasattr(strat, "ends"):
-        return strat.ends
-    from ndplan.layouts import ends_of
-    return (strat.vpp == 1 and not mixed_layers(spec)
-            and ends_of(strat.pp, strat.vpp, strat.schedule, strat.layers_per_stage) is not None)
-
-
-def symbolic_layout(spec: ModelSpec, strat) -> bool:
-    """Can layer counts be written in the symbols pp and stage (even split or an "ends"
-    layout, leading-dense layers)?"""
-    return not mixed_layers(spec) and (strat.layers_per_stage is None or ends_layout(spec, strat))
 
 
 def pp_expr(spec: ModelSpec, strat: Strategy):

@@ -45,20 +45,23 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import sympy as sp
+from ndplan.layouts import virtual_stage  # noqa: F401  (plain Python: layouts.py)
 
-from ndplan.formulas.minmax import Max, Min
+# SymPy (minmax.py) is imported when an argument is symbolic: the op orders and held
+# profiles of concrete schedules (ppb/, export/) run without it.
 
 
 def _min(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
+    from ndplan.formulas.minmax import Min
     return Min(a, b)
 
 
 def _max(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
+    from ndplan.formulas.minmax import Max
     return Max(a, b)
 
 
@@ -74,6 +77,7 @@ def inflight(schedule: str, stage, chunk, pp, vpp, m):
         if isinstance(w, int) and isinstance(group, int):
             full, rem = divmod(w, group)
         else:
+            import sympy as sp
             full = sp.floor(w / group)
             rem = w - full * group
         return full * pp + _min(_max(rem - chunk * pp, 0), pp)
@@ -92,13 +96,6 @@ def held_after_first_backward(schedule: str, stage, pp, vpp, m):
     pipelining) sits beside this many, not beside the peak."""
     total = sum(inflight(schedule, stage, c, pp, vpp, m) for c in range(vpp))
     return _min(total, vpp * m - 1)
-
-
-def virtual_stage(schedule: str, stage, chunk, pp):
-    """Index of the model slice (in layer order) that (stage, chunk) runs."""
-    if schedule == "zbv":
-        return stage if chunk == 0 else 2 * pp - 1 - stage
-    return chunk * pp + stage
 
 
 def op_order(schedule: str, stage: int, pp: int, vpp: int, m: int) -> list[tuple[str, int, int]]:

@@ -32,7 +32,7 @@ from ndplan.engines import derive
 from ndplan.errors import NdplanError
 from ndplan.export import torchtitan as X
 from ndplan.export.common import flatten
-from ndplan.formulas.schedules import virtual_stage
+from ndplan.layouts import virtual_stage
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import toml_edit, toml_locate
 from ndplan.strategy import Strategy

@@ -2,7 +2,7 @@
 layer, with its per-stage time and memory in float units.
 
 Virtual stage v (0..pp*vpp-1) is the v-th model slice in layer order; it runs on
-(stage, chunk) given by ``schedules.virtual_stage`` (interleaved: v = chunk*pp + stage;
+(stage, chunk) given by ``layouts.virtual_stage`` (interleaved: v = chunk*pp + stage;
 zbv: chunk 0 of stage i is v = i, chunk 1 is v = 2*pp-1-i).
 
 Memory of stage i (the model's constraint): static_i + max over the stage's held

@@ -33,7 +33,6 @@ import heapq
 from dataclasses import dataclass, field
 
 from ndplan.formulas.schedules import op_order, virtual_stage
-from ndplan.formulas.step import bubble_factor
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, chunk_time_s, slot
 from ndplan.vocab import SPLIT_W_SCHEDULES
@@ -160,6 +159,7 @@ def _idle_split(p, times: list[dict], busy: list[float], idle: list[float]) -> t
         w_stage[s] += t["W"]
         f_stage[s] += t["F"]
     tbar = sum(busy) / p.m / p.pp
+    from ndplan.formulas.step import bubble_factor  # SymPy: loaded when a replay is compared
     factor = bubble_factor(p.schedule, p.vpp, tbar, sum(w_stage) / p.pp, sum(f_stage) / p.pp) if tbar else 0
     bubble = (p.pp - 1) * tbar * float(factor)
     return [min(bubble, i) for i in idle], rec

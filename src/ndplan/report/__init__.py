@@ -10,10 +10,23 @@ render.py    Markdown / HTML writers
 cli.py       the ``--report`` / ``--csv`` option block shared by the commands
 """
 
-from ndplan.report.build import balance_report, estimate_report, sweep_report
-from ndplan.report.figures import PLOT_MISSING, have_matplotlib
-from ndplan.report.model import Figure, Report, Table
-from ndplan.report.render import write_report
+import importlib as _importlib
+
+_EXPORTS = {"balance_report": "build", "estimate_report": "build", "sweep_report": "build",
+            "PLOT_MISSING": "notes", "have_matplotlib": "figures", "Figure": "model", "Report": "model",
+            "Table": "model", "write_report": "render"}
+"""Name -> the submodule defining it, imported on first use (PEP 562): the commands' option
+block (cli.py) loads without the report builders and SymPy."""
 
 __all__ = ["Report", "Table", "Figure", "sweep_report", "estimate_report", "balance_report",
            "write_report", "have_matplotlib", "PLOT_MISSING"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ndplan.report' has no attribute {name!r}")
+    return getattr(_importlib.import_module(f"ndplan.report.{_EXPORTS[name]}"), name)
+
+
+def __dir__():
+    return sorted(set(__all__) | {k for k in globals() if not k.startswith("_")})

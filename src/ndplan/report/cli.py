@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ndplan.report.figures import PLOT_MISSING
+from ndplan.report.notes import PLOT_MISSING
 
 def _check_report(ctx, param, value):
     if value is None:

@@ -11,13 +11,13 @@ import io
 
 import numpy as np
 
-from ndplan.formulas.memory import STATIC_KEYS
+from ndplan.vocab import STATIC_KEYS
 from ndplan.ppb.simulate import SimResult
 from ndplan.ppb.svg import COLORS
 from ndplan.labels import label
 from ndplan.units import GIB
 
-PLOT_MISSING = "matplotlib is not installed: figures skipped, tables only; install them with: pip install 'ndplan[plot]'"
+from ndplan.report.notes import PLOT_MISSING  # noqa: F401  (re-exported)
 
 
 def have_matplotlib() -> bool:
