@@ -103,19 +103,20 @@ def test_user_catalog_folder(tmp_path, monkeypatch):
 
 
 def test_wheel_ships_the_kernels(installed, tmp_path):
-    """The installed wheel carries the prebuilt kernels (prebuilt.py) and its formula sources
-    match them: a catalog model's sweep (one of ndplan.prebuild's cases) in an empty kernel cache
-    compiles nothing."""
+    """The installed wheel carries the prebuilt kernels and the catalog models' derived values
+    (prebuilt.py) and its formula sources match them: a catalog model's sweep (one of
+    ndplan.prebuild's cases) in an empty kernel cache compiles nothing and imports no SymPy."""
     assert (installed / "ndplan" / "prebuilt_kernels.json.xz").is_file()
+    assert (installed / "ndplan" / "prebuilt_derived.json").is_file()
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import ndplan; from ndplan import kernels; "
             "assert ndplan.__file__.startswith(sys.argv[1]); n = []; "
             "ctx = kernels.compile_listener(lambda: n.append(1)); ctx.__enter__(); "
             "from ndplan.sweep import sweep; "
             "sweep(ndplan.load_model('llama3-8b'), ndplan.load_hardware('h100-sxm'), 1024, 4096, 1024, top=3); "
-            "print(len(n))")
+            "print(len(n), 'sympy' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k not in ("NDPLAN_HOME", "PYTHONPATH", "NDPLAN_PREBUILT")}
     env["NDPLAN_CACHE_DIR"] = str(tmp_path / "empty")
     r = subprocess.run([sys.executable, "-c", code, str(installed)], capture_output=True, text=True,
                        cwd=installed.parent, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["0"]
+    assert r.stdout.split() == ["0", "False"]
