@@ -112,27 +112,41 @@ def _engine_keys(model: ModelSpec, s: Strategy, notes: list) -> dict:
     return doc
 
 
+WRITTEN_OPTIMIZERS = ({"optimizer.type": "AdamW", "optimizer.use_fused": True},
+                      {"optimizer.type": "AdamW", "optimizer.use_fused": True, "optimizer.amsgrad": True},
+                      {"optimizer.type": "PmaAdamW"},
+                      {"optimizer.type": "PmaAdamW", "optimizer.use_fused": True},
+                      {"optimizer.type": "PmaAdamW", "optimizer.use_fused": True, "optimizer.amsgrad": True})
+"""The ``optimizer`` blocks this form writes, tried in order (the profile's default, the
+composite AdamW, writes none)."""
+
+
+def _optimizer_state(eng) -> tuple[int, int, int]:
+    return eng.optimizer_bytes, eng.non_matrix_optimizer_bytes, eng.optimizer_step_temp_bytes
+
+
 def _optimizer_keys(eng, notes: list) -> dict:
-    """``optimizer`` keys of the engine's optimizer settings, as interop.mindformers_optim reads
-    them: the fused AdamW (in place: no step temporaries; 12 B with amsgrad), PmaAdamW (12 B,
-    composite; fused with amsgrad 16 B); other settings (Came, Muon, SGD, Momentum: states in the
-    parameter dtype, Muon only on mcore MLA models, which this form does not write) are named in a note."""
+    """``optimizer`` keys of the engine's optimizer settings: the first block of
+    WRITTEN_OPTIMIZERS that interop.mindformers_optim reads back as them (one source for what
+    each block means: the fused AdamW in place, PmaAdamW's third fp32 state, amsgrad's fourth).
+    Other settings (Came, Muon, SGD, Momentum: states in the parameter dtype, Muon only on mcore
+    MLA models, which this form does not write) are named in a note."""
+    from dataclasses import replace
+
     from ndplan.engines import MINDSPORE
-    from ndplan.interop import mindformers_memory as MFM
-    states = (eng.optimizer_bytes, eng.non_matrix_optimizer_bytes, eng.optimizer_step_temp_bytes)
-    if states in ((8, 0, 0), (12, 0, 0)):
-        return {MFM.OPTIMIZER: "AdamW", "optimizer.use_fused": True} | ({"optimizer.amsgrad": True} if states[0] == 12
-                                                                         else {})
-    if states == (12, 0, MINDSPORE.optimizer_step_temp_bytes):
-        return {MFM.OPTIMIZER: "PmaAdamW"}
-    if states == (16, 0, 0):
-        return {MFM.OPTIMIZER: "PmaAdamW", "optimizer.use_fused": True, "optimizer.amsgrad": True}
-    if states != (MINDSPORE.optimizer_bytes, 0, MINDSPORE.optimizer_step_temp_bytes):
-        notes.append(f"optimizer states of {eng.optimizer_bytes} B per parameter"
-                     + (f" ({eng.non_matrix_optimizer_bytes} B on the embedding and output layer)"
-                        if eng.non_matrix_optimizer_bytes else "")
-                     + f", step temporaries {eng.optimizer_step_temp_bytes} B: not written (optimizer.type is yours "
-                     "to set: Came, Muon, SGD and Momentum keep states in the parameter dtype)")
+    from ndplan.interop.mindformers_optim import optimizer_settings
+    want = _optimizer_state(eng)
+    if want == _optimizer_state(MINDSPORE):
+        return {}
+    for keys in WRITTEN_OPTIMIZERS:
+        read = optimizer_settings(nest(keys), None, 2, mcore=False, dp=1, zero=1, notes=[])
+        if _optimizer_state(replace(MINDSPORE, **read)) == want:
+            return dict(keys)
+    notes.append(f"optimizer states of {eng.optimizer_bytes} B per parameter"
+                 + (f" ({eng.non_matrix_optimizer_bytes} B on the embedding and output layer)"
+                    if eng.non_matrix_optimizer_bytes else "")
+                 + f", step temporaries {eng.optimizer_step_temp_bytes} B: not written (optimizer.type is yours "
+                 "to set: Came, Muon, SGD and Momentum keep states in the parameter dtype)")
     return {}
 
 
