@@ -38,6 +38,10 @@ MAX_TIME_LIMIT_S = 86400.0
 MAX_WORKERS = 256
 MAX_GIB = 2.0**20
 """A memory size in GiB (1 PiB)."""
+MAX_ELEMENTS = 2**40
+"""Element counts of one device's buffers or budgets (about 1.1e12): no device holds more
+parameters. A framework setting above it is either refused (a count the user must have
+mistyped) or, where the framework reads a huge value as "no limit", taken as this."""
 
 
 def _is_number(v) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ndplan import optimizers as O
 from ndplan.errors import NdplanError
+from ndplan.limits import MAX_ELEMENTS
 
 DS_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "lamb": "lamb", "lion": "lion", "adagrad": "adagrad",
                  "muon": "muon", "muadam": "adam", "muadamw": "adamw"}
@@ -178,9 +179,6 @@ HF_AUTO_PREFETCH = 0.9
 and stage3_param_persistence_threshold with 10 x hidden_size (transformers 5.17.0
 integrations/deepspeed.py:229-239)."""
 HF_AUTO_PERSIST = 10
-ELEMENTS_MAX = 2**40
-"""Element counts above this (DeepSpeed allows up to sys.maxsize) are taken as this: no device holds
-more parameters, so the budget does not bind either way."""
 
 
 def elements(flat: dict, key: str, default: int, auto: int | None = None, notes: list | None = None) -> int:
@@ -200,7 +198,7 @@ def elements(flat: dict, key: str, default: int, auto: int | None = None, notes:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise NdplanError(key, v, "not an element count (DeepSpeed's zero/config.py wants an int >= 0)",
                           "give a whole number such as 50000000")
-    return min(v, ELEMENTS_MAX)
+    return min(v, MAX_ELEMENTS)  # DeepSpeed allows up to sys.maxsize: such a budget does not bind
 
 
 def zero3_settings(flat: dict, zero: int, hidden_size: int, notes: list) -> dict:
@@ -271,7 +269,7 @@ def persistence_note(flat: dict, spec, tp: int, dp: int, hidden_size: int, notes
     if PERSIST not in flat and MODEL_PERSIST not in flat:
         return
     threshold = elements(flat, PERSIST, 100_000, HF_AUTO_PERSIST * hidden_size, notes)
-    cap = elements(flat, MODEL_PERSIST, ELEMENTS_MAX)
+    cap = elements(flat, MODEL_PERSIST, MAX_ELEMENTS)
     total, count, kinds = 0, 0, []
     for name, numel, n in parameter_sizes(spec, tp):
         for _ in range(n):

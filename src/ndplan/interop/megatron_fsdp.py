@@ -8,6 +8,7 @@ megatron/training/arguments.py (A below).
 from __future__ import annotations
 
 from ndplan.errors import NdplanError
+from ndplan.limits import MAX_ELEMENTS
 from ndplan.interop.base import choice_arg, int_arg
 from ndplan.units import DTYPE_BYTES
 
@@ -33,13 +34,11 @@ def _choice(args, name: str, default: str) -> str:
 
 
 def _count(args, name: str, default: int | None) -> int | None:
-    return int_arg(args, name, FLAGS[name], default, most=MAX_COUNT)
+    return int_arg(args, name, FLAGS[name], default, most=MAX_ELEMENTS)
 
 
 OUTER_CHOICES = ("no_shard", "optim")
 """--outer-dp-sharding-strategy choices (arguments.py:3193-3194 at d98e8a64)."""
-MAX_COUNT = 10 ** 12
-"""Largest count accepted (a communication unit is a number of elements)."""
 
 
 def settings(args, zero: int, notes: list) -> dict:
