@@ -164,6 +164,8 @@ def strategy_families(draw):
     if engine == "deepspeed":  # what DeepSpeed runs (rules.py): 1F1B and ZeRO <= 1 with pp > 1, no SP with AutoTP
         engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
         zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
+    if engine == "fsdp" and pp > 1 and schedule == "zb-h1":  # torch pipelining has no one-chunk ZB (rules.py)
+        engine = "megatron"
     s = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
         zero=zero, sp=sp, recompute=recompute,

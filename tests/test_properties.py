@@ -87,6 +87,8 @@ def valid_strategies(draw, spec, allow_uneven=True, allow_tuple=True,
     if engine == "deepspeed":  # what DeepSpeed runs (rules.py): 1F1B and ZeRO <= 1 with pp > 1, no SP with AutoTP
         engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
         zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
+    if engine == "fsdp" and pp > 1 and schedule == "zb-h1":  # torch pipelining has no one-chunk ZB (rules.py)
+        engine = "megatron"
     strat = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
         zero=zero, sp=sp, recompute=recompute, recompute_layers=rec_layers,
@@ -179,6 +181,7 @@ def _with(strat, **kw):
     if d["engine"] == "deepspeed" and d["tp"] > 1:
         d["sp"] = False
     assume(not (d["engine"] == "deepspeed" and d["pp"] > 1 and (d["zero"] >= 2 or d["schedule"] != "1f1b")))
+    assume(not (d["engine"] == "fsdp" and d["pp"] > 1 and d["schedule"] == "zb-h1"))
     return ndplan.Strategy(**d)
 
 

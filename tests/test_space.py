@@ -359,3 +359,26 @@ def test_the_deepspeed_rules_are_in_deepspeeds_code():
     row = layers[layers.index("class RowParallel"):]
     row = row[:row.index("\nclass ")]
     assert "all_reduce" in row and "reduce_scatter" not in row
+
+
+def test_an_fsdp_sweep_has_no_one_chunk_zero_bubble_pipeline():
+    """torch.distributed.pipelining (what torchtitan and FSDP2 users run) has no zb-h1: an fsdp
+    sweep keeps zb-h1 only at pp = 1, and the schedule names torch 2.13 knows (read as text from
+    the installed torch) have no one-chunk zero-bubble entry."""
+    import importlib.util
+    import re
+    from pathlib import Path
+    model, gpus, seq, gbs = spec("llama3-8b"), 8, 4096, 16
+    space = {"mbs": 1, "zero": 1, "recompute": "none", "uneven": False}
+    fsdp = generate(model, gpus, seq, gbs, space, engine="fsdp")
+    assert all(not (r[2] > 1 and r[10] == "zb-h1") for r in rows_of(fsdp))
+    assert any(r[10] == "zb-h1" and r[2] > 1 for r in rows_of(generate(model, gpus, seq, gbs, space)))
+    assert why(model, gpus, seq, gbs, space, {"pp": 2, "schedule": "zb-h1"}, engine="fsdp").startswith("engine:")
+    found = importlib.util.find_spec("torch")
+    if found is None:
+        pytest.skip("torch is not installed (a CI extra)")
+    text = (Path(found.submodule_search_locations[0]) / "distributed/pipelining/schedules.py").read_text()
+    body = text[text.index("def get_schedule_class"):]
+    names = set(re.findall(r'"(\w+)": Schedule', body[:body.index("}")]))
+    assert names >= {"1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"}
+    assert not any("ZeroBubble" in n and n not in ("ZBVZeroBubble", "InterleavedZeroBubble") for n in names)

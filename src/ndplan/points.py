@@ -21,6 +21,7 @@ from dataclasses import MISSING, fields
 from typing import Mapping
 
 from ndplan.errors import NdplanError
+from ndplan.rules import engine_name
 from ndplan.strategy import Strategy
 
 STRATEGY_DEFAULTS: dict[str, object] = {f.name: f.default for f in fields(Strategy) if f.default is not MISSING}
@@ -46,7 +47,7 @@ def default_gbs(dp: int, mbs: int, pp: int) -> int:
 def default_sp(engine: str, tp: int) -> bool:
     """Sequence parallelism when none is given: on, but for DeepSpeed at tp > 1, whose AutoTP
     has none (rules.py, the engine rules)."""
-    return not (engine == "deepspeed" and tp > 1)
+    return not (engine_name(engine) == "deepspeed" and tp > 1)
 
 
 def default_schedule(vpp: int) -> str:

@@ -61,6 +61,11 @@ def _split_given(c):
     return np.asarray(c.layers_per_stage is not None if uneven is None else uneven, dtype=bool)
 
 
+def engine_name(engine: str) -> str:
+    """The engine profile's name without its settings (``deepspeed[zero3_param_coordinator=0]``)."""
+    return engine.partition("[")[0]
+
+
 def _experts_dense(c):
     return (not c.model.is_moe) & ((c.ep != 1) | (c.etp != 1))
 
@@ -167,17 +172,25 @@ RULES: tuple[Rule, ...] = (
     # (engine.py:76-77); AutoTP's row-parallel linears all-reduce their output (module_inject/
     # layers.py:215-225, 896-900), so the residual stream stays whole: no sequence parallelism.
     Rule("engine", "deepspeed: pp > 1 runs 1f1b (one chunk per stage)", "engine", "schedule",
-         lambda c: (c.engine == "deepspeed") & (c.pp > 1) & ((c.schedule != "1f1b") | (c.vpp != 1)),
+         lambda c: (engine_name(c.engine) == "deepspeed") & (c.pp > 1) & ((c.schedule != "1f1b") | (c.vpp != 1)),
          lambda c: c.schedule,
          lambda c: "DeepSpeed's pipeline engine runs 1F1B with one chunk per stage (TrainSchedule)",
          lambda c: "use --schedule 1f1b --vpp 1, or another engine"),
     Rule("engine", "deepspeed: pp > 1 needs zero <= 1", "engine", "zero",
-         lambda c: (c.engine == "deepspeed") & (c.pp > 1) & (c.zero >= 2),
+         lambda c: (engine_name(c.engine) == "deepspeed") & (c.pp > 1) & (c.zero >= 2),
          lambda c: c.zero,
          lambda c: "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3",
          lambda c: "use --zero 0 or 1 with pp > 1, or pp=1", reads_zero=True),
+    # torch.distributed.pipelining (torch 2.13, the CI extra), which torchtitan and FSDP2 users
+    # run: get_schedule_class knows 1F1B, Interleaved1F1B, GPipe, LoopedBFS, InterleavedZeroBubble,
+    # ZBVZeroBubble and DualPipeV (schedules.py:3628-3636): no one-chunk zero-bubble schedule.
+    Rule("engine", "fsdp: pp > 1 has no zb-h1 (torch pipelining)", "engine", "schedule",
+         lambda c: (engine_name(c.engine) == "fsdp") & (c.pp > 1) & (c.schedule == "zb-h1"),
+         lambda c: c.schedule,
+         lambda c: "torch.distributed.pipelining has no one-chunk zero-bubble schedule",
+         lambda c: "use --schedule 1f1b, or zbv with --vpp 2"),
     Rule("engine", "deepspeed: tp > 1 without sp (AutoTP all-reduces)", "engine", "sp",
-         lambda c: (c.engine == "deepspeed") & (c.tp > 1) & c.sp,
+         lambda c: (engine_name(c.engine) == "deepspeed") & (c.tp > 1) & c.sp,
          lambda c: c.sp,
          lambda c: "DeepSpeed AutoTP all-reduces the row-parallel outputs: no sequence parallelism",
          lambda c: "use --no-sp with --tp > 1, or another engine"),
