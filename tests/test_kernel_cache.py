@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ndplan
+from tests.helpers import runnable
 from ndplan import kernels
 from ndplan import symbols as S
 from ndplan.errors import NdplanError
@@ -161,11 +162,7 @@ def strategy_families(draw):
     m = pp * draw(st.sampled_from((1, 2, 3)))
     seq, zero, sp = draw(st.sampled_from((1024, 2048))), draw(st.sampled_from((0, 1, 2, 3))), draw(st.booleans())
     engine = draw(st.sampled_from(ENGINES))
-    if engine == "deepspeed":  # what DeepSpeed runs (rules.py): 1F1B and ZeRO <= 1 with pp > 1, no SP with AutoTP
-        engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
-        zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
-    if engine == "fsdp" and pp > 1 and schedule == "zb-h1":  # torch pipelining has no one-chunk ZB (rules.py)
-        engine = "megatron"
+    engine, zero, sp = runnable(engine, pp, schedule, tp, zero, sp)  # what the engine runs
     s = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
         zero=zero, sp=sp, recompute=recompute,

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import ndplan
+from tests.helpers import runnable
 from ndplan import symbols as S
 from ndplan.errors import NdplanError
 from ndplan.formulas.memory import STATIC_KEYS
@@ -84,11 +85,7 @@ def valid_strategies(draw, spec, allow_uneven=True, allow_tuple=True,
             rec_layers = draw(st.integers(0, chunk_max))
     zero, sp = draw(st.integers(0, 3)), draw(st.booleans())
     engine = draw(st.sampled_from(ENGINES))
-    if engine == "deepspeed":  # what DeepSpeed runs (rules.py): 1F1B and ZeRO <= 1 with pp > 1, no SP with AutoTP
-        engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
-        zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
-    if engine == "fsdp" and pp > 1 and schedule == "zb-h1":  # torch pipelining has no one-chunk ZB (rules.py)
-        engine = "megatron"
+    engine, zero, sp = runnable(engine, pp, schedule, tp, zero, sp)  # what the engine runs
     strat = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
         zero=zero, sp=sp, recompute=recompute, recompute_layers=rec_layers,
@@ -178,10 +175,8 @@ def _with(strat, **kw):
     d["layers_per_stage"] = strat.layers_per_stage
     d["recompute_layers"] = strat.recompute_layers
     d.update(kw)
-    if d["engine"] == "deepspeed" and d["tp"] > 1:
-        d["sp"] = False
-    assume(not (d["engine"] == "deepspeed" and d["pp"] > 1 and (d["zero"] >= 2 or d["schedule"] != "1f1b")))
-    assume(not (d["engine"] == "fsdp" and d["pp"] > 1 and d["schedule"] == "zb-h1"))
+    engine, zero, d["sp"] = runnable(d["engine"], d["pp"], d["schedule"], d["tp"], d["zero"], d["sp"])
+    assume(engine == d["engine"] and zero == d["zero"])
     return ndplan.Strategy(**d)
 
 

@@ -22,7 +22,7 @@ _EXPORTS = {
     "list_models": "ndplan.catalog", "list_hardware": "ndplan.catalog", "ModelSpec": "ndplan.catalog",
     "Hardware": "ndplan.catalog", "Strategy": "ndplan.strategy", "strategy_from_point": "ndplan.points",
     "estimate": "ndplan.estimate", "stage_breakdown": "ndplan.estimate", "Estimate": "ndplan.estimate",
-    "Term": "ndplan.terms", "Breakdown": "ndplan.terms", "compile_breakdown": "ndplan.kernels",
+    "Term": "ndplan.terms", "Breakdown": "ndplan.terms", "compile_breakdown": "ndplan.compiled",
     "step_time": "ndplan.formulas.step", "sweep": "ndplan.sweep", "SweepResult": "ndplan.sweep",
     "hooks": "ndplan", "model_symbols": "ndplan.symbols",
 }

@@ -245,7 +245,7 @@ HEAP_TEMPORARIES_BYTES = 64 << 20
 
 def heap_temporaries() -> None:
     """Serve numpy's kernel temporaries from the heap (glibc only; elsewhere nothing). A kernel
-    pass allocates and frees a few hundred arrays of up to 256 KiB (kernels.CHUNK_ROWS float64
+    pass allocates and frees a few hundred arrays of up to 256 KiB (compiled.CHUNK_ROWS float64
     elements); above glibc's default 128 KiB mmap threshold each was a fresh mmap, paid in page
     faults on every pass: DeepSeek-V3 on 131,072 devices took 3.9-4.5 s with the default and
     2.3-2.7 s with these settings, at 177 MB peak either way (benchmarks/README.md). The CLI's
