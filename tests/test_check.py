@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import ndplan
 from ndplan.check import check, distance, file_diff
 from ndplan.cli import main
+from ndplan.errors import NdplanError
 from ndplan.export import emit
 from ndplan.interop import read_config
 from tests.helpers import validation_dir
@@ -682,3 +683,14 @@ def test_torchtitan_bad_ac_option_converters_or_components_is_one_line(tmp_path,
     r = CliRunner().invoke(main, ["check", str(f), "--gpus", "16"])
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"error: {field}=") and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_torchrun_node_count_that_is_no_count_names_its_flag(tmp_path):
+    """--nnodes 0 is named as --nnodes (it was reported inside --nproc_per_node's value)."""
+    f = tmp_path / "run.sh"
+    f.write_text("torchrun --nproc_per_node 8 --nnodes 0 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+                 "--num-attention-heads 32 --seq-length 4096 --vocab-size 128256 --ffn-hidden-size 14336 "
+                 "--max-position-embeddings 8192\n")
+    with pytest.raises(NdplanError) as e:
+        read_config(f)
+    assert e.value.field == "--nnodes" and e.value.value == "0"

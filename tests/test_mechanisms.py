@@ -810,3 +810,15 @@ def test_megatron_allgather_dispatcher_buffers():
         combine = 2 * h * (gathered * k // ep + gathered)
         assert terms["mem.transient"] == max(without, combine)
         assert combine > without  # the combine decides it here
+
+
+@pytest.mark.parametrize("edit,field", [
+    ({"optimizer.type": 5}, "optimizer.type"),  # was counted as Adam with a note, exit 0
+    ({"optimizer.type": ["AdamW"]}, "optimizer.type"),
+    ({"optimizer.type": "Came", "optimizer.beta1": 2e6}, "optimizer.beta1"),  # a decay rate is in [0, 1)
+    ({"optimizer.type": "Came", "optimizer.beta1": -0.1}, "optimizer.beta1"),
+])
+def test_mindformers_optimizer_keys_that_are_no_optimizer_are_one_line_errors(tmp_path, edit, field):
+    with pytest.raises(NdplanError) as e:
+        _mf(tmp_path, edit)
+    assert e.value.field == field

@@ -521,3 +521,17 @@ def test_moe_recipe_is_the_optimizer_deepspeed_builds(monkeypatch):
     ci = read_config(path, model="mixtral-8x7b", gpus=64, seq=2048)
     doc = {k: v for k, v in json.loads(path.read_text()).items() if k != "curriculum_learning"}
     assert _wrapper(doc, 64, False, monkeypatch) == _ndplan_wrapper(ci.strategy)
+
+
+def test_the_persistence_note_counts_every_parameter_transformers_counts():
+    """The per-tensor sizes behind the stage3_param_persistence_threshold note (deepspeed_memory.
+    parameter_sizes, in Hugging Face module order) add up, at tp = 1, to the parameter counts
+    transformers gives for every model of tests/data/hf_param_counts.yaml."""
+    import yaml
+    from pathlib import Path
+    from ndplan.interop.deepspeed_memory import parameter_sizes
+    counts = yaml.safe_load((Path(__file__).parent / "data" / "hf_param_counts.yaml").read_text())["counts"]
+    assert len(counts) > 30
+    for name, row in counts.items():
+        spec = ndplan.load_model(name)
+        assert sum(numel * n for _, numel, n in parameter_sizes(spec, 1)) == row["params"], name

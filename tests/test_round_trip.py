@@ -96,3 +96,13 @@ def test_devicemesh_reads_back_partial_recompute(tmp_path):
     f = tmp_path / "mesh.py"
     f.write_text(emit("devicemesh", ndplan.load_model("llama3-8b"), s))
     assert read_config(f).strategy == s
+
+
+def test_devicemesh_reads_a_mesh_given_as_a_list(tmp_path):
+    """init_device_mesh takes a list as well as a tuple: ``MESH_SHAPE = [...]`` reads back the same."""
+    s = ndplan.Strategy(dp=8, gbs=64, seq=4096, zero=3, engine="fsdp")
+    text = emit("devicemesh", ndplan.load_model("llama3-8b"), s)
+    line = next(x for x in text.splitlines() if x.startswith("MESH_SHAPE = ("))
+    f = tmp_path / "mesh.py"
+    f.write_text(text.replace(line, "MESH_SHAPE = [" + line.split("(", 1)[1].rsplit(")", 1)[0] + "]"))
+    assert read_config(f).strategy == s

@@ -221,10 +221,13 @@ def check(c, scopes: tuple[str, ...]) -> None:
 
 
 class WithModel:
-    """A strategy seen with a model and a device count (the context of model rules)."""
+    """A strategy seen with a model and a device count (the context of model rules), and, given
+    ``engine``, as that engine would run it (an export checks its target's engine rules)."""
 
-    def __init__(self, strat, model, gpus=None):
+    def __init__(self, strat, model, gpus=None, engine: str | None = None):
         self._strat, self.model, self.gpus = strat, model, gpus
+        if engine is not None:
+            self.engine = engine
 
     def __getattr__(self, name):
         return getattr(self._strat, name)

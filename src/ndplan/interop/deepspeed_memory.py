@@ -10,6 +10,7 @@ from __future__ import annotations
 from ndplan import optimizers as O
 from ndplan.errors import NdplanError
 from ndplan.limits import MAX_ELEMENTS
+from ndplan.units import DTYPE_BYTES
 
 DS_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "lamb": "lamb", "lion": "lion", "adagrad": "adagrad",
                  "muon": "muon", "muadam": "adam", "muadamw": "adamw"}
@@ -105,7 +106,13 @@ def bf16_optimizer_settings(flat: dict, zero: int, offload: bool, notes: list) -
     immediate = _switch(flat, IMMEDIATE)
     notes.append("ZeRO-1 with bf16 and grad_accum_dtype fp32: DeepSpeed's BF16_Optimizer (fp32 gradients of the "
                  "whole model" + ("" if immediate else " beside the bf16 .grad") + ", no reduce bucket)")
-    return {"fp32_grad_accumulation": 1, "lp_grad_bytes": 0 if immediate else 2}
+    return _bf16_wrapper(flat)
+
+
+def _bf16_wrapper(flat: dict) -> dict:
+    """BF16_Optimizer's gradients: fp32 accumulation of the whole model, and the bf16 .grad beside
+    it unless immediate_grad_update frees it (runtime/bf16_optimizer.py)."""
+    return {"fp32_grad_accumulation": 1, "lp_grad_bytes": 0 if _switch(flat, IMMEDIATE) else DTYPE_BYTES["bf16"]}
 
 
 def pipeline_bf16(flat: dict, zero: int, pp: int, notes: list) -> tuple[int, str]:
@@ -279,7 +286,7 @@ def persistence_note(flat: dict, spec, tp: int, dp: int, hidden_size: int, notes
             if name not in kinds:
                 kinds.append(name)
     from ndplan.units import fmt_bytes
-    extra = 2 * total * (1 - 1 / dp)
+    extra = DTYPE_BYTES["bf16"] * total * (1 - 1 / dp)  # the 16-bit weights ZeRO-3 gathers
     notes.append(f"{PERSIST} {threshold:,}: read, not modelled: parameters of at most {threshold:,} elements stay "
                  f"unpartitioned on every rank (runtime/zero/parameter_offload.py:317-335): here {count:,} "
                  f"({', '.join(kinds) or 'none'}; {total:,} elements), about {fmt_bytes(extra)} per device of "
@@ -373,7 +380,7 @@ def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list, 
     from ndplan.engines import DEEPSPEED, derive
     settings = optimizer_settings(flat, notes)
     if pipeline_bf16:
-        wrapper = {"fp32_grad_accumulation": 1, "lp_grad_bytes": 0 if _switch(flat, IMMEDIATE) else 2}
+        wrapper = _bf16_wrapper(flat)
     else:
         wrapper = bf16_optimizer_settings(flat, zero, offload, notes)
     settings |= precision_settings(flat, zero, offload, settings, notes, bool(wrapper)) | wrapper

@@ -123,8 +123,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     from ndplan.strategy import Strategy
     tree = _tree(path, text)
     c = _constants(path, text, tree)
-    names, shape = c["MESH_DIM_NAMES"][0], c["MESH_SHAPE"][0]
-    if not (isinstance(names, tuple) and isinstance(shape, tuple) and len(names) == len(shape)
+    names, shape = (tuple(v) if isinstance(v, list) else v  # init_device_mesh takes lists too
+                    for v in (c["MESH_DIM_NAMES"][0], c["MESH_SHAPE"][0]))
+    if not isinstance(shape, tuple):
+        raise NdplanError("MESH_SHAPE", shape, "not a tuple of sizes", "give the mesh --emit devicemesh writes")
+    if not (isinstance(names, tuple) and len(names) == len(shape)
             and all(isinstance(n, str) for n in names) and set(names) <= set(MESH_NAMES)
             and len(set(names)) == len(names)):
         raise NdplanError("MESH_DIM_NAMES", names, f"with MESH_SHAPE {shape}: not one size per distinct dim of "

@@ -293,8 +293,9 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     got = launcher.launched(ws)
     launched = got[0] * got[1] if got else None
     if gpus is None and launched is None and args.nproc:  # torchrun also takes gpu, cpu, auto, elastic 1:4
-        raise NdplanError("--nproc_per_node", f"{args.nproc} x --nnodes {args.nnodes or 1}",
-                          "not a device count ndplan can read", "give --gpus N")
+        bad = ("--nproc_per_node", args.nproc) if not str(args.nproc).isdigit() or int(args.nproc) < 1 \
+            else ("--nnodes", args.nnodes)
+        raise NdplanError(*bad, "not a device count ndplan can read (a whole number >= 1)", "give --gpus N")
     if gpus is None and launched is not None:
         gpus, gsrc = launched, "torchrun --nproc_per_node x --nnodes"
     else:

@@ -37,10 +37,11 @@ def flag(doc: dict, key: str) -> bool:
     return v
 
 
-def _number(doc: dict, key: str, default):
+def _beta(doc: dict, key: str, default):
+    """A moment decay rate: a number in [0, 1) (0: no moment kept)."""
     v = get(doc, key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) > 1e6:
-        raise NdplanError(key, v, "not a number", "give e.g. 0.9")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        raise NdplanError(key, v, "not a decay rate in [0, 1)", "give e.g. 0.9, or 0 for no first moment")
     return v
 
 
@@ -91,7 +92,7 @@ def _pma_adamw(doc: dict, notes: list) -> dict:
 
 
 def _came(doc: dict, weight_bytes: int, notes: list) -> dict:
-    beta1 = _number(doc, "optimizer.beta1", 0.9)
+    beta1 = _beta(doc, "optimizer.beta1", 0.9)
     opt = O.states("came" if beta1 and beta1 > 0 else "came_no_momentum")
     notes.append("Came: its step temporaries (the full-size update, its square and the instability matrix, "
                  "came.py:60-140) are counted as AdamW's 8 bytes per parameter (not derived)")
@@ -204,6 +205,8 @@ def optimizer_settings(doc: dict, spec, weight_bytes: int, *, mcore: bool, dp: i
     if "optimizer" in doc and not isinstance(doc["optimizer"], dict):
         raise NdplanError("optimizer", doc["optimizer"], "not a mapping", "write optimizer:\n  type: AdamW")
     name = get(doc, OPTIMIZER)
+    if name is not None and not isinstance(name, str):
+        raise NdplanError(OPTIMIZER, name, "not an optimizer name", "write type: AdamW (or PmaAdamW, Came, Muon, SGD)")
     if name in ("AdamW", "FusedAdamW"):
         return _fused_adamw(doc, name, notes)
     if name is None or name in FP32_ADAM:
