@@ -65,6 +65,10 @@
     ascend-a3 (A3). Per-row layer offsets / recompute picked by ND's balancer are not recorded
     upstream and are not modelled.
 
+(c) ndplan calibrate on each source's runs of one hardware (>= 4 runs): the median |error|
+    with the catalog constants, after fitting (the default forward selection of constants)
+    and left out (each run predicted by the fit to the others).
+
 Usage:
     python benchmarks/steptime_validation.py [--json out.json] [--set gemm_efficiency=0.7 ...]
 """
@@ -82,6 +86,7 @@ from pathlib import Path
 import yaml
 
 import ndplan
+from ndplan.calibrate import Run, fit
 from ndplan.catalog.model import model_from_config
 from ndplan.engines import ENGINE_PROFILES
 from ndplan.formulas import flops as FL
@@ -250,6 +255,7 @@ def run_published(overrides: dict) -> tuple[list[dict], list[dict]]:
             skipped.append({"id": c["id"], "reason": str(e)})
             continue
         terms = est.time_terms
+        RUNS.append((src, Run(name=c["id"], model=model, hardware=hw, strategy=strat, step_s=meas, engine=engine)))
         rows.append({"id": c["id"], "source": src, "model": model.name, "hardware": hw.name,
                      "strategy": strat.as_dict(), "predicted_s": est.step_s, "measured_s": meas,
                      "measured_from": how, "error_pct": (est.step_s - meas) / meas * 100,
@@ -364,6 +370,35 @@ def print_mindformers(sets):
               f"Spearman {s['spearman']:+.2f}" + ("" if s["status"] == "complete" else f"  [{s['status']}]"))
 
 
+# --------------------------------------------------------------------------- (c) calibrate
+
+RUNS: list = []
+"""(source, calibrate.Run) of every published case run_published mapped."""
+MIN_GROUP = 4
+
+
+def print_calibration() -> list[dict]:
+    """ndplan calibrate (default selection) per source and hardware with >= MIN_GROUP runs:
+    median |error| with the catalog constants, after the fit, and left out."""
+    groups: dict[tuple[str, str], list] = {}
+    for src, run in RUNS:
+        groups.setdefault((src, run.hardware.name), []).append(run)
+    print(f"\n== (c) ndplan calibrate per source and hardware (>= {MIN_GROUP} runs): median |error| %")
+    print(f"{'source':12s} {'hardware':16s} {'n':>3s} {'before':>7s} {'after':>7s} {'left out':>9s}  fitted")
+    out = []
+    for (src, hw), runs in groups.items():
+        if len(runs) < MIN_GROUP:
+            continue
+        f = fit(runs)
+        j = f.to_json()
+        med = j["median_abs_error_pct"]
+        fitted = ", ".join(f"{k} {v:.3f}" for k, v in f.values.items())
+        print(f"{src:12s} {hw:16s} {len(runs):3d} {med['before']:7.1f} {med['after']:7.1f} "
+              f"{med['leave_one_out']:9.1f}  {fitted}")
+        out.append({"source": src, "hardware": hw, "n": len(runs)} | j)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the rows to this path")
@@ -376,9 +411,10 @@ def main(argv=None):
     print_published(rows, skipped, summ)
     sets = run_mindformers(overrides)
     print_mindformers(sets)
+    calib = print_calibration()
     if args.json:
         Path(args.json).write_text(json.dumps({"published": {"rows": rows, "skipped": skipped, "median_abs_error_pct": summ},
-                                               "mindformers": sets}, indent=1, default=str))
+                                               "mindformers": sets, "calibration": calib}, indent=1, default=str))
     return 0
 
 

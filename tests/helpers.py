@@ -112,14 +112,22 @@ def llm_instance(n_layers, pp, vpp, m, schedule, budget_gib):
                     pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=int(budget_gib * GIB)))
 
 
-def runnable(engine: str, pp: int, schedule: str, tp: int, zero: int, sp: bool) -> tuple[str, int, bool]:
+def runnable(engine: str, pp: int, schedule: str, tp: int, zero: int, sp: bool, *, m: int = 1, moe: bool = False,
+             dp: int = 1, ep: int = 1) -> tuple[str, int, bool]:
     """(engine, zero, sp) of a drawn strategy, changed so that its engine runs it, as the
     frameworks' code says (the lines rules.py cites; written out here, not read from rules.py):
     DeepSpeed's pipeline runs 1F1B with ZeRO <= 1 and its AutoTP has no SP; torch pipelining
-    (fsdp) has no one-chunk zero-bubble schedule. A pipeline neither runs goes to megatron."""
+    (fsdp) has no one-chunk zero-bubble schedule; MindSpore has no one-chunk zero bubble either,
+    runs zero_bubble_v with at least 2 pp micro-batches, a MoE layer with tp > 1 only under SP
+    and lays experts over dp x tp. A pipeline or layout neither runs goes to megatron."""
     if engine == "deepspeed":
         engine = "megatron" if pp > 1 and schedule != "1f1b" else engine
         zero, sp = (min(zero, 1) if pp > 1 else zero), sp and tp == 1
     if engine == "fsdp" and pp > 1 and schedule == "zb-h1":
         engine = "megatron"
+    if engine == "mindspore":
+        if pp > 1 and (schedule == "zb-h1" or (schedule == "zbv" and m < 2 * pp)) or moe and dp * tp % ep:
+            engine = "megatron"
+        elif moe and tp > 1:
+            sp = True
     return engine, zero, sp

@@ -162,7 +162,7 @@ def strategy_families(draw):
     m = pp * draw(st.sampled_from((1, 2, 3)))
     seq, zero, sp = draw(st.sampled_from((1024, 2048))), draw(st.sampled_from((0, 1, 2, 3))), draw(st.booleans())
     engine = draw(st.sampled_from(ENGINES))
-    engine, zero, sp = runnable(engine, pp, schedule, tp, zero, sp)  # what the engine runs
+    engine, zero, sp = runnable(engine, pp, schedule, tp, zero, sp, m=m, moe=model.is_moe, dp=dp, ep=ep)
     s = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
         zero=zero, sp=sp, recompute=recompute,
@@ -312,7 +312,7 @@ SAME_CLASS = [("llama3-8b", "llama3-70b"), ("mixtral-8x7b", "mixtral-8x22b"), ("
               ("qwen3-30b-a3b", "qwen3-235b-a22b")]
 CLASS_STRATEGIES = [ndplan.Strategy(dp=2, tp=2, pp=2, gbs=8, recompute="selective"),
                     ndplan.Strategy(dp=2, tp=2, pp=2, vpp=2, gbs=8, schedule="interleaved", zero=3, engine="fsdp"),
-                    ndplan.Strategy(dp=2, pp=2, vpp=2, gbs=4, schedule="zbv", recompute="full", sp=False,
+                    ndplan.Strategy(dp=2, pp=2, vpp=2, gbs=8, schedule="zbv", recompute="full", sp=False,
                                     engine="mindspore"),
                     ndplan.Strategy(dp=4, tp=2, gbs=16, zero=2, sp=False, engine="deepspeed", flash_attention=False)]
 

@@ -654,6 +654,49 @@ def test_fp8_param_gather_keeps_the_vocabulary_matrices_in_bf16(tmp_path):
     assert t["mem.weights"] == 1 * (32 * 218_112_000 + 4096) + 2 * (2 * 128_256 * 4096)
 
 
+@pytest.mark.parametrize("recipe,scale,act_block,weight_block", [
+    ("mxfp8", 1, 32, 32),  # E8M0 uint8 per 1 x 32 block (TE constants.py:175; quantizer.cpp:1601, 1606)
+    ("blockwise", 4, 128, 128 * 128),  # fp32 per 1 x 128 input block, per 128 x 128 weight block
+])
+def test_fp8_block_scaled_recipes(tmp_path, recipe, scale, act_block, weight_block):
+    """--fp8-recipe mxfp8 | blockwise (Megatron-LM@d98e8a64 core/enums.py:12-19): Transformer Engine
+    (TransformerEngine@d0067d0d) stores every fp8 copy with its block scales. Each saved linear
+    input (the column-wise copy, linear.py:601-621) holds scale/act_block more bytes per element;
+    each cached weight copy, row-wise and column-wise (linear.py:463-491), and each fp8 primary
+    weight scale/weight_block more. llama3-8b, tp 1, s = 4096, no recompute: the saved fp8 inputs
+    of a layer are q/k/v's and fc1's s h each, o_proj's s a d = s h and fc2's s f. Layer weights
+    as test_fp8_weight_cache: 32 x 218,112,000 + 4,096; with --fp8-param-gather the cache holds
+    the column-wise copy (1) and the primary weights the row-wise one."""
+    spec = ndplan.load_model("llama3-8b")
+    h, f = spec.hidden_size, spec.intermediate_size
+    settings = {"fp8_scale_bytes": scale, "fp8_act_block": act_block, "fp8_weight_block": weight_block}
+    scaled = layer_bytes(spec, "dense", derive("megatron", FP8 | settings), recompute="none")
+    plain = layer_bytes(spec, "dense", derive("megatron", FP8), recompute="none")
+    assert scaled - plain == sp.Rational(scale, act_block) * SEQ * (3 * h + f)
+    text = MG_FP8.read_text().replace('"--fp8-amax-compute-algo max"', f'"--fp8-recipe {recipe}"')
+    path = tmp_path / MG_FP8.name
+    path.write_text(text)
+    ci = read_config(path)
+    assert all(f"{k}={v}" in ci.strategy.engine for k, v in settings.items())
+    t = ndplan.estimate(ci.model, ndplan.load_hardware("h100-sxm"), ci.strategy).per_stage[0]["terms"]
+    layer_weights = 32 * 218_112_000 + 4096
+    per_copy = 1 + sp.Rational(scale, weight_block)
+    assert t["mem.fp8_weight_cache"] == pytest.approx(float(1 * per_copy * layer_weights), abs=1)
+    assert t["mem.weights"] == pytest.approx(float(per_copy * layer_weights + 2 * (2 * 128_256 * 4096)), abs=1)
+    from ndplan.export import emit
+    out = tmp_path / "emitted.sh"
+    out.write_text(emit("megatron", ci.model, ci.strategy))
+    assert f"--fp8-recipe {recipe}" in out.read_text()
+    assert read_config(out, model=ci.model, gpus=8).strategy.engine == ci.strategy.engine
+
+
+def test_fp8_recipe_not_known(tmp_path):
+    path = tmp_path / MG_FP8.name
+    path.write_text(MG_FP8.read_text().replace('"--fp8-amax-compute-algo max"', '"--fp8-recipe nvfp4"'))
+    with pytest.raises(NdplanError, match="--fp8-recipe.*nvfp4.*delayed, tensorwise, mxfp8, blockwise"):
+        read_config(path)
+
+
 @pytest.mark.parametrize("settings", [{"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": 2},
                                       {"fp8_linear_inputs": 1}], ids=["cache", "no-cache"])
 def test_fp8_emit_reads_back(tmp_path, settings):
@@ -719,11 +762,11 @@ def test_mindformers_fused_adamw_emit_reads_back(tmp_path, settings):
 
 # --------------------------------------------------------------------------- MoE dispatch: saved rows, all-to-all buffers
 
-DISPATCH_CASES = [("megatron", 4), ("mindspore", 2)]
+DISPATCH_CASES = [("megatron", 4, "megatron_alltoall_rows"), ("mindspore", 2, "moe_dispatch_rows")]
 
 
-@pytest.mark.parametrize("engine,rows", DISPATCH_CASES, ids=[c[0] for c in DISPATCH_CASES])
-def test_moe_dispatch_buffers_are_a_transient(engine, rows):
+@pytest.mark.parametrize("engine,rows,setting", DISPATCH_CASES, ids=[c[0] for c in DISPATCH_CASES])
+def test_moe_dispatch_buffers_are_a_transient(engine, rows, setting):
     """One MoE layer's all-to-all buffers above what it saves, U = k x tokens x h x 2 bytes
     (tokens on the device: s x b / tp under SP). MindFormers' mcore alltoall dispatcher: the send
     buffer (IndexSelect's permuted tokens) and the receive buffer of AlltoAllV coexist, 2U
@@ -739,7 +782,7 @@ def test_moe_dispatch_buffers_are_a_transient(engine, rows):
     for pp, stage in ((4, 0), (4, 3), (1, 0)):
         s = ndplan.Strategy(dp=8 // pp, tp=tp, pp=pp, ep=4, mbs=b, gbs=64, seq=SEQ, recompute="none", engine=engine)
         with_buffers = ndplan.estimate(spec, hw, s).per_stage[stage]["terms"]["mem.transient"]
-        off = dataclasses.replace(s, engine=derive(engine, {"moe_dispatch_rows": 0}))
+        off = dataclasses.replace(s, engine=derive(engine, {setting: 0}))
         without = ndplan.estimate(spec, hw, off).per_stage[stage]["terms"]["mem.transient"]
         assert with_buffers == max(without, rows * u), (pp, stage, with_buffers, without)
         decided.append(rows * u > without)
@@ -752,6 +795,26 @@ def test_moe_dispatch_buffers_are_a_transient(engine, rows):
     # workspace of one layer's activation gradients (backward_layer_workspace) holds more than 2U
     # (the layer saves 2U of rows alone), so the buffers never decide there
     assert decided[0] == (engine == "megatron")
+
+
+@pytest.mark.parametrize("ep,etp,rows", [(4, 1, 4), (8, 1, 3), (4, 2, 7), (8, 2, 5), (2, 4, 11)])
+def test_megatron_alltoall_rows_follow_etp(ep, etp, rows):
+    """Megatron-LM@d98e8a64 alltoall dispatcher, rows R = k x tokens entering the all-to-all (mixtral:
+    8 experts, so u = 1 local-expert sort with ep < 8, 0 at ep 8). Alive at the combine's peak,
+    beside fc1's saved input: the permuted tokens (R, token_dispatcher.py:665-680) and the dispatch
+    all-to-all's output (R, :705-711), both held by MoELayer.custom_forward (moe_layer.py:663, 680);
+    the experts' output (etp R after the expert-TP all-gather, :741-748; moe_layer.py:565-569); its
+    unsorted copy with u = 1 (etp R, :817-822); and the output buffer (R: the reduce-scatter's at
+    etp > 1, :829-833, the combine all-to-all's at etp 1, :864-870). etp 1: 3 + u; above:
+    3 + etp (1 + u)."""
+    spec = ndplan.load_model("mixtral-8x7b")
+    from ndplan.formulas.memory import moe_dispatch_transient
+    from ndplan.structure import structure
+    tp, b = 2, 2
+    s = ndplan.Strategy(dp=32, tp=tp, ep=ep, etp=etp, mbs=b, gbs=64, seq=SEQ, recompute="none", engine="megatron")
+    expr = moe_dispatch_transient(spec, model_symbols(spec), structure(spec, s))
+    r = spec.experts_per_token * SEQ * b // tp * spec.hidden_size * 2
+    assert expr.subs({S.tp: tp, S.mbs: b, S.seq: SEQ, S.cp: 1, S.ep: ep, S.etp: etp}) == rows * r
 
 
 def test_megatron_saves_one_copy_of_the_routed_rows():
@@ -805,7 +868,7 @@ def test_megatron_allgather_dispatcher_buffers():
         terms = ndplan.estimate(spec, hw, s).per_stage[0]["terms"]  # stage 0 of 2: no loss logits
         gathered = SEQ * b // tp * etp * ep
         assert terms["mem.comm_buffers"] == 2 * gathered * h
-        off = dataclasses.replace(s, engine=derive("megatron", {"moe_dispatch_rows": 0}))
+        off = dataclasses.replace(s, engine=derive("megatron", {"megatron_alltoall_rows": 0}))
         without = ndplan.estimate(spec, hw, off).per_stage[0]["terms"]["mem.transient"]
         combine = 2 * h * (gathered * k // ep + gathered)
         assert terms["mem.transient"] == max(without, combine)

@@ -201,13 +201,19 @@ def test_megatron_partial_selective_recompute_is_noted():
     assert any("selective recompute of [3, 3]" in n for n in forms["notes"])
 
 
-def test_zbv_plan_has_no_megatron_or_mindformers_form():
+def test_zbv_plan_has_no_megatron_form_and_a_mindformers_one():
     """zbv runs slice 2*pp-1-s on stage s's second chunk, Megatron-LM's interleaving slice
     pp + s (pipeline_parallel_layer_layout.py: layout[vpp_rank * pp + pp_rank]), so
-    flags for a zbv plan would put layers on other devices: no form, a reason."""
-    inst, plan = _plan(["embedding"] + ["dense"] * 6 + ["head"], (2, 2, 2, 2), pp=2, vpp=2, schedule="zbv")
+    flags for a zbv plan would put layers on other devices: no form, a reason. MindSpore's
+    zero_bubble_v places that V itself (mindformers@f52743ca parallel_core/training_graph/
+    transformer/utils.py:163-167, 410-419) with offsets per [chunk][stage]. Slices of 2, 2, 3, 1
+    layers with the embedding and head: decoder layers 1, 2, 3, 0 (average 6 // 4 = 1), offsets
+    0, 1, 2, -1 by slice; stage 0 runs slices 0 and 3, stage 1 slices 1 and 2: [[0, 1], [-1, 2]]."""
+    inst, plan = _plan(["embedding"] + ["dense"] * 6 + ["head"], (2, 2, 3, 1), pp=2, vpp=2, schedule="zbv")
     forms = plan_forms(inst, plan)
-    assert "cannot express" in forms["megatron"]["error"] and "cannot express" in forms["mindformers"]["error"]
+    assert "cannot express" in forms["megatron"]["error"]
+    assert forms["mindformers"]["pipeline_scheduler"] == "zero_bubble_v"
+    assert forms["mindformers"]["offset"] == [[0, 1], [-1, 2]]
 
 
 def test_balanced_strategy_takes_gbs_from_dp_mbs_and_m():

@@ -85,7 +85,7 @@ def valid_strategies(draw, spec, allow_uneven=True, allow_tuple=True,
             rec_layers = draw(st.integers(0, chunk_max))
     zero, sp = draw(st.integers(0, 3)), draw(st.booleans())
     engine = draw(st.sampled_from(ENGINES))
-    engine, zero, sp = runnable(engine, pp, schedule, tp, zero, sp)  # what the engine runs
+    engine, zero, sp = runnable(engine, pp, schedule, tp, zero, sp, m=m, moe=spec.is_moe, dp=dp, ep=ep)
     strat = ndplan.Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=dp * mbs * m, seq=seq,
         zero=zero, sp=sp, recompute=recompute, recompute_layers=rec_layers,
@@ -166,16 +166,18 @@ def test_peak_at_least_static(name, data):
 
 # ------------------------------------------------------------------------- (c)
 
-def _with(strat, **kw):
+def _with(strat, spec, **kw):
     """``strat`` with ``kw`` changed; under DeepSpeed SP off once tp > 1 (AutoTP has none, and
     at tp = 1 it changes nothing); a change DeepSpeed's pipeline refuses (ZeRO >= 2, or a
-    schedule other than 1F1B, at pp > 1) is no example (assume)."""
+    schedule other than 1F1B, at pp > 1; under MindSpore a layout its rules refuse) is no
+    example (assume); under MindSpore a MoE model at tp > 1 runs SP."""
     d = strat.as_dict()
     d.pop("m")
     d["layers_per_stage"] = strat.layers_per_stage
     d["recompute_layers"] = strat.recompute_layers
     d.update(kw)
-    engine, zero, d["sp"] = runnable(d["engine"], d["pp"], d["schedule"], d["tp"], d["zero"], d["sp"])
+    engine, zero, d["sp"] = runnable(d["engine"], d["pp"], d["schedule"], d["tp"], d["zero"], d["sp"],
+                                     m=d["gbs"] // (d["dp"] * d["mbs"]), moe=spec.is_moe, dp=d["dp"], ep=d["ep"])
     assume(engine == d["engine"] and zero == d["zero"])
     return ndplan.Strategy(**d)
 
@@ -227,7 +229,7 @@ def test_tp_doubling_does_not_increase_memory(name, data):
     strat = data.draw(valid_strategies(spec, allow_uneven=False))
     t2 = 2 * strat.tp
     assume(spec.num_attention_heads % t2 == 0 and (spec.is_mla or spec.num_key_value_heads % t2 == 0))
-    bigger = _with(strat, tp=t2)
+    bigger = _with(strat, spec, tp=t2)
     bigger.check(spec)
     e1 = ndplan.estimate(spec, HW, strat)
     e2 = ndplan.estimate(spec, HW, bigger)
@@ -273,7 +275,7 @@ def test_pp_doubling_does_not_increase_peak(name, data):
     p2 = 2 * strat.pp
     assume(spec.num_hidden_layers % p2 == 0)
     assume(not (strat.engine == "mindspore" and strat.pp == 1 and strat.m == 1))
-    bigger = _with(strat, pp=p2)
+    bigger = _with(strat, spec, pp=p2)
     assert bigger.m == strat.m
     bigger.check(spec)
     e1 = ndplan.estimate(spec, HW, strat)
@@ -309,7 +311,7 @@ def test_dp_doubling_does_not_increase_memory(name, data):
     """
     spec = spec_of(name)
     strat = data.draw(valid_strategies(spec, allow_uneven=False))
-    same_m = _with(strat, dp=2 * strat.dp, gbs=2 * strat.gbs)
+    same_m = _with(strat, spec, dp=2 * strat.dp, gbs=2 * strat.gbs)
     assert same_m.m == strat.m
     same_m.check(spec)
     e1 = ndplan.estimate(spec, HW, strat)
@@ -340,7 +342,7 @@ def test_dp_doubling_does_not_increase_memory(name, data):
         assert e2.peak_bytes <= e1.peak_bytes
 
     try:
-        same_gbs = _with(strat, dp=2 * strat.dp)
+        same_gbs = _with(strat, spec, dp=2 * strat.dp)
     except NdplanError:
         return  # gbs not divisible by 2*dp*mbs, or interleaved m not a multiple of pp
     e3 = ndplan.estimate(spec, HW, same_gbs)

@@ -355,3 +355,65 @@ def test_mindformers_zero3_round_trip_names_the_field_it_loses(tmp_path):
     r = CliRunner().invoke(main, ["check", str(f), "-m", "llama3-70b"])
     assert r.exit_code in (0, 1), r.output
     assert "enable_parallel_optimizer -> zero=1" in r.output
+
+
+# --------------------------------------------------------------------------- pipeline_scheduler zero_bubble_v, gpipe
+
+def _mindformers_layer_stages(L: int, pp: int, vpp: int, offset, zbv: bool) -> list[tuple[int, int]]:
+    """(stage, chunk) of each decoder layer, transcribed from MindFormers' LayerSetting
+    (f52743ca parallel_core/training_graph/transformer/utils.py:163-171 and set_pipeline_stage,
+    :410-419): layer_list = L // (pp vpp) + offset per [chunk][stage], the second row reversed under
+    zero_bubble_v; pp_ids = searchsorted(layer_accu, i + 1) % pp; interleave_ids the row; and under
+    zero_bubble_v the second row's stage is pp - 1 - pp_id."""
+    import numpy as np
+    avg = L // (pp * vpp)
+    layer_list = np.ones((vpp, pp), np.int32) * avg + np.array(offset, np.int32)
+    if zbv:
+        layer_list[1] = layer_list[1][::-1]
+    interleave_sum = np.insert(np.cumsum(np.sum(layer_list, axis=1))[:-1], 0, 0)
+    layer_accu = np.cumsum(layer_list, axis=1) + interleave_sum.reshape(-1, 1)
+    out = []
+    for i in range(L):
+        pp_id = int(np.searchsorted(layer_accu.reshape(-1), i + 1) % pp)
+        v_id = int(np.where(i < layer_accu)[0][0])
+        out.append((pp - 1 - pp_id if zbv and v_id == 1 else pp_id, v_id))
+    return out
+
+
+@pytest.mark.parametrize("scheduler,schedule", [("zero_bubble_v", "zbv"), ("1f1b", "interleaved")])
+def test_mindformers_zero_bubble_v_offsets_are_per_stage(tmp_path, scheduler, schedule):
+    """qwen3-32b (64 layers), pp 4, pp_interleave_num 2, offsets [[-1, 0, 0, 1], [1, 0, 0, -1]]:
+    the layers each (stage, chunk) runs, from MindFormers' own placement code (transcribed above),
+    equal ndplan's layers_per_stage read through its slice order (layouts.virtual_stage: under zbv
+    the second chunk runs the stages in reverse, the V). The emit writes the scheduler back."""
+    from collections import Counter
+    from ndplan.layouts import virtual_stage
+    offset = [[-1, 0, 0, 1], [1, 0, 0, -1]]
+    doc = _set(_doc("mindformers_qwen3_32b_mcore.yaml"),
+               {f"{MC}.offset": offset, f"{MC}.pp_interleave_num": 2, "parallel.pipeline_config.pipeline_interleave": True,
+                "parallel.pipeline_config.pipeline_scheduler": scheduler, "parallel_config.micro_batch_num": 8,
+                "recompute_config.recompute": False})
+    ci = _read(tmp_path, doc)
+    s = ci.strategy
+    assert (s.schedule, s.pp, s.vpp) == (schedule, 4, 2)
+    placed = Counter(_mindformers_layer_stages(64, 4, 2, offset, scheduler == "zero_bubble_v"))
+    assert all(s.layers_per_stage[virtual_stage(schedule, st, ch, 4)] == n for (st, ch), n in placed.items())
+    f = tmp_path / "emitted.yaml"
+    f.write_text(emit("mindformers", ci.model, s))
+    back = yaml.safe_load(f.read_text())
+    assert back["model"]["model_config"]["offset"] == offset
+    assert back["parallel"]["pipeline_config"].get("pipeline_scheduler", "1f1b") == scheduler
+    again = read_config(f, model=ci.model).strategy
+    fields = ("pp", "vpp", "schedule", "layers_per_stage", "gbs", "mbs", "dp", "tp")
+    assert [getattr(again, k) for k in fields] == [getattr(s, k) for k in fields]
+
+
+def test_mindformers_zero_bubble_v_needs_twice_the_stages_in_micro_batches(tmp_path):
+    """MindFormers' TransformerConfig (f52743ca parallel_core/transformer_config.py:714-726):
+    zero_bubble_v with micro_batch_num < 2 x pipeline stages raises; the reader says so in one line."""
+    doc = _set(_doc("mindformers_qwen3_32b_mcore.yaml"),
+               {f"{MC}.offset": 0, f"{MC}.pp_interleave_num": 2, "parallel.pipeline_config.pipeline_interleave": True,
+                "parallel.pipeline_config.pipeline_scheduler": "zero_bubble_v", "parallel_config.micro_batch_num": 7,
+                "recompute_config.recompute": False})
+    with pytest.raises(NdplanError, match="m=7 >= 2\\*pp = 8"):
+        _read(tmp_path, doc)

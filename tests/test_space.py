@@ -333,6 +333,38 @@ def test_a_deepspeed_sweep_holds_what_deepspeed_runs():
     assert cands.rejected["engine"] == megatron.valid - cands.valid > 0
 
 
+def test_a_mindspore_sweep_holds_what_mindformers_runs():
+    """engine=mindspore on a MoE model: the candidates are the brute-force oracle's, and, written
+    out here from mindspore-lab/mindformers@f52743ca: no one-chunk zero bubble (MindSpore's
+    pipeline_scheduler values are 1f1b, gpipe, seqpipe, seqvpp, seqsmartvpp, zero_bubble_v);
+    zero_bubble_v with micro_batch_num >= 2 x stages (parallel_core/transformer_config.py:714-732);
+    a MoE layer with tp > 1 only under sequence parallelism (moe/moe_layer.py:142-147); ep divides
+    dp x tp (moe/ffn.py:185-195). The megatron sweep of the same space holds all of them and more."""
+    model, gpus, seq, gbs = spec("mixtral-8x7b"), 16, 4096, 32
+    space = {"mbs": [1, 2], "sp": [True, False], "zero": 1, "recompute": "none", "uneven": False, "etp": 1}
+    dom = {"etp": [1], "vpp": [1, 2, 4], "mbs": [1, 2], "zero": [1], "recompute": ["none"],
+           "schedule": SCHEDULES, "sp": [True, False]}
+    cands = generate(model, gpus, seq, gbs, space | {"vpp": [1, 2, 4]}, engine="mindspore")
+    rows = set(rows_of(cands))
+    assert rows == oracle(model, gpus, seq, gbs, dom, engine="mindspore")
+    for dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp in rows:
+        m = gbs // (dp * mbs)
+        assert pp == 1 or sched != "zb-h1"
+        assert sched != "zbv" or m >= 2 * pp
+        assert tp == 1 or sp
+        assert dp * tp % ep == 0
+    megatron = set(rows_of(generate(model, gpus, seq, gbs, space | {"vpp": [1, 2, 4]})))
+    assert rows < megatron
+    for row in megatron - rows:  # each row the mindspore sweep drops breaks one of the four
+        dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp = row
+        m = gbs // (dp * mbs)
+        assert (pp > 1 and sched == "zb-h1") or (sched == "zbv" and m < 2 * pp) or (tp > 1 and not sp) \
+            or dp * tp % ep != 0, row
+    assert why(model, gpus, seq, gbs, None, {"tp": 2, "sp": False, "ep": 8}, engine="mindspore").startswith(
+        "engine: sp=False")
+    assert why(model, gpus, seq, gbs, None, {"dp": 2, "cp": 8, "ep": 4}, engine="mindspore").startswith("engine: ep=4")
+
+
 def test_why_names_the_engine_rule_and_defaults_sp_off_for_deepspeed_tp():
     model, gpus, seq, gbs = spec("llama3-8b"), 8, 4096, 16
     assert why(model, gpus, seq, gbs, None, {"tp": 2}, engine="deepspeed") is None  # sp defaults off

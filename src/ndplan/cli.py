@@ -180,7 +180,8 @@ def hardware(as_json):
 
 
 register_sweep(main)
-main.lazy = {"balance": "ndplan.cli_balance", "check": "ndplan.cli_check"}  # imported when asked for
+main.lazy = {"balance": "ndplan.cli_balance", "check": "ndplan.cli_check",
+             "calibrate": "ndplan.cli_calibrate"}  # imported when asked for
 register_trace(main)
 
 if __name__ == "__main__":

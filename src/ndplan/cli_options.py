@@ -61,7 +61,8 @@ RUN = [
     click.option("--engine", type=click.Choice(ENGINES), default="megatron", show_default=True,
                  help="Whose memory profile and rules apply: megatron (Megatron-LM/Core), fsdp (torchtitan, FSDP2 with "
                       "torch pipelining: no zb-h1), deepspeed (DeepSpeed's runtime: ZeRO, AutoTP without SP, its "
-                      "pipeline engine 1F1B with ZeRO <= 1), mindspore (MindSpore/MindFormers), hf (HF Trainer)."),
+                      "pipeline engine 1F1B with ZeRO <= 1), mindspore (MindSpore/MindFormers: no zb-h1, zbv with m >= 2 pp, "
+                      "MoE with tp > 1 only under SP, ep dividing dp x tp), hf (HF Trainer)."),
     click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention (no s^2 scores)."),
     click.option("--order", default="tp-cp-ep-dp-pp", show_default=True,
                  help="Rank placement, innermost axis first (decides which groups stay in a node)."),

@@ -86,7 +86,28 @@ class EngineProfile:
     (1) and, where fp8 GEMMs are TN-only (Hopper), its transpose (1) for the backward (storage/
     float8_tensor_storage.py:281-317). With fp8 primary weights (``--fp8-param-gather``) only the
     transpose is extra. 2 (fp8 compute, Hopper), 1 (fp8 primary weights on Hopper, or fp8 compute on
-    Blackwell), 0: none. Not applied under ZeRO-3 (weights gathered per layer)."""
+    Blackwell), 0: none. Not applied under ZeRO-3 (weights gathered per layer). The MXFP8 and
+    blockwise recipes keep a row-wise and a column-wise copy on every GPU (the latter transposed
+    under blockwise; TE@d0067d0d linear.py:463-491, quantizer.cpp:1089-1110, 1521-1531): 2, or 1
+    with fp8 primary weights; each copy also carries its block scales (fp8_scale_bytes)."""
+    fp8_scale_bytes: int = 0
+    """Bytes of one block scale under Transformer Engine's block-scaled fp8 recipes (Megatron-LM
+    ``--fp8-recipe``; NVIDIA/TransformerEngine@d0067d0d): MXFP8 1 (E8M0 stored as uint8,
+    transformer_engine/pytorch/csrc/quantizer.cpp:1601, 1606), blockwise 4 (fp32, quantizer.cpp:
+    1076); 0: one fp32 scale per tensor (delayed and tensorwise scaling, 4 B a tensor, not
+    counted). Every fp8 copy of a tensor (row-wise, column-wise) carries its own scales, so the
+    bytes per fp8 element are 1 + fp8_scale_bytes / block (groups.fp8_element_bytes)."""
+    fp8_act_block: int = 0
+    """Elements per scale of the fp8 copy a Transformer Engine linear saves of its input (the
+    column-wise copy only, linear.py:601-621; layernorm_linear.py:478-487 for its norm output):
+    MXFP8 32 (1 x 32 blocks, pytorch/constants.py:175), blockwise 128 (the recipe's 1-D input
+    blocks of 128, common/recipe/__init__.py:435-437, float8_blockwise_tensor.py:55). The scale
+    tensors' padding (MXFP8: to 128 x 4 tiles, quantizer.cpp:1852-1880; blockwise: the inner
+    dimension to a multiple of 4, :1441-1492) is not counted; 0: per-tensor scales."""
+    fp8_weight_block: int = 0
+    """Elements per scale of each fp8 weight copy, the fp8 primary weights and the cached workspaces
+    alike (base.py:835-845, 1838-1865; linear.py:463-491): MXFP8 32, blockwise 16384 (the recipe's
+    2-D 128 x 128 weight blocks, common/recipe/__init__.py:435-437); 0: per-tensor scales."""
     deepep_sms: int = 0
     """DeepEP's normal-mode buffer (Megatron-LM ``--moe-token-dispatcher-type flex`` with the deepep
     backend): the SMs its channels take (``--moe-flex-dispatcher-num-sms``, Megatron's default 20,
@@ -297,12 +318,21 @@ class EngineProfile:
     dispatcher: 2, the all-to-all's send buffer (the permuted tokens) and its receive buffer
     coexist (token_dispatcher.py:617-621 at f52743ca; AlltoAllV is not in place), then the
     receive buffer beside its sorted copy, which is saved; the legacy MoEV2 sends and receives E x
-    capacity rows alike (modules/transformer/moe.py:454-457, 483-487). Megatron-LM's alltoall
-    dispatcher at etp 1: 4, at the combine all-to-all: the permuted tokens and the dispatch
-    all-to-all's output, which MoELayer.custom_forward holds until its forward ends (moe_layer.py:
-    663, 680), the experts' output, its unsorted copy and the receive buffer (the saved fc1 input
-    aside); with etp > 1 its reduce-scatter peaks higher ((3 + 2 etp) rows, not modelled). 0: not
-    derived (the transformers modules loop over experts one at a time)."""
+    capacity rows alike (modules/transformer/moe.py:454-457, 483-487). 0: none, or derived from the
+    degrees (Megatron-LM: megatron_alltoall_rows), or not derived (the transformers modules loop over
+    experts one at a time)."""
+    megatron_alltoall_rows: bool = False
+    """Megatron-LM's alltoall dispatcher (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/moe/
+    token_dispatcher.py): the rows one MoE layer holds beside what it saves follow the expert-TP
+    degree and the local expert count (formulas/memory.py megatron_alltoall_rows). MoELayer
+    .custom_forward holds the permuted tokens and the dispatch all-to-all's output until its forward
+    ends (moe_layer.py:663, 680) and routed_experts_compute the experts' output (moe_layer.py:
+    565-569; etp x rows after the expert-TP all-gather, token_dispatcher.py:741-748); with more than
+    one local expert the combine first unsorts it (a copy, token_dispatcher.py:817-822); then the
+    reduce-scatter over expert-TP writes its output (rows, :829-833), or at etp 1 the combine
+    all-to-all its receive buffer (:864-870). At the peak: 3 + u rows at etp 1, 3 + etp (1 + u)
+    above (u = 1 with more than one local expert, else 0). The fp32 copy ``--moe-router-dtype
+    fp32`` adds at the reduce-scatter (:830) is not modelled."""
     keep_core_attn: bool = False
     """Selective recompute without the attention core (Megatron ``--recompute-modules`` lists
     that omit core_attn): the core's tensors stay stored."""

@@ -21,7 +21,7 @@ MEGATRON = EngineProfile(
     weights_sharded_from=3, grads_sharded_from=2, master_sharded_from=1,
     logits_bytes_per_element=6, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
     loss_saved_bytes_per_element=4,  # core/tensor_parallel/cross_entropy.py: save_for_backward(exp_logits, ...), fp32
-    moe_rows_saved=1, moe_dispatch_rows=4,  # the alltoall dispatcher (engine_fields.py: moe_rows_saved, moe_dispatch_rows)
+    moe_rows_saved=1, megatron_alltoall_rows=True,  # the alltoall dispatcher (engine_fields.py)
     sources={
         "states": "Megatron-LM theoretical_memory_usage.py: 18 bytes/param without the distributed "
                   "optimizer (bf16 param 2 + fp32 main grad 4 + fp32 master 4 + Adam 8); with it, "

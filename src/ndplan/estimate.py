@@ -234,12 +234,10 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
         nrec = np.broadcast_to(np.asarray(point["nrec"], dtype=float), (strat.pp,))
         values = [memory_kernel(model, view, int(i))(**(point | {"nrec": nrec[i]}), stage=float(i)) for i in stages]
     rows = _stage_rows(values, stages)
-    head = strategy_values(strat, head_stage(strat, strat.pp))["nrec"]
     totals = model_totals(model, strat.seq, strat.recompute)
     host = float(host_kernel(model, view)(**strategy_values(strat), stage=0.0)["total.host_bytes"])  # stage 0, as before
     tview = structure(model, strat, engine)
-    tvals = time_kernel(model, tview)(**(point | {"nrec": head}), stage=0.0,
-                                      **hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
+    tvals = _time_values(model, strat, tview, hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
     time_terms = {k: float(v) for k, v in tvals.items()}
     if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
         warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",
@@ -252,6 +250,25 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
                     host_bytes=int(np.ceil(host)), time_terms=time_terms, flops_per_step=flops,
                     hardware_flops_per_step=flops + rec, _breakdowns=bds,
                     _time_breakdown=lambda: _step_breakdown(model, _model_symbols(model), tview))
+
+
+def _time_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict) -> dict:
+    """The step-time kernel's Terms for ``strat`` at the hardware kernel values ``hw_values``
+    (symbols.HW_SYMBOLS by name; numpy arrays broadcast); recompute counts at the head stage."""
+    head = strategy_values(strat, head_stage(strat, strat.pp))["nrec"]
+    return time_kernel(model, tview)(**(strategy_values(strat) | {"nrec": head}), stage=0.0, **hw_values)
+
+
+def step_time_function(model: ModelSpec, strat: Strategy, engine: EngineProfile | None = None):
+    """Seconds per step of ``strat`` as a function of the hardware kernel values (keyword
+    arguments as Hardware.kernel_values gives them; arrays broadcast): what ``estimate``
+    evaluates, for fitting those values (ndplan.calibrate)."""
+    strat.check(model)
+    tview = structure(model, strat, engine)
+
+    def step_s(**hw_values):
+        return sum(np.asarray(v, dtype=float) for v in _time_values(model, strat, tview, hw_values).values())
+    return step_s
 
 
 def _model_symbols(model: ModelSpec):

@@ -189,12 +189,43 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.schedule,
          lambda c: "torch.distributed.pipelining has no one-chunk zero-bubble schedule",
          lambda c: "use --schedule 1f1b, or zbv with --vpp 2"),
+    # MindSpore / MindFormers (mindspore-lab/mindformers@f52743ca, the mcore models): MindSpore's
+    # pipeline_scheduler takes 1f1b, gpipe, seqpipe, seqvpp, seqsmartvpp and zero_bubble_v
+    # (mindspore.parallel.auto_parallel AutoParallel.pipeline), so no one-chunk zero bubble;
+    # zero_bubble_v needs micro_batch_num >= 2 x stages (parallel_core/transformer_config.py:714-732);
+    # the MoE layer refuses tp > 1 without sequence parallelism (parallel_core/training_graph/
+    # transformer/moe/moe_layer.py:142-147, tools/check_rules.py:169-176) and lays experts out over
+    # dp x tp, which ep must divide (moe/ffn.py:185-195; cp not included).
+    Rule("engine", "mindspore: pp > 1 has no zb-h1", "engine", "schedule",
+         lambda c: (engine_name(c.engine) == "mindspore") & (c.pp > 1) & (c.schedule == "zb-h1"),
+         lambda c: c.schedule,
+         lambda c: "MindSpore's pipeline_scheduler has no one-chunk zero-bubble schedule",
+         lambda c: "use --schedule 1f1b, or zbv with --vpp 2"),
+    Rule("engine", "mindspore: zbv needs m >= 2*pp", "engine", lambda c: "gbs" if hasattr(c, "gbs") else "m",
+         lambda c: (engine_name(c.engine) == "mindspore") & (c.schedule == "zbv") & (c.pp > 1) & (c.m < 2 * c.pp),
+         lambda c: c.gbs if hasattr(c, "gbs") else c.m,
+         lambda c: f"zero_bubble_v needs micro-batches m={c.m} >= 2*pp = {2 * c.pp} (MindFormers TransformerConfig)",
+         lambda c: "raise gbs, or lower mbs or dp" if hasattr(c, "gbs") else f"give --m {2 * c.pp} or more"),
+    Rule("engine", "mindspore: MoE with tp > 1 needs sp", "engine_model", "sp",
+         lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & (c.tp > 1) & ~np.asarray(c.sp, dtype=bool),
+         lambda c: c.sp,
+         lambda c: "MindFormers' MoE layer refuses tensor parallelism without sequence parallelism",
+         lambda c: "turn sp on (use_seq_parallel: True), or tp=1"),
+    Rule("engine", "mindspore: MoE: (dp*tp) % ep == 0", "engine_model", "ep",
+         lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & ((c.dp * c.tp) % c.ep != 0),
+         lambda c: c.ep,
+         lambda c: f"ep={c.ep} does not divide dp*tp = {c.dp * c.tp} (MindFormers lays the experts over dp x tp)",
+         lambda c: "choose an ep that divides dp*tp"),
     Rule("engine", "deepspeed: tp > 1 without sp (AutoTP all-reduces)", "engine", "sp",
          lambda c: (engine_name(c.engine) == "deepspeed") & (c.tp > 1) & c.sp,
          lambda c: c.sp,
          lambda c: "DeepSpeed AutoTP all-reduces the row-parallel outputs: no sequence parallelism",
          lambda c: "use --no-sp with --tp > 1, or another engine"),
 )
+
+ENGINE_SCOPES = ("engine", "engine_model")
+"""Scopes of the engine rules: those that read the strategy alone (checked when a Strategy is
+built) and those that read the model too (Strategy.check)."""
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(r.group for r in RULES))
 """Rejection counters in evaluation order."""

@@ -365,7 +365,7 @@ def why(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | None, 
     if isinstance(layout, str):
         return layout
     c.uneven = layout["uneven"]
-    rule = R.first_failure(c, ("strategy", "schedule", "model", "canonical", "engine"))
+    rule = R.first_failure(c, ("strategy", "schedule", "model", "canonical") + R.ENGINE_SCOPES)
     if rule is not None:
         return f"{rule.group}: {R.field_of(rule, c)}={rule.value(c)}: {rule.problem(c)}"
     p |= layout

@@ -137,7 +137,7 @@ class Strategy:
 
     def check(self, model: ModelSpec, gpus: int | None = None) -> None:
         """Divisibility rules against a model and device count."""
-        rules.check(rules.WithModel(self, model, gpus), ("model",))
+        rules.check(rules.WithModel(self, model, gpus), ("model", "engine_model"))
         chunks = self.pp * self.vpp
         L = model.num_hidden_layers
         if self.layers_per_stage is not None:

@@ -75,6 +75,17 @@ def cannot(target: str, field: str, value, fix: str) -> NdplanError:
     return NdplanError(field, value, f"{target} cannot express this; {fix}")
 
 
+def refuse_engine_rules(target: str, model: ModelSpec, s: Strategy, engine: str, fields=None) -> None:
+    """Raise, as ``target``'s refusal, the first of rules.py's engine rules for ``engine`` (on
+    ``fields`` only, if given) that ``s`` fails: what that framework would refuse or not run."""
+    from ndplan import rules
+    c = rules.WithModel(s, model, engine=engine)
+    for rule in rules.RULES:
+        if rule.scope in rules.ENGINE_SCOPES and (fields is None or rules.field_of(rule, c) in fields) \
+                and bool(rule.fails(c)):
+            raise cannot(target, rules.field_of(rule, c), rule.value(c), f"{rule.problem(c)}; {rule.fix(c)}")
+
+
 HEADER_PHRASE = "form of an ndplan strategy for"
 """The first header line of every emitted file ends in this phrase and the model's name
 (interop.emitted_model reads the model back from it)."""

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import json
 
-from ndplan import rules
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, layers_per_chunk, nest, recompute_counts
+from ndplan.export.common import cannot, layers_per_chunk, nest, recompute_counts, refuse_engine_rules
 from ndplan.strategy import Strategy
 
 TARGET = "DeepSpeed config JSON"
@@ -50,8 +49,7 @@ KEY = {"cp": "sequence_parallel_size", "gbs": "train_batch_size", "mbs": "train_
 def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
     if s.ep > 1:
         raise cannot(TARGET, "ep", s.ep, "set deepspeed.moe.layer.MoE(ep_size=...) in the model code; use ep=1 here")
-    c = rules.WithModel(s, model, engine="deepspeed")  # what DeepSpeed runs (rules.py's engine rules)
-    _refuse(c, ("schedule", "zero"))
+    refuse_engine_rules(TARGET, model, s, "deepspeed", ("schedule", "zero"))  # what DeepSpeed runs
     if s.pp > 1 and len(set(layers)) > 1:
         raise cannot(TARGET, "layers_per_stage", list(layers),
                      "give PipelineModule(partition_method=...) in code; an even split here")
@@ -61,14 +59,7 @@ def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
         raise cannot(TARGET, "recompute", "selective", "DeepSpeed checkpoints whole layers; use none or full")
     if max(full) and any(f < n for f, n in zip(full, layers)):
         raise cannot(TARGET, "recompute_layers", list(full), "the JSON cannot pick layers; recompute all or none")
-    _refuse(c, ("sp",))  # the reader takes sp off at tp > 1 (interop/deepspeed.py)
-
-
-def _refuse(c, fields: tuple[str, ...]) -> None:
-    """Raise the first engine rule on ``fields`` that ``c`` fails, as this form's refusal."""
-    for rule in rules.RULES:
-        if rule.scope == "engine" and rules.field_of(rule, c) in fields and bool(rule.fails(c)):
-            raise cannot(TARGET, rules.field_of(rule, c), rule.value(c), f"{rule.problem(c)}; {rule.fix(c)}")
+    refuse_engine_rules(TARGET, model, s, "deepspeed", ("sp",))  # the reader takes sp off at tp > 1 (interop/deepspeed.py)
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:

@@ -223,6 +223,13 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
                      "Megatron-LM optimizer keeps them; written as Adam")
     if eng.fp8_linear_inputs:
         out[FLAG["fp8_format"]] = "hybrid"
+        scales = {k: getattr(eng, k) for k in ("fp8_scale_bytes", "fp8_act_block", "fp8_weight_block")}
+        recipe = next((r for r, v in MX.FP8_RECIPE_SCALES.items() if v == scales), None)
+        if recipe:
+            out[MX.FLAGS["fp8_recipe"]] = recipe
+        elif any(scales.values()):
+            notes.append(f"fp8 block scales {scales}: no Megatron-LM recipe keeps them; written as the default "
+                         "(delayed) recipe")
         if not eng.fp8_weight_cache_bytes and s.zero < 3:
             out[MX.SWITCHES["no_transpose_cache"]] = True
     elif s.weight_dtype == "fp8":
@@ -233,11 +240,11 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
                 MX.FLAGS["flex_sms"]: eng.deepep_sms}
     elif model.is_moe:  # the dispatcher the settings model: allgather (Megatron's default) or alltoall
         out[MX.FLAGS["dispatcher"]] = "allgather" if eng.moe_allgather_dispatch else "alltoall"
-    if model.is_moe and (eng.moe_rows_saved, eng.moe_dispatch_rows) != (MEGATRON.moe_rows_saved,
-                                                                        MEGATRON.moe_dispatch_rows):
-        notes.append(f"moe_rows_saved={eng.moe_rows_saved}, moe_dispatch_rows={eng.moe_dispatch_rows}: no Megatron-LM "
-                     f"flag sets them; its alltoall dispatcher saves {MEGATRON.moe_rows_saved} row and holds "
-                     f"{MEGATRON.moe_dispatch_rows} (engine_fields.py)")
+    dispatch = ("moe_rows_saved", "moe_dispatch_rows", "megatron_alltoall_rows")
+    if model.is_moe and any(getattr(eng, k) != getattr(MEGATRON, k) for k in dispatch):
+        notes.append(", ".join(f"{k}={int(getattr(eng, k))}" for k in dispatch) + ": no Megatron-LM flag sets "
+                     f"them; its alltoall dispatcher saves {MEGATRON.moe_rows_saved} row and holds the rows of "
+                     "megatron_alltoall_rows (engine_fields.py)")
     if eng.moe_capacity_permille and model.is_moe:
         out |= {MX.FLAGS["capacity"]: f"{eng.moe_capacity_permille / 1000:g}", MX.SWITCHES["pad_capacity"]: True}
     return out, notes

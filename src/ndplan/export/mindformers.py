@@ -31,7 +31,7 @@ from __future__ import annotations
 import yaml
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, layers_per_chunk, header, nest, per_stage, recompute_counts
+from ndplan.export.common import cannot, layers_per_chunk, header, nest, per_stage, recompute_counts, refuse_engine_rules
 from ndplan.strategy import Strategy
 
 TARGET = "MindFormers"
@@ -73,10 +73,19 @@ def _counts(p, counts, layers):
     return per_stage(p, counts)
 
 
+SCHEDULER = {"1f1b": "1f1b", "interleaved": "1f1b", "gpipe": "gpipe", "zbv": "zero_bubble_v"}
+"""ndplan schedule -> MindSpore ``pipeline_scheduler`` (1f1b runs interleaved with
+pp_interleave_num > 1; zero_bubble_v places a V over two chunks: mindformers@f52743ca
+parallel_core/training_graph/transformer/utils.py:163-167, 410-419, the second chunk's stages
+and its offset and recompute rows reversed, :465-500, the output layer on stage 0,
+base_models/gpt/gpt_model.py:746-757)."""
+
+
 def _check_schedule(p) -> None:
     """``p``: anything with pp and schedule (a Strategy, a PPB Pipeline)."""
-    if p.pp > 1 and p.schedule not in ("1f1b", "interleaved"):
-        raise cannot(TARGET, "schedule", p.schedule, "use --schedule 1f1b or interleaved")
+    if p.pp > 1 and p.schedule not in SCHEDULER:
+        raise cannot(TARGET, "schedule", p.schedule, "MindSpore has no one-chunk zero-bubble schedule; use --schedule "
+                                                     "1f1b, interleaved, gpipe or zbv")
 
 
 def pipeline_fields(p, layers, full, sel) -> dict:
@@ -92,7 +101,10 @@ def plan_fields(p, balance) -> dict:
     """``pipeline_fields`` of a PPB plan alone (``ndplan balance``), by leaf name."""
     _check_schedule(p)
     doc = pipeline_fields(p, balance.decoder_layers(), *balance.recompute_counts())
-    return {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
+    out = {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
+    if p.pp > 1 and SCHEDULER[p.schedule] != "1f1b":
+        out[KEY["scheduler"].rsplit(".", 1)[1]] = SCHEDULER[p.schedule]
+    return out
 
 
 def _engine_keys(model: ModelSpec, s: Strategy, notes: list) -> dict:
@@ -156,6 +168,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     is a pipeline setting), so pp = 1 writes both."""
     s = strat
     _check_schedule(s)
+    refuse_engine_rules(TARGET, model, s, "mindspore")  # what MindFormers refuses (rules.py's engine rules)
     pipe = pipeline_fields(s, layers_per_chunk(model, s, balance), *recompute_counts(model, s, balance))
     doc = {KEY["zero"]: s.zero >= 1, KEY["mbs"]: s.mbs}
     if s.pp == 1:
@@ -174,6 +187,8 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     doc |= {KEY["seq"]: s.seq, KEY["offset"]: pipe[KEY["offset"]]}
     if s.vpp > 1:
         doc |= {KEY["vpp"]: s.vpp, KEY["interleave"]: True}
+    if s.pp > 1 and SCHEDULER[s.schedule] != "1f1b":
+        doc[KEY["scheduler"]] = SCHEDULER[s.schedule]
     if s.zero >= 2:
         notes.append(f"zero={s.zero} is not expressed: MindFormers names no ZeRO level, only "
                      f"{KEY['zero']} (MindSpore optimizer parallel: weights and optimizer states sharded over "

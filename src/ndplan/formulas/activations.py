@@ -62,6 +62,7 @@ from ndplan.formulas.minmax import Min
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import MEGATRON, EngineProfile
 from ndplan.errors import NdplanError
+from ndplan.formulas import groups as G
 from ndplan.formulas import traced as T
 from ndplan.symbols import ModelSymbols
 from ndplan.formulas.placement import has_kind
@@ -69,7 +70,6 @@ from ndplan.formulas.placement import has_kind
 ACT_BYTES = 2  # bf16/fp16 activations (Korthikanti Table 2 assumes 16-bit)
 MASK_BYTES = 1  # dropout masks are bytes (Korthikanti Sec. 4.1)
 FP32_BYTES = 4  # router logits, flash-attention log-sum-exp
-FP8_BYTES = 1  # fp8 copies of linear inputs (EngineProfile.fp8_linear_inputs)
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,14 @@ def attention_parts(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> dict[str
 
 
 def _linear_bytes(c: ActContext) -> int:
-    """Bytes per element of a saved linear-layer input: 1 under fp8 GEMMs
+    """Bytes per element of a saved linear-layer input: one fp8 copy under fp8 GEMMs
     (EngineProfile.fp8_linear_inputs), else 16-bit."""
-    return FP8_BYTES if c.eng.fp8_linear_inputs else ACT_BYTES
+    return _fp8_input_bytes(c) if c.eng.fp8_linear_inputs else ACT_BYTES
+
+
+def _fp8_input_bytes(c: ActContext):
+    """One saved fp8 copy of a linear input with its block scales (groups.fp8_element_bytes)."""
+    return G.fp8_element_bytes(c.eng, c.eng.fp8_act_block)
 
 
 def _o_input_bytes(c: ActContext) -> int:
@@ -149,7 +154,7 @@ def _o_input_bytes(c: ActContext) -> int:
     the core keeps its scores, not its output)."""
     if not c.eng.fp8_linear_inputs:
         return ACT_BYTES
-    return FP8_BYTES + (ACT_BYTES if c.flash else 0)
+    return _fp8_input_bytes(c) + (ACT_BYTES if c.flash else 0)
 
 
 def _o_width(spec: ModelSpec, M: ModelSymbols) -> sp.Expr:
@@ -301,11 +306,14 @@ def mlp_backward_workspace(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind
     the gradient of its input m (+f) and frees the saved m (-f); the product's backward makes the
     gradients of both factors (+2f) while that gradient is alive: h + 2f 16-bit values per token
     beside the layer output's gradient (h); without a gate, fc2's then the activation's backward:
-    h + f. In an MoE layer f is the routed experts' width x top-k plus the shared experts'.
-    Checked on the gloo runtime's full-recompute peaks (tests/test_runtime.py)."""
+    h + f. In an MoE layer f is the routed experts' width x top-k plus the shared experts': the
+    device's experts take k x capacity rows per token of its s b / t_sp, times etp after the
+    expert-TP gather, each fe / etp wide, so fe k capacity / t_sp per token of s b (until
+    2026-12-06 fe k / etp, which counted t_sp / etp times the rows at tp > etp and left out the
+    capacity). Checked on the gloo runtime's full-recompute peaks (tests/test_runtime.py)."""
     tokens = c.s * c.b
     if kind == "moe":
-        width = M.fe * M.k / c.etp + M.fs / c.t
+        width = M.fe * M.k * c.capacity / c.t_sp + M.fs / c.t
     else:
         width = M.f / c.t
     return ACT_BYTES * tokens * (M.h / c.t_sp + (2 if spec.gated_mlp else 1) * width)

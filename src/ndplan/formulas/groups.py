@@ -35,9 +35,21 @@ def expert_shard_ranks(dp=S.dp, cp=S.cp, tp=S.tp, ep=S.ep, etp=S.etp):
     return dp * cp * tp / (ep * etp)
 
 
-def weight_bytes(view, eng: EngineProfile) -> int:
-    """Bytes per persistent weight element: the engine's choice under ``auto``."""
-    return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2, "fp8": 1}[view.weight_dtype]
+def weight_bytes(view, eng: EngineProfile) -> int | sp.Rational:
+    """Bytes per persistent weight element: the engine's choice under ``auto``; fp8 weights carry
+    their block scales (fp8_element_bytes)."""
+    if view.weight_dtype == "fp8":
+        return fp8_element_bytes(eng, eng.fp8_weight_block)
+    return {"auto": eng.weight_bytes, "fp32": 4, "bf16": 2}[view.weight_dtype]
+
+
+def fp8_element_bytes(eng: EngineProfile, block: int) -> int | sp.Rational:
+    """Bytes per element of one fp8 copy of a tensor: the byte and, under a block-scaled recipe,
+    its share of the block's scale (EngineProfile.fp8_scale_bytes per ``block`` elements:
+    MXFP8 1/32, blockwise 4/128 for inputs and 4/16384 for weights); 1 under per-tensor scaling."""
+    if not (eng.fp8_scale_bytes and block):
+        return 1
+    return 1 + sp.Rational(eng.fp8_scale_bytes, block)
 
 
 def grad_bytes(view, eng: EngineProfile) -> int:

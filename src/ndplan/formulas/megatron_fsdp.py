@@ -53,6 +53,7 @@ from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas.local import act_context, largest_kind, layer_params, vocab_params
 from ndplan.formulas.placement import chunk_layers, is_first, pp_expr
+from ndplan.formulas.states import FP8_VOCAB_BYTES
 from ndplan.structure import Structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Term
@@ -119,7 +120,7 @@ def kept_vocab(view: Structure, eng: EngineProfile, vocab) -> sp.Expr:
     optim_grads_params (module docstring), beside the shards mem.weights already counts."""
     if not eng.megatron_fsdp or view.zero < 3:
         return sp.Integer(0)
-    b = DTYPE_BYTES["bf16"] if view.weight_dtype == "fp8" else G.weight_bytes(view, eng)
+    b = FP8_VOCAB_BYTES if view.weight_dtype == "fp8" else G.weight_bytes(view, eng)
     return b * vocab[0] * distributed()
 
 

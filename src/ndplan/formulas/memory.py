@@ -312,9 +312,8 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         src += ("; one MoE layer's combine under the allgather dispatcher: the experts' output (k x capacity / ep "
                 "rows per gathered token) and the unpermuted gathered tokens (etp x ep x tokens), 16-bit (engine setting "
                 "moe_allgather_dispatch; counted on every stage of an MoE model)" if eng.moe_allgather_dispatch else
-                f"; one MoE layer's dispatch and combine: {eng.moe_dispatch_rows} copies of its routed rows "
-                "(k x tokens x capacity x h, 16-bit) beside what it saves (engine setting moe_dispatch_rows; counted on "
-                "every stage of an MoE model)")
+                f"; one MoE layer's dispatch and combine: {_dispatch_rows_text(eng)} copies of its routed rows "
+                "(k x tokens x capacity x h, 16-bit) beside what it saves (counted on every stage of an MoE model)")
     if backward is not None:
         # the reduce-scatter phase replaces the activations and the forward's gather
         transient = Max(transient, backward - acts - gather)
@@ -357,10 +356,30 @@ def moe_dispatch_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) ->
     eng = view.engine
     if spec.is_moe and eng.moe_allgather_dispatch:
         return moe_allgather_transient(spec, M, view)
-    if not (spec.is_moe and eng.moe_dispatch_rows):
+    rows = megatron_alltoall_rows(M) if eng.megatron_alltoall_rows else eng.moe_dispatch_rows
+    if not (spec.is_moe and rows):
         return sp.Integer(0)
     c = act_context(spec, view)
-    return eng.moe_dispatch_rows * A.ACT_BYTES * c.s * c.b * M.k * c.capacity / c.t_sp * M.h
+    return rows * A.ACT_BYTES * c.s * c.b * M.k * c.capacity / c.t_sp * M.h
+
+
+def _dispatch_rows_text(eng) -> str:
+    if eng.megatron_alltoall_rows:
+        return ("3 + u at etp 1, 3 + etp (1 + u) above (u: more than one local expert; Megatron-LM's alltoall "
+                "dispatcher, engine setting megatron_alltoall_rows)")
+    return f"{eng.moe_dispatch_rows} (engine setting moe_dispatch_rows)"
+
+
+def megatron_alltoall_rows(M: ModelSymbols) -> sp.Expr:
+    """Copies of the routed rows Megatron-LM's alltoall dispatcher holds at its peak beside the
+    saved fc1 input (EngineProfile.megatron_alltoall_rows cites each): the permuted tokens, the
+    dispatch all-to-all's output and the combine's output buffer (3), the experts' output over
+    etp x rows and, with more than one local expert (u), its unsorted copy: 3 + u at etp 1,
+    3 + etp (1 + u) above. Integer degrees, so u = min(E/ep - 1, 1) and the etp > 1 switch
+    g = min(etp - 1, 1) are 0 or 1."""
+    u = Min(M.E / S.ep - 1, 1)
+    g = Min(S.etp - 1, 1)
+    return 3 + u + g * (S.etp * (1 + u) - u)
 
 
 def _allgather_tokens(spec: ModelSpec, view: Structure) -> sp.Expr:

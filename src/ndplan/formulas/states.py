@@ -85,9 +85,14 @@ def fp8_weight_cache_terms(view: Structure, eng: EngineProfile, layer_weights) -
     router, under 0.1 %, are counted in)."""
     if not eng.fp8_weight_cache_bytes or view.zero >= 3:
         return []
-    return [Term(key="mem.fp8_weight_cache", expr=eng.fp8_weight_cache_bytes * layer_weights, unit="bytes",
-                 source=f"{eng.fp8_weight_cache_bytes} B per layer weight: Transformer Engine's fp8 workspace "
-                        "(row-wise, and its transpose on TN-only GPUs) cached across micro-batches "
+    per_copy = G.fp8_element_bytes(eng, eng.fp8_weight_block)
+    scales = f", each with its block scales ({per_copy} B per element, EngineProfile.fp8_scale_bytes)" \
+        if per_copy != 1 else ""
+    return [Term(key="mem.fp8_weight_cache", expr=eng.fp8_weight_cache_bytes * per_copy * layer_weights,
+                 unit="bytes",
+                 source=f"{eng.fp8_weight_cache_bytes} fp8 copies per layer weight: Transformer Engine's fp8 "
+                        "workspace (row-wise, and its column-wise copy or transpose where the GEMMs need one) "
+                        f"cached across micro-batches{scales} "
                         "(EngineProfile.fp8_weight_cache_bytes; TE@d0067d0d linear.py:1958-1961, 2068-2071)",
                  note="one device of this stage, kept for the run")]
 

@@ -53,7 +53,7 @@ from ndplan.layouts import layers_per_stage
 FLAG, SWITCHES = X.FLAG, X.SWITCHES
 MODEL_FLAGS, MODEL_SWITCHES = MM.FLAGS, MM.SWITCHES | {"recompute_activations": "--recompute-activations"}
 MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grads": "--megatron-fsdp-main-grads-dtype",
-                "fp8_recipe": "--fp8-recipe", "fp8_amax_history": "--fp8-amax-history-len",
+                "fp8_amax_history": "--fp8-amax-history-len",
                 "fp8_amax_algo": "--fp8-amax-compute-algo"} | MX.FLAGS | MF.FLAGS
 """Flags with a value that change memory and are not parallel degrees (argparse dest -> flag);
 the amax flags are read into the fp8 note (their per-tensor history is not modelled)."""
@@ -63,6 +63,8 @@ FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
 FP8_FORMATS = ("e4m3", "hybrid")
 """--fp8-format: TransformerConfig.fp8 Literal['e4m3', 'hybrid'] (transformer_config.py:587-589)."""
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
+"""--fp8-recipe choices (Fp8Recipe, megatron/core/enums.py:12-19 at d98e8a64)."""
 SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron-FSDP ``--data-parallel-sharding-strategy`` -> ZeRO stage: megatron/core/distributed/fsdp/
 src/megatron_fsdp/fully_shard.py ``ShardingStrategy`` (NO_SHARD 0 "similar memory usage to DDP",
@@ -235,8 +237,11 @@ def _fp8(args, notes: list) -> str:
     if not args.fp8_format:
         return "auto"
     recipe = args.fp8_recipe or "delayed"
+    if recipe not in FP8_RECIPES:
+        raise NdplanError(MEMORY_FLAGS["fp8_recipe"], recipe, "not an fp8 recipe", f"give one of {', '.join(FP8_RECIPES)}")
     notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {recipe}: fp8 GEMMs (the quantisation scratch of "
-                 "each GEMM and the amax history are not modelled" + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
+                 "each GEMM, such as the gradient's two fp8 copies in backward, and the amax history are not "
+                 "modelled" + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
     if args.fp8_param_gather:
         notes.append("--fp8-param-gather: the decoder layers' weights held in fp8, the embedding and output layer in "
                      "bf16 (states.FP8_VOCAB_BYTES)")
@@ -245,13 +250,9 @@ def _fp8(args, notes: list) -> str:
 
 
 _FP8_RECIPE_NOTE = {
-    "mxfp8": "; MXFP8's block scales, one E8M0 byte per 32 elements of every fp8 copy (3 % of the fp8 bytes), are "
-             "not counted; Transformer Engine runs MXFP8 on Blackwell only",
-    "blockwise": "; the blockwise recipe's fp32 scales (4 B per 128 activation elements, per 128x128 weight "
-                 "block) are not counted",
+    "mxfp8": "; Transformer Engine runs MXFP8 on Blackwell only",
+    "custom": "; a custom recipe's scales are not read (counted as per-tensor)",
 }
-"""What the fp8 recipes add that the estimate leaves out (Transformer Engine's MXFP8BlockScaling:
-32-element blocks with E8M0 scales; Float8BlockScaling: 1x128 / 128x128 blocks, fp32 scales)."""
 
 
 def _moe_notes(args, spec, notes: list) -> None:

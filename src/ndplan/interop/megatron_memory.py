@@ -16,7 +16,7 @@ FLAGS = {"optimizer": "--optimizer", "sgd_momentum": "--sgd-momentum", "muon_sca
          "exp_avg_sq_dtype": "--exp-avg-sq-dtype", "main_grads_dtype": "--main-grads-dtype",
          "capacity": "--moe-expert-capacity-factor", "dispatcher": "--moe-token-dispatcher-type",
          "flex_backend": "--moe-flex-dispatcher-backend", "flex_sms": "--moe-flex-dispatcher-num-sms",
-         "deepep_sms": "--moe-deepep-num-sms"}
+         "deepep_sms": "--moe-deepep-num-sms", "fp8_recipe": "--fp8-recipe"}
 """Flags with a value (argparse dest -> flag)."""
 SWITCHES = {"precision_aware": "--use-precision-aware-optimizer", "pad_capacity": "--moe-pad-expert-input-to-capacity",
             "grouped_gemm": "--moe-grouped-gemm", "enable_deepep": "--moe-enable-deepep",
@@ -204,8 +204,19 @@ def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
     return {"deepep_sms": sms}
 
 
+FP8_RECIPE_SCALES = {"mxfp8": {"fp8_scale_bytes": 1, "fp8_act_block": 32, "fp8_weight_block": 32},
+                     "blockwise": {"fp8_scale_bytes": 4, "fp8_act_block": 128, "fp8_weight_block": 128 * 128}}
+"""The block scales of ``--fp8-recipe`` (Fp8Recipe, megatron/core/enums.py:12-19: delayed,
+tensorwise, mxfp8, blockwise, custom) as Transformer Engine stores them (EngineProfile
+fp8_scale_bytes, fp8_act_block, fp8_weight_block cite TE's lines): MXFP8BlockScaling, one E8M0
+byte per 32 elements of every copy; Float8BlockScaling, one fp32 scale per 128 input elements
+and per 128 x 128 weight block. delayed and tensorwise keep one fp32 scale per tensor (nothing
+per element); custom recipes are not read."""
+
+
 def fp8_settings(args, zero: int, notes: list) -> dict:
-    """fp8_linear_inputs and fp8_weight_cache_bytes under ``--fp8-format`` (Transformer Engine fp8
+    """fp8_linear_inputs, fp8_weight_cache_bytes and the recipe's block scales (FP8_RECIPE_SCALES)
+    under ``--fp8-format`` (Transformer Engine fp8
     GEMMs in every transformer-layer linear; EngineProfile documents both with TE's lines): 2 bytes
     of cached fp8 weight and transpose per layer weight, 1 with fp8 primary weights
     (``--fp8-param-gather``: the transpose only), none with ``--disable-parameter-transpose-cache``
@@ -213,6 +224,7 @@ def fp8_settings(args, zero: int, notes: list) -> dict:
     assumed (a transpose per weight)."""
     if not args.fp8_format:
         return {}
+    scales = FP8_RECIPE_SCALES.get(args.fp8_recipe or "delayed", {})
     cache = 0 if args.no_transpose_cache else (1 if args.fp8_param_gather else 2)
     if args.no_transpose_cache:
         notes.append(f"{SWITCHES['no_transpose_cache']}: each forward quantizes the weights anew; those fp8 "
@@ -222,11 +234,15 @@ def fp8_settings(args, zero: int, notes: list) -> dict:
                      "transpose in backward (mem.zero3_gather, formulas/megatron_fsdp.py)")
     elif zero >= 3:
         notes.append("fp8 weight copies under ZeRO-3 / Megatron-FSDP are not modelled")
+    elif scales:
+        notes.append(f"fp8 GEMMs: linear inputs saved in fp8; {cache} cached fp8 cop{'y' if cache == 1 else 'ies'} "
+                     f"of each layer weight (row-wise and column-wise on every GPU), all with {args.fp8_recipe}'s "
+                     "block scales")
     else:
         notes.append(f"fp8 GEMMs: linear inputs saved in fp8; {cache} B per layer weight of cached fp8 "
                      "weight copies (Hopper's transposes; on Blackwell give --set fp8_weight_cache_bytes="
                      f"{cache - 1})")
-    return {"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": cache}
+    return {"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": cache} | scales
 
 
 def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1, zero: int = 0) -> str:

@@ -17,7 +17,8 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
 * dp / tp / pp / cp <- ``parallel_config`` data_parallel / model_parallel / pipeline_stage /
   context_parallel; sp <- ``use_seq_parallel`` (on when tp = 1, where it does nothing: the
   sweep's canonical form); vpp <- ``model_config.pp_interleave_num`` when
-  ``parallel.pipeline_config.pipeline_interleave``; schedule interleaved when vpp > 1.
+  ``parallel.pipeline_config.pipeline_interleave``; schedule interleaved when vpp > 1, gpipe or
+  zbv under ``pipeline_scheduler`` gpipe or zero_bubble_v.
 * mbs <- ``runner_config.batch_size``; micro-batches m <- ``micro_batch_num`` with a
   pipeline, ``runner_config.gradient_accumulation_steps`` (default 1) without one (README
   section 2); gbs = mbs * dp * m (the MindFormers / MemEst convention; CP does not multiply).
@@ -43,8 +44,8 @@ Not modelled (a note each): the CP algorithm, vocab_emb_dp with tp > 1,
 fine_grain_interleave, micro_batch_interleave_num, other optimizer types (counted as Adam),
 Muon's Newton-Schulz scratch and its unsharded MLA projections, gradient_accumulation_shard,
 op-level ``select_recompute`` dicts; seqpipe is estimated as 1f1b with a
-note of what that leaves out; other pipeline schedulers (zero_bubble_v, seqvpp,
-seqsmartvpp, gpipe) are refused.
+note of what that leaves out; pipeline_scheduler gpipe and zero_bubble_v are read as
+ndplan's gpipe and zbv (export/mindformers.py SCHEDULER), seqvpp and seqsmartvpp are refused.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from ndplan.errors import NdplanError
 from ndplan.export import mindformers as X
 from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
 from ndplan.interop.textedit import yaml_edit, yaml_locate
+from ndplan.layouts import virtual_stage
 from ndplan.points import default_schedule
 from ndplan.units import GIB
 
@@ -252,7 +254,7 @@ def _recompute(doc: dict, pp: int, vpp: int, L: int, notes: list) -> dict:
     return {"recompute": "none"}
 
 
-def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int, notes: list):
+def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int, schedule: str, notes: list):
     """Decoder layers per (chunk, stage) from ``offset``. MindFormers builds
     ``n // (pp*vpp) + offset`` layers per slice with sum(offset) = n % (pp*vpp)
     (mindformers/models/utils.py ``LayerSetting``). The legacy DeepSeek model counts its
@@ -270,7 +272,10 @@ def _layers_per_stage(doc: dict, L: int, pp: int, vpp: int, notes: list):
     if len(rows) != vpp or any(len(x) != pp for x in rows):
         raise NdplanError(KEY["offset"], off, f"not vpp={vpp} x pp={pp} entries", "give one offset per stage and chunk")
     n = L + mtp
-    lps = [n // (pp * vpp) + int(rows[ch][s]) for ch in range(vpp) for s in range(pp)]
+    lps = [0] * (pp * vpp)  # in layer order; offset rows are per stage (reversed back under zero_bubble_v)
+    for ch in range(vpp):
+        for s in range(pp):
+            lps[virtual_stage(schedule, s, ch, pp)] = n // (pp * vpp) + int(rows[ch][s])
     if sum(lps) != n:
         counted = f"{L} decoder + {mtp} MTP layers" if mtp else f"{L} layers"
         raise NdplanError(KEY["offset"], off, f"gives {sum(lps)} layers, the model has {counted}",
@@ -296,19 +301,23 @@ def memory_limit(doc: dict) -> int | None:
     return int(limits.gib(KEY["max_device_memory"], float(m.group(1))) * GIB)
 
 
-def _scheduler(doc: dict, notes: list) -> None:
-    """1f1b (interleaved with pp_interleave_num) is modelled; seqpipe is estimated as 1f1b
+def _scheduler(doc: dict, vpp: int, notes: list) -> str:
+    """The schedule of ``pipeline_scheduler``: 1f1b (interleaved with pp_interleave_num), gpipe and
+    zero_bubble_v (export/mindformers.py SCHEDULER) are modelled; seqpipe is estimated as 1f1b
     over whole sequences with a note of what that leaves out; others are refused."""
     sched = str(get(doc, KEY["scheduler"], "1f1b"))
+    known = {v: k for k, v in X.SCHEDULER.items() if k != "interleaved"}
+    if sched in known:
+        return default_schedule(vpp) if sched == "1f1b" else known[sched]
     if sched == "seqpipe":
         n = get(doc, KEY["seq_split"], 1)
         notes.append(f"pipeline_scheduler seqpipe (seq_split_num={n}) estimated as 1f1b over whole sequences; "
                      f"not modelled: each micro-batch runs as {n} sequence chunks (a smaller bubble, 1/{n} of the "
                      "activations per chunk in flight) and every attention layer holds the whole sequence's K/V "
                      "and their gradients (key_cache / value_cache, mindformers llama_transformer.py)")
-    elif sched != "1f1b":
-        raise NdplanError(KEY["scheduler"], sched, "not modelled",
-                          "ndplan models 1f1b and interleaved pipelines (and estimates seqpipe as 1f1b)")
+        return default_schedule(vpp)
+    raise NdplanError(KEY["scheduler"], sched, "not modelled", "ndplan models 1f1b (interleaved), gpipe and "
+                      "zero_bubble_v pipelines (and estimates seqpipe as 1f1b)")
 
 
 def _weight_dtype(doc: dict, mc: dict) -> str:
@@ -344,12 +353,12 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     spec, origin = resolve_model(model, model_of(doc, name, name), f"{MC} in {name}",
                                  f"{name} has no complete {MC} (hidden_size, num_layers, num_heads, "
                                  "vocab_size)")
-    _scheduler(doc, notes)
     if (get(doc, KEY["ep"], 1) or 1) != 1 and not spec.is_moe:
         raise NdplanError(KEY["ep"], get(doc, KEY["ep"]), "expert parallelism on a dense model", "set 1")
     dp, tp, pp = (positive(KEY[k], get(doc, KEY[k], 1), name) for k in ("dp", "tp", "pp"))
     cp = positive(KEY["cp"], get(doc, KEY["cp"], 1), name)
     vpp = positive(KEY["vpp"], get(doc, KEY["vpp"], 1), name) if get(doc, KEY["interleave"], False) else 1
+    schedule = _scheduler(doc, vpp, notes)
     mbs = positive(KEY["mbs"], get(doc, KEY["mbs"], 1), name)
     if pp > 1:
         m = positive(KEY["m"], get(doc, KEY["m"], 1), name)
@@ -361,9 +370,9 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
               seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
               engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
-              weight_dtype=_weight_dtype(doc, mc), schedule=default_schedule(vpp))
+              weight_dtype=_weight_dtype(doc, mc), schedule=schedule)
     L = spec.num_hidden_layers
-    lps = _layers_per_stage(doc, L, pp, vpp, notes)
+    lps = _layers_per_stage(doc, L, pp, vpp, schedule, notes)
     if lps is not None:
         kw["layers_per_stage"] = lps
         notes.append(f"offset -> layers_per_stage={list(lps)}")

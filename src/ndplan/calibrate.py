@@ -1,0 +1,339 @@
+"""Fit the step-time model's named efficiency constants to the user's measured runs
+(``ndplan calibrate RUNS.yaml``; issue 16 part 4).
+
+The model's time Terms depend on the hardware constants of catalog/hardware.py
+(``EFFICIENCY_DEFAULTS``: achieved fractions of the GEMM and attention peaks, of HBM bandwidth
+and of the intra- and inter-node collective bandwidths). They are kernel arguments, so one
+compiled step-time kernel per run, evaluated on arrays of constant values, gives each run's
+step time at any candidate set (estimate.step_time_function).
+
+Fit: least squares on r_i = ln(predicted_i / measured_i) (relative error, so a 30 s run and a
+1 s run weigh alike), each constant c in (0, 1) through c = 1 / (1 + e^-z), by Gauss-Newton with
+Levenberg damping. The Jacobian dr/dz is taken by central differences of the kernel (step 1e-4
+in z): the time expression is a max/min of smooth pieces, whose SymPy derivative is the same
+piecewise function and would cost a second compiled kernel per run.
+
+Reported: each constant with a 95 % interval from the linearised covariance
+s^2 (J^T J)^-1, s^2 = RSS / (n - p), Student's t with n - p degrees of freedom (delta method
+through the logistic); the error of every run before (the hardware's own constants) and after;
+the leave-one-out error (refit without the run, predict it); outliers (leave-one-out |error|
+above three times the median and above 10 %). A constant the runs cannot tell (no run's step
+time moves by 0.1 % per 1 % of it) is left at its value and named.
+
+Written: a hardware YAML (the run's hardware entry with the fitted values and their source),
+which every command takes as ``-H FILE``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, Hardware
+from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+from ndplan.strategy import Strategy
+
+FITTABLE = {"gemm_efficiency": "eff_gemm", "attention_efficiency": "eff_attn", "hbm_efficiency": "eff_hbm",
+            "intra_node_efficiency": "eff_intra", "inter_node_efficiency": "eff_inter"}
+"""Hardware field -> its kernel argument (symbols.HW_SYMBOLS): the fractions a run can fit."""
+MIN_SENSITIVITY = 1e-3
+"""Mean |d ln step / d ln constant| over the runs below which a constant is not fitted."""
+Z_STEP = 1e-4
+"""Central-difference step in the logistic coordinate z."""
+MAX_ITER = 60
+OUTLIER_FACTOR, OUTLIER_FLOOR = 3.0, 0.10
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+"""Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom (standard tables);
+above 30, 1.96."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: what ran, on which hardware, and its measured seconds per step."""
+    name: str
+    model: ModelSpec
+    hardware: Hardware
+    strategy: Strategy
+    step_s: float
+    peak_gib: float | None = None
+    engine: object = None
+    """An EngineProfile replacing the strategy's in the time model (estimate's ``engine``), or None."""
+
+
+@dataclass
+class Fit:
+    """The outcome: fitted constants (hardware field -> value), their 95 % intervals, the
+    constants left alone and why, and per-run errors (fractions, signed)."""
+    runs: list[Run]
+    values: dict[str, float]
+    intervals: dict[str, tuple[float, float] | None]
+    not_fitted: dict[str, str]
+    before: list[float]
+    after: list[float]
+    loo: list[float | None]
+    outliers: list[str] = field(default_factory=list)
+    dof: int = 0
+
+    def to_json(self) -> dict:
+        def pct(x):
+            return None if x is None else round(100 * x, 3)
+        return {"constants": {k: {"value": v, "interval_95": self.intervals[k]} for k, v in self.values.items()},
+                "not_fitted": self.not_fitted, "degrees_of_freedom": self.dof,
+                "runs": [{"name": r.name, "measured_s": r.step_s, "error_before_pct": pct(b), "error_after_pct": pct(a),
+                          "error_leave_one_out_pct": pct(lo)}
+                         for r, b, a, lo in zip(self.runs, self.before, self.after, self.loo)],
+                "median_abs_error_pct": {"before": pct(_median_abs(self.before)), "after": pct(_median_abs(self.after)),
+                                         "leave_one_out": pct(_median_abs(self.loo))},
+                "outliers": self.outliers}
+
+
+def _median_abs(xs) -> float | None:
+    vals = [abs(x) for x in xs if x is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def _logit(c: float) -> float:
+    return math.log(c / (1 - c))
+
+
+def _sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+class _Model:
+    """Each run's step seconds as a function of the fitted constants ``names`` (arrays broadcast)."""
+
+    def __init__(self, runs: list[Run], names: list[str], fns=None):
+        from ndplan.estimate import step_time_function
+        self.names = names
+        self.base = [r.hardware.kernel_values(fp8=r.strategy.weight_dtype == "fp8") for r in runs]
+        self.fns = fns or [step_time_function(r.model, r.strategy, r.engine) for r in runs]
+        self.log_measured = np.log([r.step_s for r in runs])
+
+    def with_names(self, names: list[str]) -> "_Model":
+        m = _Model.__new__(_Model)
+        m.names, m.base, m.fns, m.log_measured = names, self.base, self.fns, self.log_measured
+        return m
+
+    def log_times(self, i: int, values: np.ndarray) -> np.ndarray:
+        """ln step seconds of run i at constant values (shape (k, p) -> (k,))."""
+        args = dict(self.base[i])
+        for j, n in enumerate(self.names):
+            args[FITTABLE[n]] = values[:, j]
+        return np.log(np.broadcast_to(self.fns[i](**args), values.shape[:1]))
+
+    def residuals(self, rows: list[int], z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(r, dr/dz) of ``rows`` at logistic coordinates z."""
+        p = len(z)
+        pts = np.repeat(z[None, :], 2 * p + 1, axis=0)
+        for j in range(p):
+            pts[1 + 2 * j, j] += Z_STEP
+            pts[2 + 2 * j, j] -= Z_STEP
+        vals = _sigmoid(pts)
+        r, J = np.empty(len(rows)), np.empty((len(rows), p))
+        for k, i in enumerate(rows):
+            lt = self.log_times(i, vals)
+            r[k] = lt[0] - self.log_measured[i]
+            J[k] = (lt[1::2] - lt[2::2]) / (2 * Z_STEP)
+        return r, J
+
+
+def _solve(model: _Model, rows: list[int], z0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Levenberg-damped Gauss-Newton from z0: (z, r, J) at the minimum of sum r^2 over ``rows``."""
+    z, lam = z0.copy(), 1e-3
+    r, J = model.residuals(rows, z)
+    cost = float(r @ r)
+    for _ in range(MAX_ITER):
+        A = J.T @ J
+        g = J.T @ r
+        step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+        z_new = np.clip(z + step, -12.0, 12.0)
+        r_new, J_new = model.residuals(rows, z_new)
+        cost_new = float(r_new @ r_new)
+        if cost_new < cost:
+            done = cost - cost_new < 1e-14 * max(cost, 1e-30) or np.max(np.abs(z_new - z)) < 1e-9
+            z, r, J, cost, lam = z_new, r_new, J_new, cost_new, lam / 3
+            if done:
+                break
+        else:
+            lam *= 10
+            if lam > 1e10:
+                break
+    return z, r, J
+
+
+def _t95(dof: int) -> float:
+    return T95[dof - 1] if dof <= len(T95) else 1.96
+
+
+def _start(runs: list[Run], names: list[str]) -> np.ndarray:
+    return np.array([_logit(getattr(runs[0].hardware, n)) for n in names])
+
+
+def sensitivities(model: _Model, runs: list[Run]) -> dict[str, float]:
+    """Mean |d ln step / d ln c| over the runs, per constant of ``model``, at the hardware's values."""
+    z0 = _start(runs, model.names)
+    _, J = model.residuals(list(range(len(runs))), z0)
+    c = _sigmoid(z0)
+    # d ln t / d ln c = (d ln t / dz) / (1 - c)
+    return {n: float(np.mean(np.abs(J[:, j]))) / (1 - c[j]) for j, n in enumerate(model.names)}
+
+
+def _leave_one_out(model: _Model, n: int, z: np.ndarray) -> list[float | None]:
+    """Each run's error predicted by the fit to the others (None when too few remain)."""
+    out: list[float | None] = []
+    for i in range(n):
+        rest = [k for k in range(n) if k != i]
+        if len(rest) <= len(z):
+            out.append(None)
+            continue
+        zi, _, _ = _solve(model, rest, z)
+        ri, _ = model.residuals([i], zi)
+        out.append(float(np.expm1(ri[0])))
+    return out
+
+
+def _loo_median(model: _Model, runs: list[Run]) -> float:
+    z, _, _ = _solve(model, list(range(len(runs))), _start(runs, model.names))
+    med = _median_abs(_leave_one_out(model, len(runs), z))
+    return math.inf if med is None else med
+
+
+def fit(runs: list[Run], names: list[str] | None = None) -> Fit:
+    """Fit ``names``; by default the constants chosen forward by the leave-one-out error: the
+    one the runs move most first, then each next one only if it lowers the leave-one-out
+    median |error| (a constant the data cannot pin down does not enter)."""
+    check_runs(runs)
+    asked = list(names) if names else list(FITTABLE)
+    for n in asked:
+        if n not in FITTABLE:
+            raise NdplanError("--fit", n, "not a constant calibrate fits", f"choose from {', '.join(FITTABLE)}")
+    model = _Model(runs, asked)
+    sens = sensitivities(model, runs)
+    not_fitted = {n: f"no run's step time moves with it (mean |d ln t / d ln c| = {sens[n]:.1e})"
+                  for n in asked if sens[n] < MIN_SENSITIVITY}
+    ranked = sorted((n for n in asked if n not in not_fitted), key=lambda n: -sens[n])
+    for n in ranked[max(len(runs) - 1, 0):]:
+        not_fitted[n] = f"{len(runs)} run(s) fit at most {len(runs) - 1} constant(s); this one moves the step least"
+    ranked = ranked[:max(len(runs) - 1, 0)]
+    if not ranked:
+        raise NdplanError("runs", f"{len(runs)} run(s)", "tell none of the constants apart",
+                          "give more runs than constants, whose step times depend on them (compute-bound and "
+                          "communication-bound ones)")
+    use = ranked
+    if names is None and len(ranked) > 1:
+        use, best = ranked[:1], _loo_median(model.with_names(ranked[:1]), runs)
+        for n in ranked[1:]:
+            trial = _loo_median(model.with_names(use + [n]), runs)
+            if trial < best:
+                use, best = use + [n], trial
+            else:
+                not_fitted[n] = (f"adding it does not lower the leave-one-out median |error| ({100 * best:.1f} % -> "
+                                 f"{100 * trial:.1f} %)")
+    return _fit(model.with_names(use), runs, not_fitted)
+
+
+def _fit(model: _Model, runs: list[Run], not_fitted: dict[str, str]) -> Fit:
+    use, every = model.names, list(range(len(runs)))
+    z0 = _start(runs, use)
+    base_r, _ = model.residuals(every, z0)
+    z, r, J = _solve(model, every, z0)
+    dof = len(runs) - len(use)
+    c = _sigmoid(z)
+    intervals: dict[str, tuple[float, float] | None] = {n: None for n in use}
+    if dof > 0:
+        cov = float(r @ r) / dof * np.linalg.pinv(J.T @ J)
+        for j, n in enumerate(use):
+            half = _t95(dof) * math.sqrt(max(cov[j, j], 0.0)) * c[j] * (1 - c[j])
+            intervals[n] = (float(max(c[j] - half, 0.0)), float(min(c[j] + half, 1.0)))
+    loo = _leave_one_out(model, len(runs), z)
+    med = _median_abs(loo)
+    outliers = [run.name for run, e in zip(runs, loo)
+                if e is not None and med is not None and abs(e) > max(OUTLIER_FACTOR * med, OUTLIER_FLOOR)]
+    return Fit(runs=runs, values={n: float(v) for n, v in zip(use, c)}, intervals=intervals, not_fitted=not_fitted,
+               before=[float(x) for x in np.expm1(base_r)], after=[float(x) for x in np.expm1(r)], loo=loo,
+               outliers=outliers, dof=dof)
+
+
+def check_runs(runs: list[Run]) -> None:
+    """One hardware entry, at least one run, positive finite step times."""
+    if not runs:
+        raise NdplanError("runs", [], "no runs", "list at least two measured runs under runs:")
+    names = sorted({r.hardware.name for r in runs})
+    if len(names) > 1:
+        raise NdplanError("hardware", names, "runs on more than one hardware entry",
+                          "calibrate one device type at a time: one RUNS file per hardware")
+
+
+def hardware_yaml(f: Fit, runs_file: str) -> str:
+    """The runs' hardware entry with the fitted constants, as a hardware YAML (-H FILE)."""
+    import yaml
+    hw = f.runs[0].hardware
+    names = ", ".join(r.name for r in f.runs)
+    doc = {"name": f"{hw.name}-calibrated", "display_name": f"{hw.display_name} (calibrated)"}
+    for k in ("bf16_tflops", "fp8_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
+              "devices_per_node", *EFFICIENCY_DEFAULTS):
+        v = getattr(hw, k)
+        if v is None:
+            continue
+        src = hw.sources.get(k, "")
+        if k in f.values:
+            iv = f.intervals[k]
+            v = round(f.values[k], 4)
+            src = (f"fitted by ndplan calibrate on {runs_file} ({len(f.runs)} runs: {names}); 95 % interval "
+                   + (f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "not available (as many runs as constants)")
+                   + f"; leave-one-out median |error| {100 * (_median_abs(f.loo) or 0):.1f} %; was {getattr(hw, k)}")
+        doc[k] = {"value": v, "source": src}
+    return "# Written by ndplan calibrate: use it as -H FILE with any command.\n" + yaml.safe_dump(
+        doc, sort_keys=False, width=120)
+
+
+def load_runs(path: Path) -> list[Run]:
+    """Runs of a RUNS.yaml (calibrate's help shows the form; paths are relative to the file)."""
+    from ndplan.catalog.files import read_mapping
+    from ndplan.catalog.hardware import load_hardware
+    from ndplan.catalog.model import load_model
+    from ndplan import limits
+    from ndplan.points import strategy_from_point
+    doc = read_mapping(path, "runs")
+    items = doc.get("runs")
+    if not isinstance(items, list) or not items:
+        raise NdplanError("runs", items, f"{path.name} has no list of runs", "write runs:\n  - name: ...\n    model: ...")
+    default_hw = doc.get("hardware")
+    out = []
+    for k, item in enumerate(items):
+        where = f"runs[{k}]"
+        if not isinstance(item, dict):
+            raise NdplanError(where, item, "not a mapping", "give name, model, hardware, strategy (or file), step_time_s")
+        name = str(item.get("name", where))
+        step = limits.real(f"{where}.step_time_s", item.get("step_time_s"), 0.0, 1e7, lo_open=True, what="seconds")
+        peak = item.get("peak_gib")
+        if peak is not None:
+            peak = limits.real(f"{where}.peak_gib", peak, 0.0, 1e6, lo_open=True, what="GiB")
+        hw_name = item.get("hardware", default_hw)
+        if hw_name is None:
+            raise NdplanError(f"{where}.hardware", None, "no hardware", "give hardware: (a catalog name or YAML path)")
+        hw = load_hardware(_path_or_name(path, hw_name))
+        if "file" in item:
+            from ndplan.interop import read_config
+            ci = read_config(path.parent / str(item["file"]), model=item.get("model"))
+            model, strat = ci.model, ci.strategy
+        else:
+            if "model" not in item or not isinstance(item.get("strategy"), dict):
+                raise NdplanError(where, name, "needs model and strategy (or file)",
+                                  "give model: NAME and strategy: {dp: .., tp: .., gbs: .., seq: ..}")
+            model = load_model(_path_or_name(path, item["model"]))
+            strat = strategy_from_point(item["strategy"], item.get("gpus"))
+        strat.check(model)
+        out.append(Run(name=name, model=model, hardware=hw, strategy=strat, step_s=step, peak_gib=peak))
+    return out
+
+
+def _path_or_name(base: Path, value) -> str:
+    p = base.parent / str(value)
+    return str(p) if p.suffix in (".yaml", ".yml", ".json") and p.exists() else str(value)
