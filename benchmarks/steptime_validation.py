@@ -389,7 +389,11 @@ def print_calibration() -> list[dict]:
     for (src, hw), runs in groups.items():
         if len(runs) < MIN_GROUP:
             continue
-        f = fit(runs)
+        try:
+            f = fit(runs)
+        except ndplan.NdplanError as e:
+            print(f"{src:12s} {hw:16s} {len(runs):3d}  not fitted: {e}")
+            continue
         j = f.to_json()
         med = j["median_abs_error_pct"]
         fitted = ", ".join(f"{k} {v:.3f}" for k, v in f.values.items())

@@ -117,3 +117,62 @@ def test_bad_runs_file_is_one_line_exit_2(tmp_path, edit, field):
 def test_unknown_constant_is_one_line_exit_2():
     r = CliRunner().invoke(main, ["calibrate", str(EXAMPLE), "--fit", "gemm_speed"])
     assert r.exit_code == 2 and "--fit" in r.output and "gemm_efficiency" in r.output
+
+
+def test_left_out_run_keeps_the_hardware_value_of_what_only_it_moves():
+    """Leave-one-out without leaking: three runs in one node and one across nodes (tp 8 x pp 2 over
+    two 8-GPU nodes); the left-out multi-node run's error is the one predicted with the other three's
+    GEMM efficiency and the hardware's own inter-node efficiency, which only it moves (its
+    pipeline send/recv crosses the nodes)."""
+    base = ndplan.load_hardware("h100-sxm")
+    truth = base.with_overrides({"gemm_efficiency": 0.6, "inter_node_efficiency": 0.5})
+    model = ndplan.load_model("llama3-70b")
+    strategies = [ndplan.Strategy(tp=8, seq=4096, gbs=8), ndplan.Strategy(tp=8, seq=2048, gbs=16),
+                  ndplan.Strategy(tp=4, pp=2, seq=4096, gbs=8), ndplan.Strategy(tp=8, pp=2, seq=4096, gbs=8)]
+    runs = [Run(name=f"r{k}", model=model, hardware=base, strategy=s,
+                step_s=ndplan.estimate(model, truth, s, s.world).step_s) for k, s in enumerate(strategies)]
+    f = fit(runs, ["gemm_efficiency", "inter_node_efficiency"])
+    others = fit(runs[:3], ["gemm_efficiency"])
+    predicted = ndplan.estimate(model, base.with_overrides(others.values), strategies[3], 16).step_s
+    assert f.loo[3] == pytest.approx(predicted / runs[3].step_s - 1, abs=1e-6)
+
+
+def test_a_constant_driven_to_its_bound_is_named_and_the_file_still_loads(tmp_path):
+    """Runs measured 3x faster than the model can be at any GEMM efficiency <= 1: the fit ends at
+    the bound, says so, and the file it writes is a valid hardware entry (efficiency in (0, 1])."""
+    from ndplan.calibrate import hardware_yaml
+    runs = [Run(name=r.name, model=r.model, hardware=r.hardware, strategy=r.strategy, step_s=r.step_s / 3)
+            for r in _generated_runs(noise=0.0)]
+    f = fit(runs, ["gemm_efficiency"])
+    assert f.at_bound == ["gemm_efficiency"]
+    out = tmp_path / "fit.yaml"
+    out.write_text(hardware_yaml(f, "runs.yaml"))
+    assert 0 < ndplan.load_hardware(str(out)).gemm_efficiency <= 1
+
+
+def test_a_run_given_as_a_launch_file(tmp_path):
+    """file: runs are read as check reads them (paths relative to RUNS.yaml)."""
+    from ndplan.interop import read_config
+    script = ROOT / "examples" / "megatron" / "pretrain_llama2_7b.sh"
+    (tmp_path / "launch.sh").write_text(script.read_text())
+    doc = {"hardware": "h100-sxm", "runs": [{"name": "launch", "file": "launch.sh", "step_time_s": 9.5}]
+           + yaml.safe_load(EXAMPLE.read_text())["runs"][:1]}
+    doc["runs"][1]["hardware"] = "h100-sxm"
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump(doc))
+    runs = load_runs(tmp_path / "runs.yaml")
+    assert runs[0].strategy == read_config(script).strategy and runs[0].step_s == 9.5
+
+
+@pytest.mark.parametrize("args,field", [(["--fit", ","], "--fit"), (["--fit", "gemm_efficiency,gemm_speed"], "--fit")])
+def test_fit_names_are_checked(args, field):
+    r = CliRunner().invoke(main, ["calibrate", str(EXAMPLE)] + args)
+    assert r.exit_code == 2 and r.output.count("error:") == 1 and field in r.output, r.output
+
+
+def test_one_run_cannot_fit_a_constant(tmp_path):
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["runs"] = doc["runs"][:1]
+    f = tmp_path / "runs.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(main, ["calibrate", str(f)])
+    assert r.exit_code == 2 and r.output.count("error:") == 1, r.output

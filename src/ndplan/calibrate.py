@@ -14,11 +14,16 @@ in z): the time expression is a max/min of smooth pieces, whose SymPy derivative
 piecewise function and would cost a second compiled kernel per run.
 
 Reported: each constant with a 95 % interval from the linearised covariance
-s^2 (J^T J)^-1, s^2 = RSS / (n - p), Student's t with n - p degrees of freedom (delta method
-through the logistic); the error of every run before (the hardware's own constants) and after;
-the leave-one-out error (refit without the run, predict it); outliers (leave-one-out |error|
-above three times the median and above 10 %). A constant the runs cannot tell (no run's step
-time moves by 0.1 % per 1 % of it) is left at its value and named.
+s^2 (J^T J)^-1, s^2 = RSS / (n - p), Student's t with n - p degrees of freedom, taken in z and
+mapped through the logistic (so it stays inside (0, 1)); a constant the fit drives to a bound
+(|z| at its clip) is named: the model's structure, not that constant, is what the runs
+disagree with. The error of every run before (the hardware's own constants) and after; the
+leave-one-out error (refit from the hardware's values without the run, predict it: a constant
+only that run moves keeps the hardware's value); outliers (leave-one-out |error| above three
+times the median and above 10 %). The constants are chosen by that same leave-one-out error,
+so it is optimistic by the choice. A constant no run moves (no run's step time changes by 0.1 %
+per 1 % of it) is left at its value and named. Measured peak memory, when given, is compared
+with the estimate (the fitted constants do not change memory).
 
 Written: a hardware YAML (the run's hardware entry with the fitted values and their source),
 which every command takes as ``-H FILE``.
@@ -41,15 +46,19 @@ FITTABLE = {"gemm_efficiency": "eff_gemm", "attention_efficiency": "eff_attn", "
             "intra_node_efficiency": "eff_intra", "inter_node_efficiency": "eff_inter"}
 """Hardware field -> its kernel argument (symbols.HW_SYMBOLS): the fractions a run can fit."""
 MIN_SENSITIVITY = 1e-3
-"""Mean |d ln step / d ln constant| over the runs below which a constant is not fitted."""
+"""Largest |d ln step / d ln constant| over the runs below which a constant is not fitted."""
 Z_STEP = 1e-4
 """Central-difference step in the logistic coordinate z."""
 MAX_ITER = 60
+Z_CLIP = 12.0
+"""|z| bound of the fit (c within 6e-6 of 0 or 1): a constant there is reported as at a bound."""
+C_EDGE = 1e-6
+"""Start values are kept this far inside (0, 1) (an efficiency of exactly 1 is allowed)."""
 OUTLIER_FACTOR, OUTLIER_FLOOR = 3.0, 0.10
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 """Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom (standard tables);
-above 30, 1.96."""
+above 30, the first-order Cornish-Fisher term z + (z^3 + z) / (4 dof), z = 1.95996."""
 
 
 @dataclass(frozen=True)
@@ -78,15 +87,20 @@ class Fit:
     loo: list[float | None]
     outliers: list[str] = field(default_factory=list)
     dof: int = 0
+    at_bound: list[str] = field(default_factory=list)
+    peaks: list[tuple[float, float] | None] = field(default_factory=list)
+    """(predicted, measured) peak GiB of the runs that give peak_gib, else None."""
 
     def to_json(self) -> dict:
         def pct(x):
             return None if x is None else round(100 * x, 3)
-        return {"constants": {k: {"value": v, "interval_95": self.intervals[k]} for k, v in self.values.items()},
+        return {"constants": {k: {"value": v, "interval_95": self.intervals[k], "at_bound": k in self.at_bound}
+                              for k, v in self.values.items()},
                 "not_fitted": self.not_fitted, "degrees_of_freedom": self.dof,
                 "runs": [{"name": r.name, "measured_s": r.step_s, "error_before_pct": pct(b), "error_after_pct": pct(a),
                           "error_leave_one_out_pct": pct(lo)}
-                         for r, b, a, lo in zip(self.runs, self.before, self.after, self.loo)],
+                         | ({"peak_gib": {"predicted": pk[0], "measured": pk[1]}} if pk else {})
+                         for r, b, a, lo, pk in zip(self.runs, self.before, self.after, self.loo, self.peaks)],
                 "median_abs_error_pct": {"before": pct(_median_abs(self.before)), "after": pct(_median_abs(self.after)),
                                          "leave_one_out": pct(_median_abs(self.loo))},
                 "outliers": self.outliers}
@@ -98,11 +112,12 @@ def _median_abs(xs) -> float | None:
 
 
 def _logit(c: float) -> float:
+    c = min(max(c, C_EDGE), 1 - C_EDGE)
     return math.log(c / (1 - c))
 
 
 def _sigmoid(z):
-    return 1 / (1 + np.exp(-z))
+    return 0.5 * (1 + np.tanh(np.asarray(z, dtype=float) / 2))  # 1 / (1 + e^-z), without overflow
 
 
 class _Model:
@@ -152,7 +167,7 @@ def _solve(model: _Model, rows: list[int], z0: np.ndarray) -> tuple[np.ndarray, 
         A = J.T @ J
         g = J.T @ r
         step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
-        z_new = np.clip(z + step, -12.0, 12.0)
+        z_new = np.clip(z + step, -Z_CLIP, Z_CLIP)
         r_new, J_new = model.residuals(rows, z_new)
         cost_new = float(r_new @ r_new)
         if cost_new < cost:
@@ -168,7 +183,8 @@ def _solve(model: _Model, rows: list[int], z0: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _t95(dof: int) -> float:
-    return T95[dof - 1] if dof <= len(T95) else 1.96
+    z = 1.959964
+    return T95[dof - 1] if dof <= len(T95) else z + (z ** 3 + z) / (4 * dof)
 
 
 def _start(runs: list[Run], names: list[str]) -> np.ndarray:
@@ -176,31 +192,32 @@ def _start(runs: list[Run], names: list[str]) -> np.ndarray:
 
 
 def sensitivities(model: _Model, runs: list[Run]) -> dict[str, float]:
-    """Mean |d ln step / d ln c| over the runs, per constant of ``model``, at the hardware's values."""
+    """Largest |d ln step / d ln c| over the runs, per constant of ``model``, at the hardware's values."""
     z0 = _start(runs, model.names)
     _, J = model.residuals(list(range(len(runs))), z0)
     c = _sigmoid(z0)
     # d ln t / d ln c = (d ln t / dz) / (1 - c)
-    return {n: float(np.mean(np.abs(J[:, j]))) / (1 - c[j]) for j, n in enumerate(model.names)}
+    return {n: float(np.max(np.abs(J[:, j]))) / (1 - c[j]) for j, n in enumerate(model.names)}
 
 
-def _leave_one_out(model: _Model, n: int, z: np.ndarray) -> list[float | None]:
-    """Each run's error predicted by the fit to the others (None when too few remain)."""
+def _leave_one_out(model: _Model, runs: list[Run]) -> list[float | None]:
+    """Each run's error predicted by a fit to the others that starts from the hardware's values
+    (None when too few remain)."""
+    n, z0 = len(runs), _start(runs, model.names)
     out: list[float | None] = []
     for i in range(n):
         rest = [k for k in range(n) if k != i]
-        if len(rest) <= len(z):
+        if len(rest) <= len(z0):
             out.append(None)
             continue
-        zi, _, _ = _solve(model, rest, z)
+        zi, _, _ = _solve(model, rest, z0)
         ri, _ = model.residuals([i], zi)
         out.append(float(np.expm1(ri[0])))
     return out
 
 
 def _loo_median(model: _Model, runs: list[Run]) -> float:
-    z, _, _ = _solve(model, list(range(len(runs))), _start(runs, model.names))
-    med = _median_abs(_leave_one_out(model, len(runs), z))
+    med = _median_abs(_leave_one_out(model, runs))
     return math.inf if med is None else med
 
 
@@ -209,13 +226,15 @@ def fit(runs: list[Run], names: list[str] | None = None) -> Fit:
     one the runs move most first, then each next one only if it lowers the leave-one-out
     median |error| (a constant the data cannot pin down does not enter)."""
     check_runs(runs)
-    asked = list(names) if names else list(FITTABLE)
+    if names is not None and not names:
+        raise NdplanError("--fit", "", "names no constant", f"give one or more of {', '.join(FITTABLE)}")
+    asked = list(dict.fromkeys(names)) if names else list(FITTABLE)
     for n in asked:
         if n not in FITTABLE:
             raise NdplanError("--fit", n, "not a constant calibrate fits", f"choose from {', '.join(FITTABLE)}")
     model = _Model(runs, asked)
     sens = sensitivities(model, runs)
-    not_fitted = {n: f"no run's step time moves with it (mean |d ln t / d ln c| = {sens[n]:.1e})"
+    not_fitted = {n: f"no run's step time moves with it (largest |d ln t / d ln c| {sens[n]:.1e})"
                   for n in asked if sens[n] < MIN_SENSITIVITY}
     ranked = sorted((n for n in asked if n not in not_fitted), key=lambda n: -sens[n])
     for n in ranked[max(len(runs) - 1, 0):]:
@@ -246,24 +265,38 @@ def _fit(model: _Model, runs: list[Run], not_fitted: dict[str, str]) -> Fit:
     dof = len(runs) - len(use)
     c = _sigmoid(z)
     intervals: dict[str, tuple[float, float] | None] = {n: None for n in use}
+    at_bound = [n for n, zj in zip(use, z) if abs(zj) >= Z_CLIP - 1e-9]
     if dof > 0:
         cov = float(r @ r) / dof * np.linalg.pinv(J.T @ J)
         for j, n in enumerate(use):
-            half = _t95(dof) * math.sqrt(max(cov[j, j], 0.0)) * c[j] * (1 - c[j])
-            intervals[n] = (float(max(c[j] - half, 0.0)), float(min(c[j] + half, 1.0)))
-    loo = _leave_one_out(model, len(runs), z)
+            half = _t95(dof) * math.sqrt(max(cov[j, j], 0.0))
+            intervals[n] = (float(_sigmoid(z[j] - half)), float(_sigmoid(z[j] + half)))
+    loo = _leave_one_out(model, runs)
     med = _median_abs(loo)
     outliers = [run.name for run, e in zip(runs, loo)
                 if e is not None and med is not None and abs(e) > max(OUTLIER_FACTOR * med, OUTLIER_FLOOR)]
     return Fit(runs=runs, values={n: float(v) for n, v in zip(use, c)}, intervals=intervals, not_fitted=not_fitted,
                before=[float(x) for x in np.expm1(base_r)], after=[float(x) for x in np.expm1(r)], loo=loo,
-               outliers=outliers, dof=dof)
+               outliers=outliers, dof=dof, at_bound=at_bound, peaks=[_peak(run) for run in runs])
+
+
+def _peak(run: Run) -> tuple[float, float] | None:
+    """(predicted, measured) peak GiB of a run that gives one (memory: no fitted constant)."""
+    if run.peak_gib is None:
+        return None
+    from ndplan.estimate import estimate
+    from ndplan.units import GIB
+    return estimate(run.model, run.hardware, run.strategy).peak_bytes / GIB, run.peak_gib
 
 
 def check_runs(runs: list[Run]) -> None:
     """One hardware entry, at least one run, positive finite step times."""
     if not runs:
         raise NdplanError("runs", [], "no runs", "list at least two measured runs under runs:")
+    for r in runs:
+        if not (isinstance(r.step_s, (int, float)) and math.isfinite(r.step_s) and r.step_s > 0):
+            raise NdplanError(f"{r.name}.step_time_s", r.step_s, "not a positive number of seconds",
+                              "give the measured seconds per step")
     names = sorted({r.hardware.name for r in runs})
     if len(names) > 1:
         raise NdplanError("hardware", names, "runs on more than one hardware entry",
@@ -275,7 +308,7 @@ def hardware_yaml(f: Fit, runs_file: str) -> str:
     import yaml
     hw = f.runs[0].hardware
     names = ", ".join(r.name for r in f.runs)
-    doc = {"name": f"{hw.name}-calibrated", "display_name": f"{hw.display_name} (calibrated)"}
+    doc = {"display_name": f"{hw.display_name} (calibrated)"}  # its name is the file's (load_hardware)
     for k in ("bf16_tflops", "fp8_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
               "devices_per_node", *EFFICIENCY_DEFAULTS):
         v = getattr(hw, k)
@@ -283,11 +316,13 @@ def hardware_yaml(f: Fit, runs_file: str) -> str:
             continue
         src = hw.sources.get(k, "")
         if k in f.values:
-            iv = f.intervals[k]
-            v = round(f.values[k], 4)
+            iv, loo = f.intervals[k], _median_abs(f.loo)
+            v = min(max(round(f.values[k], 4), 1e-4), 1.0)  # an efficiency lies in (0, 1] (FIELD_RULES)
             src = (f"fitted by ndplan calibrate on {runs_file} ({len(f.runs)} runs: {names}); 95 % interval "
                    + (f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "not available (as many runs as constants)")
-                   + f"; leave-one-out median |error| {100 * (_median_abs(f.loo) or 0):.1f} %; was {getattr(hw, k)}")
+                   + ("; at a bound of the fit" if k in f.at_bound else "")
+                   + "; leave-one-out median |error| " + ("n/a" if loo is None else f"{100 * loo:.1f} %")
+                   + f"; was {getattr(hw, k)}")
         doc[k] = {"value": v, "source": src}
     return "# Written by ndplan calibrate: use it as -H FILE with any command.\n" + yaml.safe_dump(
         doc, sort_keys=False, width=120)
@@ -297,9 +332,7 @@ def load_runs(path: Path) -> list[Run]:
     """Runs of a RUNS.yaml (calibrate's help shows the form; paths are relative to the file)."""
     from ndplan.catalog.files import read_mapping
     from ndplan.catalog.hardware import load_hardware
-    from ndplan.catalog.model import load_model
     from ndplan import limits
-    from ndplan.points import strategy_from_point
     doc = read_mapping(path, "runs")
     items = doc.get("runs")
     if not isinstance(items, list) or not items:
@@ -319,19 +352,35 @@ def load_runs(path: Path) -> list[Run]:
         if hw_name is None:
             raise NdplanError(f"{where}.hardware", None, "no hardware", "give hardware: (a catalog name or YAML path)")
         hw = load_hardware(_path_or_name(path, hw_name))
-        if "file" in item:
-            from ndplan.interop import read_config
-            ci = read_config(path.parent / str(item["file"]), model=item.get("model"))
-            model, strat = ci.model, ci.strategy
-        else:
-            if "model" not in item or not isinstance(item.get("strategy"), dict):
-                raise NdplanError(where, name, "needs model and strategy (or file)",
-                                  "give model: NAME and strategy: {dp: .., tp: .., gbs: .., seq: ..}")
-            model = load_model(_path_or_name(path, item["model"]))
-            strat = strategy_from_point(item["strategy"], item.get("gpus"))
-        strat.check(model)
+        try:
+            model, strat = _run_strategy(path, item, name, where)
+        except NdplanError as e:
+            raise NdplanError(f"{where}.{e.field}", e.value, e.problem, e.fix) from None
         out.append(Run(name=name, model=model, hardware=hw, strategy=strat, step_s=step, peak_gib=peak))
     return out
+
+
+def _run_strategy(path: Path, item: dict, name: str, where: str):
+    """(model, strategy) of one run: from its launch file (``file:``, read as ``check`` reads it,
+    with the run's model, gpus, seq and gbs when the file lacks them) or its model and strategy."""
+    from ndplan import limits
+    from ndplan.catalog.model import load_model
+    from ndplan.points import strategy_from_point
+    bounds = {"gpus": (limits.MAX_DEVICES, "a device count"), "seq": (limits.MAX_SEQ, "a sequence length"),
+              "gbs": (limits.MAX_BATCH, "a batch size in sequences")}
+    given = {k: limits.count(k, item[k], 1, hi, what) for k, (hi, what) in bounds.items() if item.get(k) is not None}
+    model = item.get("model")
+    model = None if model is None else load_model(_path_or_name(path, model))
+    if "file" in item:
+        from ndplan.interop import read_config
+        ci = read_config(path.parent / str(item["file"]), model=model, **given)
+        return ci.model, ci.strategy
+    if model is None or not isinstance(item.get("strategy"), dict):
+        raise NdplanError("strategy", name, "needs model and strategy (or file)",
+                          "give model: NAME and strategy: {dp: .., tp: .., gbs: .., seq: ..}")
+    strat = strategy_from_point(item["strategy"], given.get("gpus"))
+    strat.check(model, given.get("gpus"))
+    return model, strat
 
 
 def _path_or_name(base: Path, value) -> str:

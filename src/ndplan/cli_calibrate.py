@@ -21,7 +21,9 @@ def report_text(f, out: str | None) -> str:
         iv = f.intervals[k]
         was = getattr(f.runs[0].hardware, k)
         span = f"95 % interval {iv[0]:.3f}-{iv[1]:.3f}" if iv else "no interval (as many runs as constants)"
-        lines.append(f"  {k:24s} {v:.3f}  ({span}; was {was})")
+        bound = "; AT A BOUND: the runs disagree with the model's structure, not this constant" \
+            if k in f.at_bound else ""
+        lines.append(f"  {k:24s} {v:.3f}  ({span}; was {was}{bound})")
     for k, why in f.not_fitted.items():
         lines.append(f"  {k:24s} kept: {why}")
     lines.append(f"{'run':40s} {'measured s':>11s} {'before %':>9s} {'after %':>8s} {'leave-one-out %':>16s}")
@@ -31,6 +33,10 @@ def report_text(f, out: str | None) -> str:
     lines.append("median |error|: before " + (f"{100 * med['before']:.1f} %" if med["before"] is not None else "n/a")
                  + ", after " + f"{100 * med['after']:.1f} %"
                  + ", leave-one-out " + (f"{100 * med['loo']:.1f} %" if med["loo"] is not None else "n/a"))
+    peaks = [(r.name, pk) for r, pk in zip(f.runs, f.peaks) if pk]
+    for name, (pred, meas) in peaks:
+        lines.append(f"peak memory {name[:40]}: predicted {pred:.2f} GiB, measured {meas:.2f} GiB "
+                     f"({100 * (pred - meas) / meas:+.1f} %)")
     if f.outliers:
         lines.append("outliers (leave-one-out |error| > 3x the median and > 10 %): " + ", ".join(f.outliers))
     if out:

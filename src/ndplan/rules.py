@@ -11,7 +11,9 @@ failing point.
 Scopes: ``strategy`` rules read only strategy fields (Strategy.__post_init__);
 ``schedule`` rules read pp, vpp, m and schedule (also PPB's Pipeline); ``model`` rules
 need the model and the device count (Strategy.check); ``engine`` rules are what the
-strategy's engine can run (they read ``engine``); ``canonical`` rules keep one of
+strategy's engine can run (they read ``engine``; Strategy.__post_init__), ``engine_model``
+rules those that read the model too (Strategy.check); the exporters refuse what their
+framework's engine rules refuse (export/common.refuse_engine_rules); ``canonical`` rules keep one of
 several equivalent points (the space generator only). ``group`` is the name the space
 generator counts rejections under (``sweep --json``'s ``rejected_by_rule``).
 """
@@ -34,7 +36,7 @@ class Rule:
     text: str
     """One-line statement of the rule (``sweep --help``)."""
     scope: str
-    """strategy | schedule | model | canonical (module docstring)."""
+    """strategy | schedule | model | engine | engine_model | canonical (module docstring)."""
     field: str | Callable[[Any], str]
     """The field the error names (a function of the context where it depends on it)."""
     fails: Callable[[Any], Any]

@@ -75,11 +75,12 @@ def cannot(target: str, field: str, value, fix: str) -> NdplanError:
     return NdplanError(field, value, f"{target} cannot express this; {fix}")
 
 
-def refuse_engine_rules(target: str, model: ModelSpec, s: Strategy, engine: str, fields=None) -> None:
-    """Raise, as ``target``'s refusal, the first of rules.py's engine rules for ``engine`` (on
-    ``fields`` only, if given) that ``s`` fails: what that framework would refuse or not run."""
+def refuse_engine_rules(target: str, c, fields=None) -> None:
+    """Raise, as ``target``'s refusal, the first of rules.py's engine rules (on ``fields`` only,
+    if given) that ``c`` fails: what that framework would refuse or not run. ``c``: a context
+    with the engine that runs it (rules.WithModel(strategy, model, engine=...)), or, with
+    ``fields``, anything with the attributes those rules read."""
     from ndplan import rules
-    c = rules.WithModel(s, model, engine=engine)
     for rule in rules.RULES:
         if rule.scope in rules.ENGINE_SCOPES and (fields is None or rules.field_of(rule, c) in fields) \
                 and bool(rule.fails(c)):

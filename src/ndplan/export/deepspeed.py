@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 
+from ndplan import rules
 from ndplan.catalog.model import ModelSpec
 from ndplan.export.common import cannot, layers_per_chunk, nest, recompute_counts, refuse_engine_rules
 from ndplan.strategy import Strategy
@@ -49,7 +50,8 @@ KEY = {"cp": "sequence_parallel_size", "gbs": "train_batch_size", "mbs": "train_
 def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
     if s.ep > 1:
         raise cannot(TARGET, "ep", s.ep, "set deepspeed.moe.layer.MoE(ep_size=...) in the model code; use ep=1 here")
-    refuse_engine_rules(TARGET, model, s, "deepspeed", ("schedule", "zero"))  # what DeepSpeed runs
+    c = rules.WithModel(s, model, engine="deepspeed")  # what DeepSpeed runs
+    refuse_engine_rules(TARGET, c, ("schedule", "zero"))
     if s.pp > 1 and len(set(layers)) > 1:
         raise cannot(TARGET, "layers_per_stage", list(layers),
                      "give PipelineModule(partition_method=...) in code; an even split here")
@@ -59,7 +61,7 @@ def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> None:
         raise cannot(TARGET, "recompute", "selective", "DeepSpeed checkpoints whole layers; use none or full")
     if max(full) and any(f < n for f, n in zip(full, layers)):
         raise cannot(TARGET, "recompute_layers", list(full), "the JSON cannot pick layers; recompute all or none")
-    refuse_engine_rules(TARGET, model, s, "deepspeed", ("sp",))  # the reader takes sp off at tp > 1 (interop/deepspeed.py)
+    refuse_engine_rules(TARGET, c, ("sp",))  # the reader takes sp off at tp > 1 (interop/deepspeed.py)
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:

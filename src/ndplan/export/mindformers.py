@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import yaml
 
+from ndplan import rules
 from ndplan.catalog.model import ModelSpec
 from ndplan.export.common import cannot, layers_per_chunk, header, nest, per_stage, recompute_counts, refuse_engine_rules
 from ndplan.strategy import Strategy
@@ -82,10 +83,11 @@ base_models/gpt/gpt_model.py:746-757)."""
 
 
 def _check_schedule(p) -> None:
-    """``p``: anything with pp and schedule (a Strategy, a PPB Pipeline)."""
-    if p.pp > 1 and p.schedule not in SCHEDULER:
-        raise cannot(TARGET, "schedule", p.schedule, "MindSpore has no one-chunk zero-bubble schedule; use --schedule "
-                                                     "1f1b, interleaved, gpipe or zbv")
+    """rules.py's mindspore rules on the pipeline (no one-chunk zero bubble; zero_bubble_v with
+    m >= 2 pp) for ``p``: anything with pp, vpp, m and schedule (a Strategy, a PPB Pipeline)."""
+    from types import SimpleNamespace
+    c = SimpleNamespace(engine="mindspore", pp=p.pp, vpp=p.vpp, m=p.m, schedule=p.schedule)
+    refuse_engine_rules(TARGET, c, ("schedule", "m"))
 
 
 def pipeline_fields(p, layers, full, sel) -> dict:
@@ -167,8 +169,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     accumulates ``runner_config.gradient_accumulation_steps`` micro-batches (micro_batch_num
     is a pipeline setting), so pp = 1 writes both."""
     s = strat
-    _check_schedule(s)
-    refuse_engine_rules(TARGET, model, s, "mindspore")  # what MindFormers refuses (rules.py's engine rules)
+    refuse_engine_rules(TARGET, rules.WithModel(s, model, engine="mindspore"))  # what MindFormers refuses
     pipe = pipeline_fields(s, layers_per_chunk(model, s, balance), *recompute_counts(model, s, balance))
     doc = {KEY["zero"]: s.zero >= 1, KEY["mbs"]: s.mbs}
     if s.pp == 1:

@@ -47,8 +47,9 @@ settings of ``engines.EngineProfile`` (defaults = Megatron-LM):
    frees), ``score_bytes`` / ``selective_score_bytes`` / ``selective_score_global``
    (scores without flash attention), ``cp_implies_sp``.
 12. fp8 GEMMs (``fp8_linear_inputs``, Transformer Engine): the saved inputs of the q/k/v, fc1
-   and fc2 linears take 1 byte per element; the o_proj saves an fp8 copy beside the output the
-   flash kernel keeps.
+   and fc2 linears take one fp8 byte per element and the recipe's block scales
+   (groups.fp8_element_bytes); the o_proj saves an fp8 copy beside the output the flash
+   kernel keeps.
 """
 
 from __future__ import annotations

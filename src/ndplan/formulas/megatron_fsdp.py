@@ -57,7 +57,6 @@ from ndplan.formulas.states import FP8_VOCAB_BYTES
 from ndplan.structure import Structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Term
-from ndplan.units import DTYPE_BYTES
 
 SRC = "NVIDIA/Megatron-LM@d98e8a64 megatron/core/distributed/fsdp/src/megatron_fsdp/"
 DEFAULT_COMM_UNIT = 1_000_000_000
@@ -103,10 +102,11 @@ def gathered_units(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.st
 
 
 def _fp8_transpose(spec: ModelSpec, M: ModelSymbols, view: Structure) -> sp.Expr:
-    """The running unit's fp8 transpose in backward (fp8 primary weights on Hopper: 1 B per element)."""
+    """The running unit's fp8 transpose in backward (fp8 primary weights on Hopper: one fp8 copy,
+    with the recipe's block scales, groups.fp8_element_bytes)."""
     if view.weight_dtype != "fp8" or view.zero < 3:
         return sp.Integer(0)
-    return DTYPE_BYTES["fp8"] * unit_params(spec, M)
+    return G.fp8_element_bytes(view.engine, view.engine.fp8_weight_block) * unit_params(spec, M)
 
 
 def grad_bucket_bytes(view: Structure, eng: EngineProfile) -> int:

@@ -365,8 +365,8 @@ def moe_dispatch_transient(spec: ModelSpec, M: ModelSymbols, view: Structure) ->
 
 def _dispatch_rows_text(eng) -> str:
     if eng.megatron_alltoall_rows:
-        return ("3 + u at etp 1, 3 + etp (1 + u) above (u: more than one local expert; Megatron-LM's alltoall "
-                "dispatcher, engine setting megatron_alltoall_rows)")
+        return ("Megatron-LM's alltoall dispatcher's count by etp and local experts (memory.megatron_alltoall_rows, "
+                "engine setting megatron_alltoall_rows)")
     return f"{eng.moe_dispatch_rows} (engine setting moe_dispatch_rows)"
 
 
