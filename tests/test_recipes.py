@@ -507,6 +507,7 @@ TITAN03 = {
     "interleaved-op": ("qwen3-32b", ndplan.Strategy(dp=2, tp=4, pp=2, vpp=2, gbs=16, zero=2, seq=4096,
                                                      schedule="interleaved", recompute="selective", engine="fsdp")),
     "moe-ep": ("qwen3-30b-a3b", ndplan.Strategy(dp=8, ep=4, gbs=16, zero=3, seq=4096, engine="fsdp")),
+    "replicate-tp": ("llama3.1-8b", ndplan.Strategy(dp=4, tp=2, gbs=32, zero=0, seq=8192, engine="fsdp")),
 }
 
 
@@ -544,6 +545,26 @@ def test_torchtitan03_emit_parses_in_torchtitan_and_reads_back(name, tmp_path):
         fl, ll = p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers
         stages = stage_count(L, p.pipeline_parallel_layers_per_stage, fl, ll)
         assert stages == s.pp * s.vpp and titan_split(L, stages, fl, ll) == [L // stages] * stages
+
+
+def test_torchtitan03_has_no_ddp_path():
+    """torchtitan 0.3.0 (the CI extra, read as text) replicates through fully_shard: every model's
+    parallelize function calls apply_fsdp_to_decoder (DeepSeek-V3: its MTP variant) whatever the
+    replicate degree, and none applies DDP, so the 0.3 emit
+    writes zero 0 beside tp (TITAN03 "replicate-tp"), which the 0.2.x TOML form refuses (DDP alone)."""
+    import importlib.util
+    found = importlib.util.find_spec("torchtitan")
+    if found is None:
+        pytest.skip("torchtitan is not installed (a CI extra)")
+    root = Path(found.origin).parent
+    for name, call in (("llama3", "apply_fsdp_to_decoder("), ("qwen3", "apply_fsdp_to_decoder("),
+                       ("deepseek_v3", "apply_fsdp_to_mtp_decoder(")):
+        text = (root / "models" / name / "parallelize.py").read_text()
+        assert call in text and "apply_ddp" not in text and "replicate(" not in text, name
+    assert "Always run apply_fsdp_to_decoder" in (root / "models" / "llama3" / "parallelize.py").read_text()
+    name, s = TITAN03["replicate-tp"]
+    with pytest.raises(ndplan.NdplanError, match="zero=0"):
+        emit("torchtitan", ndplan.load_model(name), s)
 
 
 def test_torchtitan03_run_train_script(clean_env):

@@ -18,8 +18,10 @@ gpipe -> GPipe, 1f1b -> 1F1B, interleaved -> Interleaved1F1B, zbv -> ZBVZeroBubb
 zb-h1 (one chunk per stage) has no torch schedule (NdplanError).
 
 Data-parallel mapping (FSDP2 shards over ``dp_shard``; HSDP = replicate x shard):
-zero 0 -> DDP, ``data_parallel_replicate_degree = dp`` (torchtitan runs DDP only
-without other parallelism, so tp/pp/cp must be 1); zero 1 and 2 -> FSDP2 over dp with
+zero 0 -> DDP, ``data_parallel_replicate_degree = dp`` (torchtitan 0.2.x runs DDP only
+without other parallelism, so tp/pp/cp must be 1; 0.3 has no DDP path and replicates through
+``fully_shard`` on a (dp_replicate, fsdp) mesh of shard degree 1, with any other degree:
+export/torchtitan03.py); zero 1 and 2 -> FSDP2 over dp with
 ``fsdp_reshard_after_forward = "never"`` (weights stay gathered from forward to
 backward; gradients and optimizer states sharded: ZeRO-2; FSDP2 has no optimizer-only
 sharding, so zero 1 is given as ZeRO-2); zero 3 -> FSDP2 with ``"always"``. ndplan's dp
@@ -204,20 +206,22 @@ def _toml(sections: dict[str, dict]) -> list[str]:
     return lines
 
 
-def _check(model: ModelSpec, s: Strategy) -> None:
+def _check(model: ModelSpec, s: Strategy, ddp: bool) -> None:
+    """What torchtitan refuses; ``ddp``: the version has a DDP path that runs alone (0.2.x)."""
     if s.pp > 1 and s.schedule not in SCHEDULES:
         raise cannot(TARGET, "schedule", s.schedule, "torch pipelining has no one-chunk zero-bubble schedule; "
                                                      "use zbv (vpp=2), 1f1b or interleaved")
-    if s.zero == 0 and s.dp > 1 and (s.tp > 1 or s.pp > 1 or s.cp > 1):
+    if ddp and s.zero == 0 and s.dp > 1 and (s.tp > 1 or s.pp > 1 or s.cp > 1):
         raise cannot(TARGET, "zero", 0, "torchtitan runs DDP only without tp/pp/cp; use zero>=1 (FSDP2)")
     if model.is_moe and s.ep > 1 and s.etp not in (1, s.tp):
         raise cannot(TARGET, "etp", s.etp, f"expert_tensor_parallel_degree must be 1 or tp={s.tp}")
 
 
-def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, list[str]]:
-    """(dotted key -> value; notes) expressing ``strat``."""
+def fields(model: ModelSpec, strat: Strategy, *, balance=None, ddp: bool = True) -> tuple[dict, list[str]]:
+    """(dotted key -> value; notes) expressing ``strat``; ``ddp``: zero 0 is torchtitan 0.2.x's DDP,
+    which runs without tp/pp/cp (torchtitan 0.3 replicates through fully_shard instead)."""
     s = strat
-    _check(model, s)
+    _check(model, s, ddp)
     layers = layers_per_chunk(model, s, balance)
     full, sel = recompute_counts(model, s, balance)
     doc = {}

@@ -14,7 +14,10 @@ torchtitan 0.3.0's dataclasses by running the emitted words through its own Conf
 sets that ndplan reads (``BASE``: read off torchtitan 0.3.0's config functions, and checked
 against them in the same test). Not expressible here (NdplanError): uneven layers (a list of
 module lists on the command line), per-layer SAC (0.3.0's SelectiveAC is op-level only),
-CPU offload; use the TOML form of torchtitan 0.2.x for those.
+CPU offload; use the TOML form of torchtitan 0.2.x for those. zero 0 is data_parallel_replicate_degree
+= dp with any tp/pp/cp: 0.3.0 has no DDP path, its parallelize functions always apply
+``apply_fsdp_to_decoder`` on the (dp_replicate, fsdp) mesh ("with shard_degree=1 it is a no-op for
+the all-gather", models/llama3/parallelize.py:69-90).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[list[str
     if model.name not in REGISTRY:
         raise cannot(TARGET, "model", model.name, f"torchtitan {VERSION} registers configs for "
                                                   f"{', '.join(sorted(REGISTRY))}; use --emit torchtitan (0.2.x TOML)")
-    doc, notes = T.fields(model, strat, balance=balance)
+    doc, notes = T.fields(model, strat, balance=balance, ddp=False)  # 0.3.0: no DDP path (module docstring)
     if T.KEY["fqns"] in doc:
         raise cannot(TARGET, "layers_per_stage", strat.layers_per_stage, "give uneven layers in the 0.2.x TOML form "
                                                                           "(--emit torchtitan)")
