@@ -375,6 +375,8 @@ def print_mindformers(sets):
 RUNS: list = []
 """(source, calibrate.Run) of every published case run_published mapped."""
 MIN_GROUP = 4
+"""Runs per group to fit: the default selection may fit up to 2 constants and still leave two
+degrees of freedom, so that an interval and a leave-one-out error exist."""
 
 
 def print_calibration() -> list[dict]:

@@ -787,7 +787,7 @@ def test_moe_dispatch_buffers_are_a_transient(engine, rows, setting):
         assert with_buffers == max(without, rows * u), (pp, stage, with_buffers, without)
         decided.append(rows * u > without)
         # the buffers themselves, where they do not decide the Term too (MindSpore)
-        from ndplan.formulas.memory import moe_dispatch_transient
+        from ndplan.formulas.dispatch import moe_dispatch_transient
         from ndplan.structure import structure
         expr = moe_dispatch_transient(spec, model_symbols(spec), structure(spec, s))
         assert expr.subs({S.tp: tp, S.mbs: b, S.seq: SEQ, S.cp: 1, S.ep: 4, S.etp: s.etp}) == rows * u
@@ -808,7 +808,7 @@ def test_megatron_alltoall_rows_follow_etp(ep, etp, rows):
     etp > 1, :829-833, the combine all-to-all's at etp 1, :864-870). etp 1: 3 + u; above:
     3 + etp (1 + u)."""
     spec = ndplan.load_model("mixtral-8x7b")
-    from ndplan.formulas.memory import moe_dispatch_transient
+    from ndplan.formulas.dispatch import moe_dispatch_transient
     from ndplan.structure import structure
     tp, b = 2, 2
     s = ndplan.Strategy(dp=32, tp=tp, ep=ep, etp=etp, mbs=b, gbs=64, seq=SEQ, recompute="none", engine="megatron")

@@ -79,7 +79,7 @@ def test_mcore_capacity_factor_changes_no_term(tmp_path, key):
     (2 B); rows = k x tokens on the device = 8 x (4096 x 1 / tp 4, SP on); h = 2048 (the fixture:
     num_experts_per_tok 8, seq_length 4096, batch_size 1, model_parallel 4, use_seq_parallel,
     hidden_size 2048). Capacity 1: 2 x 2 x 8 x 1024 x 2048 = 67,108,864 B, not x 1.5."""
-    from ndplan.formulas.memory import moe_dispatch_transient
+    from ndplan.formulas.dispatch import moe_dispatch_transient
     from ndplan.symbols import model_symbols
     from ndplan.structure import structure
     base = _doc(QWEN3_MOE)
@@ -415,5 +415,8 @@ def test_mindformers_zero_bubble_v_needs_twice_the_stages_in_micro_batches(tmp_p
                {f"{MC}.offset": 0, f"{MC}.pp_interleave_num": 2, "parallel.pipeline_config.pipeline_interleave": True,
                 "parallel.pipeline_config.pipeline_scheduler": "zero_bubble_v", "parallel_config.micro_batch_num": 7,
                 "recompute_config.recompute": False})
-    with pytest.raises(NdplanError, match="m=7 >= 2\\*pp = 8"):
+    with pytest.raises(NdplanError, match="^parallel_config.micro_batch_num=7: .*m=7 >= 2\\*pp = 8"):
+        _read(tmp_path, doc)
+    doc = _set(doc, {"parallel_config.micro_batch_num": 8, f"{MC}.pp_interleave_num": 4})
+    with pytest.raises(NdplanError, match="^model.model_config.pp_interleave_num=4: zbv places two chunks"):
         _read(tmp_path, doc)

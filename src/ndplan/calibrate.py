@@ -21,8 +21,8 @@ disagree with. The error of every run before (the hardware's own constants) and 
 leave-one-out error (refit from the hardware's values without the run, predict it: a constant
 only that run moves keeps the hardware's value); outliers (leave-one-out |error| above three
 times the median and above 10 %). The constants are chosen by that same leave-one-out error,
-so it is optimistic by the choice. A constant no run moves (no run's step time changes by 0.1 %
-per 1 % of it) is left at its value and named. Measured peak memory, when given, is compared
+so it is optimistic by the choice. A constant no run moves (no run's step time changes by 0.001 %
+per 1 % of it, MIN_SENSITIVITY) is left at its value and named. Measured peak memory, when given, is compared
 with the estimate (the fitted constants do not change memory).
 
 Written: a hardware YAML (the run's hardware entry with the fitted values and their source),
@@ -37,19 +37,30 @@ from pathlib import Path
 
 import numpy as np
 
-from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, Hardware
+from ndplan import limits
+from ndplan.catalog.hardware import _NUMERIC, EFFICIENCY_ARGS, EFFICIENCY_DEFAULTS, Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
 
-FITTABLE = {"gemm_efficiency": "eff_gemm", "attention_efficiency": "eff_attn", "hbm_efficiency": "eff_hbm",
-            "intra_node_efficiency": "eff_intra", "inter_node_efficiency": "eff_inter"}
-"""Hardware field -> its kernel argument (symbols.HW_SYMBOLS): the fractions a run can fit."""
+FITTABLE = EFFICIENCY_ARGS
+"""Hardware field -> its kernel argument (catalog/hardware.py): the fractions a run can fit."""
 MIN_SENSITIVITY = 1e-3
-"""Largest |d ln step / d ln constant| over the runs below which a constant is not fitted."""
+"""Largest |d ln step / d ln constant| over the runs below which a constant is not fitted: far
+above the central differences' truncation error (Z_STEP^2, 1e-8) and far below any constant a
+run depends on (a compute-bound step moves about 0.5-1 per unit of ln gemm_efficiency)."""
 Z_STEP = 1e-4
 """Central-difference step in the logistic coordinate z."""
 MAX_ITER = 60
+LAMBDA0, LAMBDA_DOWN, LAMBDA_UP, LAMBDA_MAX = 1e-3, 3.0, 10.0, 1e10
+"""Levenberg-Marquardt damping: start, divide on a step that lowers the cost, multiply on one that
+does not, give up above (the usual choices, Marquardt 1963 / Press et al., Numerical Recipes
+Sec. 15.5: start 1e-3, factors of about 10); stop when the cost falls by less than 1e-14 of itself
+or z moves by less than 1e-9 (both below what the printed 3 digits can show)."""
+MAX_STEP_S = 1e7
+"""Ceiling of a measured step time, seconds (116 days): above it the value is a unit slip."""
+DIGITS = 4
+"""Decimals a fitted constant is written with (hardware YAML); the smallest it can be is 10^-DIGITS."""
 Z_CLIP = 12.0
 """|z| bound of the fit (c within 6e-6 of 0 or 1): a constant there is reported as at a bound."""
 C_EDGE = 1e-6
@@ -160,24 +171,24 @@ class _Model:
 
 def _solve(model: _Model, rows: list[int], z0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Levenberg-damped Gauss-Newton from z0: (z, r, J) at the minimum of sum r^2 over ``rows``."""
-    z, lam = z0.copy(), 1e-3
+    z, lam = z0.copy(), LAMBDA0
     r, J = model.residuals(rows, z)
     cost = float(r @ r)
     for _ in range(MAX_ITER):
         A = J.T @ J
         g = J.T @ r
-        step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+        step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)  # + 1e-12: a zero column stays solvable
         z_new = np.clip(z + step, -Z_CLIP, Z_CLIP)
         r_new, J_new = model.residuals(rows, z_new)
         cost_new = float(r_new @ r_new)
         if cost_new < cost:
             done = cost - cost_new < 1e-14 * max(cost, 1e-30) or np.max(np.abs(z_new - z)) < 1e-9
-            z, r, J, cost, lam = z_new, r_new, J_new, cost_new, lam / 3
+            z, r, J, cost, lam = z_new, r_new, J_new, cost_new, lam / LAMBDA_DOWN
             if done:
                 break
         else:
-            lam *= 10
-            if lam > 1e10:
+            lam *= LAMBDA_UP
+            if lam > LAMBDA_MAX:
                 break
     return z, r, J
 
@@ -294,13 +305,16 @@ def check_runs(runs: list[Run]) -> None:
     if not runs:
         raise NdplanError("runs", [], "no runs", "list at least two measured runs under runs:")
     for r in runs:
-        if not (isinstance(r.step_s, (int, float)) and math.isfinite(r.step_s) and r.step_s > 0):
-            raise NdplanError(f"{r.name}.step_time_s", r.step_s, "not a positive number of seconds",
-                              "give the measured seconds per step")
+        step_seconds(f"{r.name}.step_time_s", r.step_s)
     names = sorted({r.hardware.name for r in runs})
     if len(names) > 1:
         raise NdplanError("hardware", names, "runs on more than one hardware entry",
                           "calibrate one device type at a time: one RUNS file per hardware")
+
+
+def step_seconds(field: str, v) -> float:
+    """A measured step time: seconds in (0, MAX_STEP_S]."""
+    return limits.real(field, v, 0.0, MAX_STEP_S, lo_open=True, what="the measured seconds per step")
 
 
 def hardware_yaml(f: Fit, runs_file: str) -> str:
@@ -309,15 +323,14 @@ def hardware_yaml(f: Fit, runs_file: str) -> str:
     hw = f.runs[0].hardware
     names = ", ".join(r.name for r in f.runs)
     doc = {"display_name": f"{hw.display_name} (calibrated)"}  # its name is the file's (load_hardware)
-    for k in ("bf16_tflops", "fp8_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
-              "devices_per_node", *EFFICIENCY_DEFAULTS):
+    for k in (*_NUMERIC, *EFFICIENCY_DEFAULTS):
         v = getattr(hw, k)
         if v is None:
             continue
         src = hw.sources.get(k, "")
         if k in f.values:
             iv, loo = f.intervals[k], _median_abs(f.loo)
-            v = min(max(round(f.values[k], 4), 1e-4), 1.0)  # an efficiency lies in (0, 1] (FIELD_RULES)
+            v = min(max(round(f.values[k], DIGITS), 10.0 ** -DIGITS), 1.0)  # in (0, 1] (FIELD_RULES)
             src = (f"fitted by ndplan calibrate on {runs_file} ({len(f.runs)} runs: {names}); 95 % interval "
                    + (f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "not available (as many runs as constants)")
                    + ("; at a bound of the fit" if k in f.at_bound else "")
@@ -332,8 +345,8 @@ def load_runs(path: Path) -> list[Run]:
     """Runs of a RUNS.yaml (calibrate's help shows the form; paths are relative to the file)."""
     from ndplan.catalog.files import read_mapping
     from ndplan.catalog.hardware import load_hardware
-    from ndplan import limits
     doc = read_mapping(path, "runs")
+    _known_keys("RUNS", doc, TOP_KEYS)
     items = doc.get("runs")
     if not isinstance(items, list) or not items:
         raise NdplanError("runs", items, f"{path.name} has no list of runs", "write runs:\n  - name: ...\n    model: ...")
@@ -343,11 +356,12 @@ def load_runs(path: Path) -> list[Run]:
         where = f"runs[{k}]"
         if not isinstance(item, dict):
             raise NdplanError(where, item, "not a mapping", "give name, model, hardware, strategy (or file), step_time_s")
+        _known_keys(where, item, RUN_KEYS)
         name = str(item.get("name", where))
-        step = limits.real(f"{where}.step_time_s", item.get("step_time_s"), 0.0, 1e7, lo_open=True, what="seconds")
+        step = step_seconds(f"{where}.step_time_s", item.get("step_time_s"))
         peak = item.get("peak_gib")
         if peak is not None:
-            peak = limits.real(f"{where}.peak_gib", peak, 0.0, 1e6, lo_open=True, what="GiB")
+            peak = limits.gib(f"{where}.peak_gib", peak)
         hw_name = item.get("hardware", default_hw)
         if hw_name is None:
             raise NdplanError(f"{where}.hardware", None, "no hardware", "give hardware: (a catalog name or YAML path)")
@@ -360,10 +374,23 @@ def load_runs(path: Path) -> list[Run]:
     return out
 
 
+TOP_KEYS = ("hardware", "runs")
+RUN_KEYS = ("name", "model", "hardware", "strategy", "file", "step_time_s", "peak_gib", "gpus", "seq", "gbs")
+
+
+def _known_keys(where: str, doc: dict, keys: tuple[str, ...]) -> None:
+    """A key calibrate does not read is a one-line error (a typo would drop its value)."""
+    for k in doc:
+        if k not in keys:
+            import difflib
+            close = difflib.get_close_matches(str(k), keys, n=1)
+            raise NdplanError(f"{where}.{k}", doc[k], "not a key calibrate reads",
+                              f"did you mean {close[0]}?" if close else f"use {', '.join(keys)}")
+
+
 def _run_strategy(path: Path, item: dict, name: str, where: str):
     """(model, strategy) of one run: from its launch file (``file:``, read as ``check`` reads it,
     with the run's model, gpus, seq and gbs when the file lacks them) or its model and strategy."""
-    from ndplan import limits
     from ndplan.catalog.model import load_model
     from ndplan.points import strategy_from_point
     bounds = {"gpus": (limits.MAX_DEVICES, "a device count"), "seq": (limits.MAX_SEQ, "a sequence length"),
@@ -378,7 +405,13 @@ def _run_strategy(path: Path, item: dict, name: str, where: str):
     if model is None or not isinstance(item.get("strategy"), dict):
         raise NdplanError("strategy", name, "needs model and strategy (or file)",
                           "give model: NAME and strategy: {dp: .., tp: .., gbs: .., seq: ..}")
-    strat = strategy_from_point(item["strategy"], given.get("gpus"))
+    point = dict(item["strategy"])
+    for k in ("seq", "gbs"):  # the run's seq / gbs fill the strategy's, never silently differ
+        if k in given:
+            if k in point and point[k] != given[k]:
+                raise NdplanError(k, given[k], f"differs from strategy's {k}={point[k]!r}", "give it once")
+            point[k] = given[k]
+    strat = strategy_from_point(point, given.get("gpus"))
     strat.check(model, given.get("gpus"))
     return model, strat
 

@@ -15,7 +15,7 @@ def _pct(x) -> str:
 
 
 def report_text(f, out: str | None) -> str:
-    from ndplan.calibrate import _median_abs
+    from ndplan.calibrate import OUTLIER_FACTOR, OUTLIER_FLOOR, _median_abs
     lines = [f"fitted on {len(f.runs)} runs ({f.dof} degrees of freedom), hardware {f.runs[0].hardware.name}:"]
     for k, v in f.values.items():
         iv = f.intervals[k]
@@ -38,7 +38,8 @@ def report_text(f, out: str | None) -> str:
         lines.append(f"peak memory {name[:40]}: predicted {pred:.2f} GiB, measured {meas:.2f} GiB "
                      f"({100 * (pred - meas) / meas:+.1f} %)")
     if f.outliers:
-        lines.append("outliers (leave-one-out |error| > 3x the median and > 10 %): " + ", ".join(f.outliers))
+        lines.append(f"outliers (leave-one-out |error| > {OUTLIER_FACTOR:g}x the median and > {100 * OUTLIER_FLOOR:g} %): "
+                     + ", ".join(f.outliers))
     if out:
         lines.append(f"wrote {out}: use it as -H {out} with any command")
     return "\n".join(lines)
@@ -85,7 +86,7 @@ def register(main):
         """
         from ndplan.calibrate import fit, hardware_yaml, load_runs
         path = Path(runs_file)
-        fields = [n.strip() for n in names.split(",") if n.strip()] if names else None
+        fields = [n.strip() for n in names.split(",") if n.strip()] if names is not None else None
         target = output_file("--out", out) if out else None
         runs = load_runs(path)
         if not as_json:

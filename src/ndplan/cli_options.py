@@ -57,12 +57,15 @@ ACTIVATIONS_OPTION = click.option(
          "transformers modules (sdpa; eager with --no-flash), per layer kind, with the degrees kept symbolic. "
          "Needs pip install 'ndplan[trace]'; traces once per model and caches it.")
 
+def _engine_help() -> str:
+    from ndplan.rules import ENGINE_SCOPES, RULES
+    rules = "; ".join(r.text for r in RULES if r.scope in ENGINE_SCOPES)
+    return ("Whose memory profile and rules apply: megatron (Megatron-LM/Core), fsdp (torchtitan, FSDP2), deepspeed "
+            "(DeepSpeed's runtime), mindspore (MindSpore/MindFormers), hf (HF Trainer). Engine rules: " + rules + ".")
+
+
 RUN = [
-    click.option("--engine", type=click.Choice(ENGINES), default="megatron", show_default=True,
-                 help="Whose memory profile and rules apply: megatron (Megatron-LM/Core), fsdp (torchtitan, FSDP2 with "
-                      "torch pipelining: no zb-h1), deepspeed (DeepSpeed's runtime: ZeRO, AutoTP without SP, its "
-                      "pipeline engine 1F1B with ZeRO <= 1), mindspore (MindSpore/MindFormers: no zb-h1, zbv with m >= 2 pp, "
-                      "MoE with tp > 1 only under SP, ep dividing dp x tp), hf (HF Trainer)."),
+    click.option("--engine", type=click.Choice(ENGINES), default="megatron", show_default=True, help=_engine_help()),
     click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention (no s^2 scores)."),
     click.option("--order", default="tp-cp-ep-dp-pp", show_default=True,
                  help="Rank placement, innermost axis first (decides which groups stay in a node)."),

@@ -307,7 +307,7 @@ class EngineProfile:
     its local experts (the gathered tokens x k/E x E/ep, times the capacity; permute saves only
     its indices, moe_utils.py), and the combine holds the experts' output beside its
     unpermuted copy of the gathered tokens before the reduce-scatter (token_dispatcher.py:346-367),
-    an exclusive transient (memory.moe_allgather_transient). The probabilities take the logits'
+    an exclusive transient (dispatch.moe_allgather_transient). The probabilities take the logits'
     dtype (moe_utils.py:936), so the combine's ``.to(local_probs.dtype)`` copies nothing unless
     ``--moe-router-dtype fp32`` (not modelled). The saved tensors are the alltoall's
     (moe_rows_saved 1). 0: the engine's all-to-all dispatch (moe_dispatch_rows)."""
@@ -324,7 +324,7 @@ class EngineProfile:
     megatron_alltoall_rows: bool = False
     """Megatron-LM's alltoall dispatcher (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/moe/
     token_dispatcher.py): the rows one MoE layer holds beside what it saves follow the expert-TP
-    degree and the local expert count (formulas/memory.py megatron_alltoall_rows). MoELayer
+    degree and the local expert count (formulas/dispatch.py megatron_alltoall_rows). MoELayer
     .custom_forward holds the permuted tokens and the dispatch all-to-all's output until its forward
     ends (moe_layer.py:663, 680) and routed_experts_compute the experts' output (moe_layer.py:
     565-569; etp x rows after the expert-TP all-gather, token_dispatcher.py:741-748); with more than

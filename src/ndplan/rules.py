@@ -238,10 +238,11 @@ def describe() -> list[tuple[str, str]]:
     return [(g, "; ".join(r.text for r in RULES if r.group == g)) for g in GROUPS]
 
 
-def first_failure(c, scopes: tuple[str, ...]) -> Rule | None:
-    """The first rule of ``scopes`` that context ``c`` (one point) fails, or None."""
+def first_failure(c, scopes: tuple[str, ...], fields: tuple[str, ...] | None = None) -> Rule | None:
+    """The first rule of ``scopes`` (naming one of ``fields``, if given: a context that has only
+    their attributes) that context ``c`` (one point) fails, or None."""
     for rule in RULES:
-        if rule.scope in scopes and bool(np.any(rule.fails(c))):
+        if rule.scope in scopes and (fields is None or field_of(rule, c) in fields) and bool(np.any(rule.fails(c))):
             return rule
     return None
 

@@ -22,7 +22,8 @@ DEGREE_DIMS = ("dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
 #: Layer-count dimensions (positive integers; kernel arguments, not categorical).
 LAYER_DIMS = ("first_layers", "last_layers")
 #: Sweep arguments people put in a space file by mistake.
-_NOT_DIMS = {"gbs": "--gbs", "seq": "--seq", "gpus": "--gpus", "model": "--model", "hardware": "--hardware"}
+_NOT_DIMS = {"gbs": "--gbs", "seq": "--seq", "gpus": "--gpus", "model": "--model", "hardware": "--hardware",
+             "engine": "--engine"}
 
 
 def load_space(path: str | Path) -> dict[str, object]:

@@ -35,6 +35,9 @@ EFFICIENCY_DEFAULTS: dict[str, tuple[float, str]] = {
     "intra_node_latency_us": (5.0, "named default: NCCL per-step latency inside a node, microseconds"),
     "inter_node_latency_us": (10.0, "named default: NCCL per-step latency across nodes, microseconds"),
 }
+EFFICIENCY_ARGS = {"gemm_efficiency": "eff_gemm", "attention_efficiency": "eff_attn", "hbm_efficiency": "eff_hbm",
+                   "intra_node_efficiency": "eff_intra", "inter_node_efficiency": "eff_inter"}
+"""Each efficiency field -> the kernel argument it gives (symbols.HW_SYMBOLS; kernel_values)."""
 _REQUIRED = ("bf16_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
              "devices_per_node")
 MAX_RATE = 1e6
@@ -126,10 +129,9 @@ class Hardware:
         if fp8 and not self.fp8_tflops:
             warn("weight_dtype", "fp8", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
         peak = self.fp8_tflops if (fp8 and self.fp8_tflops) else self.bf16_tflops
-        return {"peak": peak * TERA, "eff_gemm": self.gemm_efficiency, "eff_attn": self.attention_efficiency,
-                "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA, "eff_hbm": self.hbm_efficiency,
+        return {"peak": peak * TERA, "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA,
                 "bw_intra": self.intra_node_gb_per_s * GIGA, "bw_inter": self.inter_node_gb_per_s * GIGA,
-                "eff_intra": self.intra_node_efficiency, "eff_inter": self.inter_node_efficiency,
+                **{arg: getattr(self, f) for f, arg in EFFICIENCY_ARGS.items()},
                 "lat_intra": self.intra_node_latency_us * 1e-6, "lat_inter": self.inter_node_latency_us * 1e-6,
                 "node": float(self.devices_per_node)}
 

@@ -81,10 +81,9 @@ def refuse_engine_rules(target: str, c, fields=None) -> None:
     with the engine that runs it (rules.WithModel(strategy, model, engine=...)), or, with
     ``fields``, anything with the attributes those rules read."""
     from ndplan import rules
-    for rule in rules.RULES:
-        if rule.scope in rules.ENGINE_SCOPES and (fields is None or rules.field_of(rule, c) in fields) \
-                and bool(rule.fails(c)):
-            raise cannot(target, rules.field_of(rule, c), rule.value(c), f"{rule.problem(c)}; {rule.fix(c)}")
+    rule = rules.first_failure(c, rules.ENGINE_SCOPES, fields)
+    if rule is not None:
+        raise cannot(target, rules.field_of(rule, c), rule.value(c), f"{rule.problem(c)}; {rule.fix(c)}")
 
 
 HEADER_PHRASE = "form of an ndplan strategy for"

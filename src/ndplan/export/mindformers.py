@@ -153,7 +153,7 @@ def _optimizer_keys(eng, notes: list) -> dict:
     if want == _optimizer_state(MINDSPORE):
         return {}
     for keys in WRITTEN_OPTIMIZERS:
-        read = optimizer_settings(nest(keys), None, 2, mcore=False, dp=1, zero=1, notes=[])
+        read = optimizer_settings(nest(keys), None, MINDSPORE.weight_bytes, mcore=False, dp=1, zero=1, notes=[])
         if _optimizer_state(replace(MINDSPORE, **read)) == want:
             return dict(keys)
     notes.append(f"optimizer states of {eng.optimizer_bytes} B per parameter"

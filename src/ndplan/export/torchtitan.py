@@ -40,7 +40,8 @@ from __future__ import annotations
 import json
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, layers_per_chunk, header, nest, recompute_counts, recompute_mode
+from ndplan.export.common import cannot, layers_per_chunk, header, nest, recompute_counts, recompute_mode, \
+    refuse_engine_rules
 from ndplan.strategy import Strategy
 
 TARGET = "torchtitan"
@@ -208,9 +209,8 @@ def _toml(sections: dict[str, dict]) -> list[str]:
 
 def _check(model: ModelSpec, s: Strategy, ddp: bool) -> None:
     """What torchtitan refuses; ``ddp``: the version has a DDP path that runs alone (0.2.x)."""
-    if s.pp > 1 and s.schedule not in SCHEDULES:
-        raise cannot(TARGET, "schedule", s.schedule, "torch pipelining has no one-chunk zero-bubble schedule; "
-                                                     "use zbv (vpp=2), 1f1b or interleaved")
+    from ndplan import rules
+    refuse_engine_rules(TARGET, rules.WithModel(s, model, engine="fsdp"), ("schedule",))  # torch pipelining
     if ddp and s.zero == 0 and s.dp > 1 and (s.tp > 1 or s.pp > 1 or s.cp > 1):
         raise cannot(TARGET, "zero", 0, "torchtitan runs DDP only without tp/pp/cp; use zero>=1 (FSDP2)")
     if model.is_moe and s.ep > 1 and s.etp not in (1, s.tp):

@@ -361,7 +361,7 @@ def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list, offloa
         notes.append(f"{BUCKET} 'auto': hidden_size^2 = {size:,} (the Hugging Face Trainer's fill)")
     if isinstance(size, float) and size.is_integer():
         size = int(size)
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 2**40:
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_ELEMENTS:
         raise NdplanError(BUCKET, size, "not an element count", "give a whole number such as 500000000")
     overlap = flat.get(OVERLAP, zero == 3)
     if not isinstance(overlap, bool):

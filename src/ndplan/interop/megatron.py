@@ -45,7 +45,7 @@ from pathlib import Path
 from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
 from ndplan.interop import launcher, megatron_fsdp as MF, megatron_memory as MX, megatron_model as MM, shell
-from ndplan.interop.base import CheckInput, int_arg, positive, resolve_model, world_dp
+from ndplan.interop.base import CheckInput, choice_arg, int_arg, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
 from ndplan.layouts import layers_per_stage
@@ -63,8 +63,6 @@ FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
 FP8_FORMATS = ("e4m3", "hybrid")
 """--fp8-format: TransformerConfig.fp8 Literal['e4m3', 'hybrid'] (transformer_config.py:587-589)."""
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
-"""--fp8-recipe choices (Fp8Recipe, megatron/core/enums.py:12-19 at d98e8a64)."""
 SHARDING_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron-FSDP ``--data-parallel-sharding-strategy`` -> ZeRO stage: megatron/core/distributed/fsdp/
 src/megatron_fsdp/fully_shard.py ``ShardingStrategy`` (NO_SHARD 0 "similar memory usage to DDP",
@@ -234,11 +232,9 @@ def _fp8(args, notes: list) -> str:
     distrib_optimizer.py:421-445), else the engine's."""
     if args.fp8_format is not None and args.fp8_format not in FP8_FORMATS:
         raise NdplanError(FLAG["fp8_format"], args.fp8_format, "not an fp8 format", f"give one of {', '.join(FP8_FORMATS)}")
+    recipe = choice_arg(args, "fp8_recipe", MEMORY_FLAGS["fp8_recipe"], MX.FP8_RECIPES, "delayed")  # argparse choices
     if not args.fp8_format:
         return "auto"
-    recipe = args.fp8_recipe or "delayed"
-    if recipe not in FP8_RECIPES:
-        raise NdplanError(MEMORY_FLAGS["fp8_recipe"], recipe, "not an fp8 recipe", f"give one of {', '.join(FP8_RECIPES)}")
     notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {recipe}: fp8 GEMMs (the quantisation scratch of "
                  "each GEMM, such as the gradient's two fp8 copies in backward, and the amax history are not "
                  "modelled" + _FP8_RECIPE_NOTE.get(recipe, "") + ")")

@@ -204,6 +204,8 @@ def dispatcher_settings(args, is_moe: bool, ep_ranks: int, notes: list) -> dict:
     return {"deepep_sms": sms}
 
 
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
+"""--fp8-recipe choices (Fp8Recipe, megatron/core/enums.py:12-19 at d98e8a64)."""
 FP8_RECIPE_SCALES = {"mxfp8": {"fp8_scale_bytes": 1, "fp8_act_block": 32, "fp8_weight_block": 32},
                      "blockwise": {"fp8_scale_bytes": 4, "fp8_act_block": 128, "fp8_weight_block": 128 * 128}}
 """The block scales of ``--fp8-recipe`` (Fp8Recipe, megatron/core/enums.py:12-19: delayed,

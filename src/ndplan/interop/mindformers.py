@@ -397,6 +397,20 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     return spec, origin, kw, notes
 
 
+def _in_yaml(e: NdplanError, kw: dict) -> NdplanError:
+    """A strategy rule's error (rules.py names Strategy fields and CLI flags) as the yaml key to
+    change, with the yaml's value; other errors as they are."""
+    pp1 = kw["pp"] == 1
+    m = kw["gbs"] // (kw["dp"] * kw["mbs"])
+    keys = {"vpp": (KEY["vpp"], kw["vpp"]), "schedule": (KEY["scheduler"], kw["schedule"]),
+            "gbs": (KEY["grad_accum"] if pp1 else KEY["m"], m), "m": (KEY["grad_accum"] if pp1 else KEY["m"], m),
+            "sp": (KEY["sp"], kw["sp"])}
+    if e.field not in keys:
+        return e
+    key, value = keys[e.field]
+    return NdplanError(key, value, e.problem, f"change {key} (or {KEY['scheduler']}) in the yaml")
+
+
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
     try:
         doc = yaml.safe_load(text)
@@ -409,7 +423,10 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                           "give a MindFormers training yaml, or --format for another framework")
     name = f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
     spec, origin, kw, notes = read_doc(doc, model=model, name=name, seq=seq, gbs=gbs)
-    strat = make_strategy(kw, notes)
+    try:
+        strat = make_strategy(kw, notes)
+    except NdplanError as e:
+        raise _in_yaml(e, kw) from None
     world = strat.dp * strat.tp * strat.pp * strat.cp
     if gpus is not None and gpus != world:
         raise NdplanError("gpus", gpus, f"{path.name} uses data_parallel*model_parallel*pipeline_stage*"

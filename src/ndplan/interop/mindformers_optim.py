@@ -13,6 +13,7 @@ parallel (``muon_unsharded_note``), each a note with its size.
 
 from __future__ import annotations
 
+from ndplan import limits
 from ndplan import optimizers as O
 from ndplan.errors import NdplanError
 from ndplan.interop.mindformers import get
@@ -39,10 +40,8 @@ def flag(doc: dict, key: str) -> bool:
 
 def _beta(doc: dict, key: str, default):
     """A moment decay rate: a number in [0, 1) (0: no moment kept)."""
-    v = get(doc, key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-        raise NdplanError(key, v, "not a decay rate in [0, 1)", "give e.g. 0.9, or 0 for no first moment")
-    return v
+    return limits.real(key, get(doc, key, default), 0.0, 1.0, lo_open=False, hi_open=True,
+                       what="a decay rate (e.g. 0.9; 0 keeps no first moment)")
 
 
 def _fused_adamw(doc: dict, name: str, notes: list) -> dict:
