@@ -46,12 +46,17 @@
     * engine: megatron (Narayanan, Korthikanti, Megatron-Core, NeMo), deepspeed (BLOOM,
       MT-NLG), fsdp (torchtitan, Llama 3's FSDP); stated overlap flags replace the engine's
       defaults in the time model (Megatron-Core README: --tp-comm-overlap -> overlap_tp_comm).
+      The Megatron rows ran Megatron-Core r0.8 or older, whose distributed optimizer dispatched
+      the first parameter all-gather in zero_grad (core_v0.8.0 distrib_optimizer.py:1336-1337),
+      so the later stages' single bucket was gathered while they waited for the pipeline fill:
+      stage_gather_at_first_forward = False (the engine profile follows d98e8a64, where the
+      first forward's pre-hook dispatches it).
     * flash attention: on for sources from 2023 on (Megatron-Core r0.8, torchtitan, Llama 3,
       NeMo 24.03); off for 2021-22 Megatron/DeepSpeed runs (FlashAttention appeared mid-2022
       and is not in their code); it decides the attention-core efficiency and softmax bytes.
-    * precision: FP8 rows (torchtitan float8, NeMo) use weight_dtype="fp8", which switches the
-      compute peak to the FP8 dense peak for every GEMM (the attention core too: an upper
-      bound on FP8 speed, NeMo 24.03 ran the core in bf16).
+    * precision: FP8 rows (torchtitan float8, NeMo) use weight_dtype="fp8": the transformer
+      layers' GEMMs at the FP8 dense peak with their operands' quantisation traffic; the
+      attention core and the output layer stay at the bf16 peak (formulas/step.py).
 
     Metric: error = (predicted - measured) / measured per case; the median of |error| per
     source, over the core sources (all but nemo) and over all.
@@ -220,7 +225,7 @@ def map_published(src: str, c: dict):
     prec = str(p.get("precision") or "").lower()
     if "fp8" in prec or "float8" in prec or "float8" in c["id"]:
         kw["weight_dtype"] = "fp8"
-        notes.append("fp8 peak")
+        notes.append("fp8 GEMMs")
     lps = uneven_split(model.num_hidden_layers, pp * vpp)
     if lps:
         notes.append("layers " + ",".join(map(str, lps)) if len(set(lps)) > 2 else f"uneven split {lps[0]}/{max(lps)}")
@@ -229,8 +234,10 @@ def map_published(src: str, c: dict):
                             schedule="interleaved" if vpp > 1 else "1f1b", engine=engine_name,
                             flash_attention=YEAR[src] >= FLASH_FROM_YEAR, layers_per_stage=lps, **kw)
     engine = None
+    if engine_name == "megatron":  # Megatron-Core <= r0.8 (module docstring)
+        engine = replace(ENGINE_PROFILES[engine_name], stage_gather_at_first_forward=False)
     if "tp-comm-overlap" in other:
-        engine = replace(ENGINE_PROFILES[engine_name], overlap_tp_comm=True)
+        engine = replace(engine or ENGINE_PROFILES[engine_name], overlap_tp_comm=True)
         notes.append("tp-comm-overlap")
     return model, hw, strat, engine, notes
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ndplan import limits
+from ndplan.engines import fp8_gemms, profile
 from ndplan.catalog.hardware import _NUMERIC, EFFICIENCY_ARGS, EFFICIENCY_DEFAULTS, Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
@@ -137,7 +138,7 @@ class _Model:
     def __init__(self, runs: list[Run], names: list[str], fns=None):
         from ndplan.estimate import step_time_function
         self.names = names
-        self.base = [r.hardware.kernel_values(fp8=r.strategy.weight_dtype == "fp8") for r in runs]
+        self.base = [r.hardware.kernel_values(fp8=fp8_gemms(r.strategy.weight_dtype, r.engine or profile(r.strategy.engine))) for r in runs]
         self.fns = fns or [step_time_function(r.model, r.strategy, r.engine) for r in runs]
         self.log_measured = np.log([r.step_s for r in runs])
 

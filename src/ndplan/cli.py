@@ -83,7 +83,10 @@ def estimate(as_json, export_layers, emit_fmt, emit_out, **kw):
     if emit_cli(emit_fmt, emit_out, model, strat, text=form):
         return
     if as_json:
-        click.echo(json.dumps(est.to_json(), indent=2, sort_keys=False))
+        from ndplan.bands import band
+        doc = est.to_json()
+        doc["time"]["band_95"] = band(est).to_json()
+        click.echo(json.dumps(doc, indent=2, sort_keys=False))
         return
     click.echo(estimate_text(est, model, hw, strat))
 

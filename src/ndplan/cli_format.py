@@ -35,9 +35,12 @@ def stage_table(est) -> str:
 
 
 def time_summary(est) -> str:
-    """Step time, MFU/HFU, tokens/s and the non-zero time terms, three lines."""
+    """Step time with its 95 % band (ndplan.bands), MFU/HFU, tokens/s and the non-zero time
+    terms, three lines."""
+    from ndplan.bands import band
     parts = ", ".join(f"{_short(k)} {fmt_seconds(v)}" for k, v in est.time_terms.items() if v > 5e-7)
-    return (f"step {fmt_seconds(est.step_s)}  MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
+    return (f"step {fmt_seconds(est.step_s)} (95% band {_band(band(est))} from the time constants)  "
+            f"MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
             f"{est.tokens_per_s:,.0f} tokens/s/device\n  time: {parts}\n  ({MFU_NOTE})")
 
 
@@ -127,15 +130,31 @@ def sweep_head(r) -> list[str]:
             f"{r.infeasible:,} infeasible by memory, {r.feasible:,} feasible  [{r.elapsed_s:.2f} s]"]
 
 
+TIE_NOTE = ("= : tied with #1: their difference lies inside its 95 % band from the time constants' uncertainty "
+            "(ndplan.bands), so the choice among them does not matter at that uncertainty; the order stays the "
+            "point estimates'. Bands leave out the model's structural error.")
+
+
+def _band(b) -> str:
+    return f"{fmt_seconds(b.low_s)}-{fmt_seconds(b.high_s)}" if b else ""
+
+
 def top_lines(r) -> list[str]:
-    """The top candidates: label, peak, step, MFU, tokens/s, then their memory and time terms."""
+    """The top candidates: label, peak, step and its 95 % band, MFU, tokens/s, then their memory and
+    time terms; ``=`` marks the candidates tied with the first (TIE_NOTE)."""
     labels = [label(r.table.point(i)) for i in range(len(r.top))]
     w = max([len("strategy"), *map(len, labels)])
-    out = [f"{'#':>3}  {'strategy':<{w}} {'peak GiB':>8} {'step':>10} {'MFU':>6} {'tok/s/dev':>9}"]
-    for i, (e, text) in enumerate(zip(r.top, labels)):
-        out += [f"{i + 1:>3}  {text:<{w}} {e.peak_bytes / GIB:>8.2f} {fmt_seconds(e.step_s):>10} "
-                f"{e.mfu:>6.1%} {e.tokens_per_s:>9,.0f}",
-                f"       memory  {_mem_terms(e)}", f"       time    {_time_terms(e)}"]
+    bands = r.bands or [None] * len(r.top)
+    tied = r.tied or [False] * len(r.top)
+    bw = max([len("95% band"), *(len(_band(b)) for b in bands)])
+    out = [f"{'#':>4}  {'strategy':<{w}} {'peak GiB':>8} {'step':>10} {'95% band':>{bw}} {'MFU':>6} {'tok/s/dev':>9}"]
+    for i, (e, text, b, t) in enumerate(zip(r.top, labels, bands, tied)):
+        mark = "=" if t and i else " "
+        out += [f"{mark}{i + 1:>3}  {text:<{w}} {e.peak_bytes / GIB:>8.2f} {fmt_seconds(e.step_s):>10} "
+                f"{_band(b):>{bw}} {e.mfu:>6.1%} {e.tokens_per_s:>9,.0f}",
+                f"        memory  {_mem_terms(e)}", f"        time    {_time_terms(e)}"]
+    if any(tied[1:]):
+        out.append(TIE_NOTE)
     return out
 
 

@@ -22,6 +22,8 @@ MEGATRON = EngineProfile(
     logits_bytes_per_element=6, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
     loss_saved_bytes_per_element=4,  # core/tensor_parallel/cross_entropy.py: save_for_backward(exp_logits, ...), fp32
     moe_rows_saved=1, megatron_alltoall_rows=True,  # the alltoall dispatcher (engine_fields.py)
+    # DDP buckets max(40M, 1M x dp_cp) and the later stages' gather at their first forward (engine_fields.py)
+    grad_bucket_min_elements=40_000_000, grad_bucket_elements_per_rank=1_000_000, stage_gather_at_first_forward=True,
     sources={
         "states": "Megatron-LM theoretical_memory_usage.py: 18 bytes/param without the distributed "
                   "optimizer (bf16 param 2 + fp32 main grad 4 + fp32 master 4 + Adam 8); with it, "
@@ -114,6 +116,11 @@ DEEPSPEED = EngineProfile(
     # 245, 251): stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9, stage3_max_reuse_distance 1e9
     zero3_param_coordinator=True, zero3_prefetch_elements=50_000_000, zero3_live_elements=1_000_000_000,
     zero3_reuse_elements=1_000_000_000,
+    # ZeRO-1/2 overlap_comm is off below stage 3 (zero/config.py:384-386): reductions on the compute stream, the
+    # post-step all-gather synchronous (stage_1_and_2.py:3155-3160); buckets all-reduced; ZeRO-2 reduces every
+    # micro-batch; PipelineEngine reduces after the last backward (engine_fields.py)
+    overlap_grad_reduce=False, overlap_param_gather=False, grads_all_reduced=True, zero2_reduce_per_microbatch=True,
+    grad_reduce_after_last_backward=True,
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",
@@ -318,3 +325,10 @@ def profile(name: str) -> EngineProfile:
 
 def engine_fields() -> set[str]:
     return {k for k, kind in _setting_kinds().items() if kind in ("bool", "int")}
+
+
+def fp8_gemms(weight_dtype: str, eng: EngineProfile) -> bool:
+    """The layers' GEMMs run in fp8: fp8 weights (``weight_dtype`` fp8; torchtitan's float8
+    linears) or the engine's fp8 linears (EngineProfile.fp8_linear_inputs: Megatron-LM
+    ``--fp8-format`` with 16-bit primary weights). The one rule for Hardware.kernel_values."""
+    return weight_dtype == "fp8" or bool(eng.fp8_linear_inputs)

@@ -13,7 +13,7 @@ from ndplan.argnames import HW_ARGS, STRATEGY_ARGS
 from ndplan.errors import warn
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import EngineProfile
+from ndplan.engines import EngineProfile, fp8_gemms
 from ndplan.kernels import model_kernel
 from ndplan.layouts import ends_of, head_stage, symbolic_layout as symbolic_stage_ok
 from ndplan.strategy import Strategy
@@ -237,7 +237,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     totals = model_totals(model, strat.seq, strat.recompute)
     host = float(host_kernel(model, view)(**strategy_values(strat), stage=0.0)["total.host_bytes"])  # stage 0, as before
     tview = structure(model, strat, engine)
-    tvals = _time_values(model, strat, tview, hardware.kernel_values(fp8=strat.weight_dtype == "fp8"))
+    tvals = _time_values(model, strat, tview, hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, tview.engine)))
     time_terms = {k: float(v) for k, v in tvals.items()}
     if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
         warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",

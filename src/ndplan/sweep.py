@@ -19,7 +19,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ndplan import kernels, limits
+from ndplan import bands, kernels, limits
+from ndplan.engines import fp8_gemms, profile
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError, warn
@@ -62,6 +63,10 @@ class SweepResult:
     elapsed_s: float = 0.0
     sort: str = "time"
     base: dict = field(default_factory=dict)
+    bands: list = field(default_factory=list)
+    """bands.Band of each top candidate's step time (the constants' 95 % band)."""
+    tied: list = field(default_factory=list)
+    """Whether each top candidate is tied with the first (bands.tied_with_best)."""
 
     @property
     def infeasible(self) -> int:
@@ -73,6 +78,15 @@ class SweepResult:
     def strategy(self, i: int) -> Strategy:
         return row_strategy(self.table.point(i), self.seq, self.gbs, self.base, self.model.num_hidden_layers)
 
+    def _top_json(self, i: int) -> dict:
+        """Top candidate i (the estimate schema), its step's 95 % band and whether it ties with #1."""
+        out = self.top[i].to_json()
+        if self.bands:
+            out["time"]["band_95"] = self.bands[i].to_json()
+        if self.tied:
+            out["time"]["tied_with_best"] = self.tied[i]
+        return out
+
     def to_json(self) -> dict:
         t = self.table
         return {
@@ -82,7 +96,7 @@ class SweepResult:
                            "rejected": sum(self.candidates.rejected.values()),
                            "rejected_by_rule": dict(self.candidates.rejected),
                            "infeasible": self.infeasible, "feasible": self.feasible},
-            "top": [e.to_json() for e in self.top],
+            "top": [self._top_json(i) for i in range(len(self.top))],
             "pareto": [{"strategy": self.strategy(i).as_dict(), "peak_bytes": int(t.peak_bytes[i]),
                         "step_s": float(t.step_s[i]), "mfu": float(self.mfu(t.step_s[i]))} for i in self.pareto],
         }
@@ -205,7 +219,7 @@ def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: i
     """Peak memory and step time of every valid candidate, group by group, written into columns
     allocated once at the candidate count (the table's other columns are the groups' own)."""
     from ndplan import hooks
-    hw_values = hw.kernel_values(fp8=base.get("weight_dtype") == "fp8")
+    hw_values = hw.kernel_values(fp8=fp8_gemms(base.get("weight_dtype"), profile(base.get("engine", "megatron"))))
     n_all = cands.valid
     group_of = np.empty(n_all, dtype=np.int16 if len(cands.groups) < 2 ** 15 else np.int32)
     row_of = np.empty(n_all, dtype=np.int32)
@@ -276,12 +290,14 @@ def sweep(model: ModelSpec, hw: Hardware, gpus: int, seq: int, gbs: int, space: 
     front = np.sort(front)  # rank order
     top_est = [estimate(model, hw, row_strategy(table.point(i), seq, gbs, base, model.num_hidden_layers), gpus)
                for i in range(min(top, feasible))]
+    top_bands = [bands.band(e) for e in top_est]
     flops = model_totals(model, seq)["total.flops_per_sequence"] * gbs
     kernels.flush()  # what the look-ups learned, for the next process
     return SweepResult(model=model, hardware=hw, gpus=gpus, seq=seq, gbs=gbs, mem_limit_bytes=cap,
                        candidates=cands, table=table, feasible=feasible, top=top_est,
                        pareto=[int(i) for i in front], flops_per_step=flops,
-                       elapsed_s=time.perf_counter() - t0, sort=sort, base=base)
+                       elapsed_s=time.perf_counter() - t0, sort=sort, base=base,
+                       bands=top_bands, tied=bands.tied_with_best(top_bands) if sort != "memory" else [])
 
 
 def smallest_count(first: int, step: int, top: int, fits: Callable[[int], bool], floor: int = 0

@@ -65,7 +65,8 @@ def _posreal(name: str) -> sp.Symbol:
 # Hardware symbols: kernel arguments whose values come from a Hardware entry
 # (catalog.hardware.Hardware.kernel_values), so one compiled kernel serves every device
 # and `--set name=value` needs no recompilation.
-peak = _posreal("peak")            #: dense tensor-core FLOP/s of the compute dtype
+peak = _posreal("peak")            #: dense tensor-core FLOP/s of the GEMMs' dtype (fp8 or 16-bit)
+peak_bf16 = _posreal("peak_bf16")  #: dense 16-bit FLOP/s: attention core, router, output layer
 eff_gemm = _posreal("eff_gemm")    #: achieved / peak FLOP/s of large GEMMs
 eff_attn = _posreal("eff_attn")    #: achieved / peak FLOP/s of the fused attention core
 hbm_bytes_per_s = _posreal("hbm_bytes_per_s")  #: HBM bandwidth, B/s (the capacity is Hardware.hbm_gib)
@@ -77,6 +78,7 @@ eff_inter = _posreal("eff_inter")  #: collective bus bandwidth / nominal, inter-
 lat_intra = _posreal("lat_intra")  #: latency per collective step inside a node, s
 lat_inter = _posreal("lat_inter")  #: latency per collective step across nodes, s
 node = _posreal("node")            #: devices per node
+fp8_gemm = _nonneg("fp8_gemm")     #: 1 when the layers' GEMMs run in fp8 (operands quantised), else 0
 
 HW_SYMBOLS: tuple[sp.Symbol, ...] = tuple(globals()[n] for n in argnames.HW_ARGS)
 

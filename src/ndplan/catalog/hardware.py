@@ -25,8 +25,11 @@ EFFICIENCY_DEFAULTS: dict[str, tuple[float, str]] = {
                               "|error| is lowest at 0.67 (13.0 %; median 9.4 %, signed -1 %), and leaving "
                               "each source out in turn the best value stays in 0.62-0.68. Small per-device "
                               "GEMMs fall further through the roofline in formulas/step.py"),
-    "attention_efficiency": (0.55, "Dao 2023 (FlashAttention-2) Sec. 4.1: forward 50-73 % and backward "
-                                   "lower of the A100 peak; 0.55 for forward+backward"),
+    "attention_efficiency": (0.55, "long-sequence plateau of the fused attention core over the 16-bit peak "
+                                   "(the length factor L/(L+400) is formulas/step.ATTN_HALF_TOKENS): Dao 2023 "
+                                   "(FlashAttention-2) Sec. 4.1, forward 50-73 % and backward lower of the A100 "
+                                   "peak; cuDNN on H100 plateaus at 561/989 = 0.57 forward and 542/989 = 0.55 "
+                                   "backward (fits to Shah et al. 2024, Figs. 5-6)"),
     "hbm_efficiency": (0.8, "named default: streaming elementwise kernels reach about 80 % of the "
                             "nominal HBM bandwidth"),
     "intra_node_efficiency": (0.8, "named default: NCCL ring bus bandwidth about 80 % of the nominal "
@@ -100,7 +103,7 @@ class Hardware:
     gemm_efficiency: float = EFFICIENCY_DEFAULTS["gemm_efficiency"][0]
     """Achieved / peak FLOP/s of large GEMMs."""
     attention_efficiency: float = EFFICIENCY_DEFAULTS["attention_efficiency"][0]
-    """Achieved / peak FLOP/s of the fused attention core (forward + backward)."""
+    """Achieved / 16-bit peak FLOP/s of the fused attention core at long sequences (forward + backward)."""
     hbm_efficiency: float = EFFICIENCY_DEFAULTS["hbm_efficiency"][0]
     """Achieved / nominal HBM bandwidth of memory-bound kernels."""
     intra_node_efficiency: float = EFFICIENCY_DEFAULTS["intra_node_efficiency"][0]
@@ -125,11 +128,15 @@ class Hardware:
         return self.hbm_gb_per_s * GIGA
 
     def kernel_values(self, fp8: bool = False) -> dict[str, float]:
-        """Values of the hardware symbols (symbols.HW_SYMBOLS) in base units."""
+        """Values of the hardware symbols (symbols.HW_SYMBOLS) in base units; ``fp8``: the GEMMs
+        run in fp8 (engines.fp8_gemms), timed at the FP8 peak with their operands quantised
+        (``fp8_gemm``); the attention core, router and output layer keep the 16-bit peak (``peak_bf16``)."""
         if fp8 and not self.fp8_tflops:
             warn("weight_dtype", "fp8", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
-        peak = self.fp8_tflops if (fp8 and self.fp8_tflops) else self.bf16_tflops
-        return {"peak": peak * TERA, "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA,
+        fp8_on = bool(fp8 and self.fp8_tflops)
+        peak = self.fp8_tflops if fp8_on else self.bf16_tflops
+        return {"peak": peak * TERA, "peak_bf16": self.bf16_tflops * TERA, "fp8_gemm": float(fp8_on),
+                "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA,
                 "bw_intra": self.intra_node_gb_per_s * GIGA, "bw_inter": self.inter_node_gb_per_s * GIGA,
                 **{arg: getattr(self, f) for f, arg in EFFICIENCY_ARGS.items()},
                 "lat_intra": self.intra_node_latency_us * 1e-6, "lat_inter": self.inter_node_latency_us * 1e-6,

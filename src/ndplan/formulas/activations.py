@@ -311,13 +311,18 @@ def mlp_backward_workspace(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind
     device's experts take k x capacity rows per token of its s b / t_sp, times etp after the
     expert-TP gather, each fe / etp wide, so fe k capacity / t_sp per token of s b (until
     2026-12-06 fe k / etp, which counted t_sp / etp times the rows at tp > etp and left out the
-    capacity). Checked on the gloo runtime's full-recompute peaks (tests/test_runtime.py)."""
+    capacity). Checked on the gloo runtime's full-recompute peaks (tests/test_runtime.py).
+    Under fp8 GEMMs (``fp8_linear_inputs``) the up projection's backward quantises that output
+    gradient into a row-wise and a column-wise fp8 copy beside it (Transformer Engine linear.py:
+    903-905, base.py:1688-1780), each with its block scales: 2 x (2f or f) fp8 elements more."""
     tokens = c.s * c.b
     if kind == "moe":
         width = M.fe * M.k * c.capacity / c.t_sp + M.fs / c.t
     else:
         width = M.f / c.t
-    return ACT_BYTES * tokens * (M.h / c.t_sp + (2 if spec.gated_mlp else 1) * width)
+    up_grad = (2 if spec.gated_mlp else 1) * width
+    fp8_copies = 2 * _fp8_input_bytes(c) * up_grad if c.eng.fp8_linear_inputs else 0
+    return tokens * (ACT_BYTES * (M.h / c.t_sp + up_grad) + fp8_copies)
 
 
 def layer_activation(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str, mode: str) -> sp.Expr:

@@ -10,10 +10,18 @@ eff_gemm), bytes / (hbm_bytes_per_s * eff_hbm)). The efficiency therefore falls 
 matrices: once 2*M*K*N / (2*(MK + KN + MN)) drops below peak*eff_gemm / (hbm_bytes_per_s*eff_hbm)
 FLOP/byte (about 220 on H100 at the defaults) the GEMM is bandwidth-bound, e.g. the
 expert GEMMs of a fine-grained MoE with few tokens per expert, or a TP-split head with
-tiny micro-batches. Attention-core FLOPs run at ``eff_attn``; norms, activation
-functions, residual adds, RoPE, softmax without flash attention and MoE permutes move
-bytes at ``hbm_bytes_per_s * eff_hbm`` (the tensors are listed in ``elementwise_bytes``; backward
-moves ``ELEMENTWISE_BACKWARD_FACTOR`` times the forward bytes).
+tiny micro-batches. Attention-core FLOPs run at the 16-bit peak ``peak_bf16`` (under fp8
+GEMMs too: Megatron-LM enables Transformer Engine's fp8 attention only from
+TransformerConfig.fp8_dot_product_attention, default False and no command-line flag at
+d98e8a64, transformer_config.py:640, fp8_utils.py:779-787; torchtitan's float8 converts
+nn.Linear modules only) times ``eff_attn`` times the kernel's length factor
+L / (L + ATTN_HALF_TOKENS), L the tokens each attention call sees (the CP shard); norms,
+activation functions, residual adds, RoPE, softmax without flash attention and MoE permutes
+move bytes at ``hbm_bytes_per_s * eff_hbm`` (the tensors are listed in ``elementwise_bytes``;
+backward moves ``ELEMENTWISE_BACKWARD_FACTOR`` times the forward bytes). Under fp8 GEMMs
+(``fp8_gemm`` = 1) each transformer-layer GEMM quantises its operands every micro-batch
+(``quantise_bytes``); the weights' fp8 copies are made once per step (Transformer Engine
+caches them from the first micro-batch, linear.py:479) and not timed.
 
 Pipeline (schedules.py has the memory side). With m micro-batches the step is
 m * t_max plus the bubble; for 1F1B (and GPipe) with per-stage times t_i the last
@@ -38,9 +46,15 @@ Data parallelism (ZeRO 0-2) reduces gradients once per step: an all-reduce (ZeRO
 a reduce-scatter plus the all-gather of the updated 16-bit weights (ZeRO 1-2, the
 distributed optimizer). With the engine's overlap settings the reduce-scatter hides
 behind one micro-batch's backward and the all-gather behind one forward; the excess is
-exposed. ZeRO-3/FSDP gathers 16-bit weights before forward and again before backward
-and reduce-scatters gradients every micro-batch, prefetched layer by layer: exposed
-per micro-batch max(0, gather - F) + max(0, gather + reduce - B - W).
+exposed, and never less than the last gradient bucket and the first gather bucket
+(Megatron-LM's buckets); engines without overlap (DeepSpeed below ZeRO-3), pipelines that
+reduce after the last backward (DeepSpeed's PipelineEngine) and the later stages' whole
+gather at their first forward (Megatron-LM, non-interleaved) expose more
+(``_zero012_exposed``, the EngineProfile time fields cite each). ZeRO-3/FSDP gathers 16-bit
+weights before forward and again before backward and reduce-scatters gradients every
+micro-batch, prefetched layer by layer: exposed per micro-batch the first unit's gather
+and the last unit's reduce-scatter, + max(0, gather - first - F) + max(0, gather + reduce
+- last - B - W) (``_zero3_exposed``).
 Pipeline send/recv of the 2*s*b*h/t_sp boundary tensor lies on the critical path
 twice (activation forward, gradient backward) for each of the m*vpp + pp - 1 steps
 of the fill-steady-drain timeline. The optimizer step streams every local parameter's
@@ -61,6 +75,7 @@ from ndplan.formulas import comm as C
 from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ACT_BYTES, ActContext
 from ndplan.formulas import groups as G
+from ndplan.formulas.dp_comm import dp_comm_time
 from ndplan.formulas.local import act_context, stage_params
 from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, layer_count, pp_expr, symbolic_layout
 from ndplan.structure import Structure, structure
@@ -73,10 +88,58 @@ ELEMENTWISE_BACKWARD_FACTOR = 2
 the input gradient: about twice the forward's bytes."""
 LOSS_PASSES = 3
 """fp32 passes over the logits in a fused cross entropy: max, exp-sum, gradient."""
+ATTN_HALF_TOKENS = 400
+"""Tokens per attention call at which a fused attention kernel runs at half its long-sequence
+throughput, T(L) = T_max L / (L + ATTN_HALF_TOKENS). Least-squares fits to the FlashAttention-3
+paper's H100 SXM5 head-dim-128 bars (Shah et al. 2024, arXiv 2407.08608, Figs. 5-6; 512 to 16k
+tokens; every bar within 3.3 % of its fit): causal forward 404 (FlashAttention-2), 387 (cuDNN),
+604 (FlashAttention-3); non-causal backward 274, 377, 427. 400 is the causal forward of the
+FlashAttention-2 and cuDNN kernels the training engines run (tests/test_attention_speed.py
+refits the bars). ``eff_attn`` is T_max / peak: cuDNN's fits give 561 / 989 = 0.57 forward
+and 542 / 989 = 0.55 backward."""
+QUANTISE_FORWARD_BYTES = 3
+"""HBM bytes per element of an fp8 GEMM's input in forward: read the 16-bit tensor, write its
+row-wise fp8 copy (Transformer Engine linear.py:380-398; per-tensor quantizers make no
+column-wise copy in forward, :389-392)."""
+QUANTISE_BACKWARD_BYTES = 4
+"""HBM bytes per element of an fp8 GEMM's output gradient in backward: read it, write its
+row-wise and column-wise fp8 copies in one cast-transpose (linear.py:903-905 sets both usages;
+base.py:1688-1780 ``grad_output_preprocess``, "fused bgrad + cast + transpose")."""
+TRANSPOSE_BACKWARD_BYTES = 2
+"""HBM bytes per element of an fp8 GEMM's saved input in backward: its column-wise copy for the
+weight gradient, read 1 B and written 1 B (linear.py:1176-1180)."""
+
+
+SIXTEEN_BIT_GEMMS = ("moe.router", "head")
+"""GEMMs that stay 16-bit under fp8 GEMMs: the MoE router and the output layer (Megatron-LM
+builds output_layer as a plain ColumnParallelLinear unless MXFP8's fp8_output_proj is on,
+gpt_model.py:272-277 at d98e8a64; torchtitan's llama3 float8 configs filter the output
+projection, config_registry.py:314 ``filter_fqns=["lm_head"]``)."""
 
 
 def gemm_time(g: FL.Gemm) -> sp.Expr:
-    return C.vmax(g.flops / (S.peak * S.eff_gemm), g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
+    peak = S.peak_bf16 if g.name in SIXTEEN_BIT_GEMMS else S.peak
+    return C.vmax(g.flops / (peak * S.eff_gemm), g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
+
+
+def attention_core_time(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
+    """Seconds of one layer's forward attention core: flash attention at ``eff_attn`` times the
+    length factor (ATTN_HALF_TOKENS) of the c.s tokens each call sees; without flash, batched
+    GEMMs at ``eff_gemm``; both at the 16-bit peak (module docstring)."""
+    if not c.flash:
+        return FL.core_flops(spec, M, c, S.seq) / (S.peak_bf16 * S.eff_gemm)
+    return FL.core_flops(spec, M, c, S.seq) * (c.s + ATTN_HALF_TOKENS) / (c.s * S.peak_bf16 * S.eff_attn)
+
+
+def quantise_bytes(gemms: list) -> tuple[sp.Expr, sp.Expr]:
+    """(forward, backward) HBM bytes of quantising the fp8 GEMMs' operands per micro-batch
+    (QUANTISE_FORWARD_BYTES, QUANTISE_BACKWARD_BYTES, TRANSPOSE_BACKWARD_BYTES per element of
+    each GEMM's input and output) but the SIXTEEN_BIT_GEMMS."""
+    fp8 = [g for g in gemms if g.name not in SIXTEEN_BIT_GEMMS]
+    inputs = sum((g.count * g.rows * g.inner for g in fp8), sp.Integer(0))
+    outputs = sum((g.count * g.rows * g.cols for g in fp8), sp.Integer(0))
+    return (QUANTISE_FORWARD_BYTES * inputs,
+            QUANTISE_BACKWARD_BYTES * outputs + TRANSPOSE_BACKWARD_BYTES * inputs)
 
 
 def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str) -> sp.Expr:
@@ -105,11 +168,14 @@ def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str
 
 def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext, kind: str, eng: EngineProfile) -> dict:
     """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
-    gemm = sum((gemm_time(g) for g in FL.layer_gemms(spec, M, c, kind)), sp.Integer(0))
-    core = FL.core_flops(spec, M, c, S.seq) / (S.peak * (S.eff_attn if c.flash else S.eff_gemm))
-    elem = elementwise_bytes(spec, M, c, kind) / (S.hbm_bytes_per_s * S.eff_hbm)
-    F = gemm + core + elem
-    B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem
+    gemms = FL.layer_gemms(spec, M, c, kind)
+    gemm = sum((gemm_time(g) for g in gemms), sp.Integer(0))
+    core = attention_core_time(spec, M, c)
+    hbm = S.hbm_bytes_per_s * S.eff_hbm
+    elem = elementwise_bytes(spec, M, c, kind) / hbm
+    quant_f, quant_b = (S.fp8_gemm * q / hbm for q in quantise_bytes(gemms))
+    F = gemm + core + elem + quant_f
+    B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem + quant_b
     W = gemm
     order = view.order
     # TP/SP: two all-reduce equivalents forward, two backward (Korthikanti 2022 Sec. 4.2.2:
@@ -239,33 +305,6 @@ def _all_layers(spec: ModelSpec, M: ModelSymbols, view: Structure, layer: dict, 
     return out
 
 
-def dp_comm_time(view: Structure, eng: EngineProfile, ref: dict, dense, expert) -> tuple[sp.Expr, str]:
-    """Exposed data-parallel seconds per step and their description (module docstring):
-    16-bit weights gathered, gradients (groups.grad_bytes per element) reduced, over the
-    dp*cp ranks for non-expert and edp ranks for expert parameters."""
-    wb, gb = ACT_BYTES, G.grad_bytes(view, eng)
-    order = view.order
-    dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
-    n_dense, n_exp = G.dense_shard_ranks(), G.expert_shard_ranks()
-
-    def both(op, nbytes):
-        return op(n_dense, nbytes * dense, dense_span) + op(n_exp, nbytes * expert, exp_span)
-    if view.zero >= 3:
-        gather, reduce = both(C.all_gather, wb), both(C.all_gather, gb)
-        return (S.m * (C.vmax(0, gather - ref["F"]) + C.vmax(0, gather + reduce - ref["B"] - ref["W"])),
-                "ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads "
-                "reduce-scattered, prefetched under compute")
-    if view.zero == 0:
-        reduce, gather = both(C.all_reduce, gb), sp.Integer(0)
-    else:
-        reduce, gather = both(C.all_gather, gb), both(C.all_gather, wb)
-    hide_r = (ref["B"] + ref["W"]) if eng.overlap_grad_reduce else 0
-    hide_g = ref["F"] if eng.overlap_param_gather else 0
-    return (C.vmax(0, reduce - hide_r) + C.vmax(0, gather - hide_g),
-            "gradient all-reduce (ZeRO 0) or reduce-scatter + weight all-gather (ZeRO 1-2), "
-            f"overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}")
-
-
 def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineProfile | None = None) -> Breakdown:
     """Time Terms of one step (seconds); they sum to the step time (``view``: a Structure,
     or a Strategy turned into one; ``engine`` replaces its profile)."""
@@ -280,7 +319,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     t_sum = sum(all_layers[k] for k in PARTS)
     bubble = _pipeline_bubble(view, ref, t_ref, t_max, t_sum, all_layers["W"])
     dense, expert, emb = stage_params(spec, M, view, stages[ref_i])
-    dp_time, dp_src = dp_comm_time(view, eng, ref, dense, expert)
+    dp_time, dp_src = dp_comm_time(spec, M, view, eng, ref, (dense, expert, emb))
     order = view.order
 
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
@@ -294,8 +333,9 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     T = lambda key, expr, src, note=scope: Term(key=key, expr=expr, unit="s", source=src, note=note)  # noqa: E731
     terms = [
         T("time.compute", m * (ref["F"] + ref["B"] + ref["W"]),
-          "m x (forward + backward) per micro-batch: GEMM roofline, attention core at eff_attn, "
-          "elementwise bytes at HBM bandwidth (formulas/flops.py, formulas/step.py)"),
+          "m x (forward + backward) per micro-batch: GEMM roofline, attention core at the 16-bit peak x "
+          f"eff_attn x L/(L+{ATTN_HALF_TOKENS}), elementwise bytes and fp8 quantisation at HBM bandwidth "
+          "(formulas/flops.py, formulas/step.py)"),
         T("time.recompute", m * ref["R"], f"m x extra forward of recompute={view.recompute} "
           "(selective: attention core; full: the whole layer forward incl. its collectives)"),
         T("time.tp_comm", m * ref["tp"], "TP/SP: 4 all-reduce equivalents of 2*s*b*h bytes per layer per "

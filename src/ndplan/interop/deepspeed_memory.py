@@ -350,11 +350,13 @@ CONTIGUOUS = "zero_optimization.contiguous_gradients"
 
 
 def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list, offload: bool = False) -> dict:
-    """reduce_bucket_elements and reduce_bucket_double: ``reduce_bucket_size`` (default 5e8;
+    """reduce_bucket_elements, reduce_bucket_double and overlap_grad_reduce: ``reduce_bucket_size`` (default 5e8;
     the Hugging Face Trainer fills ``"auto"`` with hidden_size x hidden_size,
     transformers integrations/deepspeed.py:199-229) and ``overlap_comm`` (default on at
     stage 3 only, zero/config.py:384-387); with ``contiguous_gradients`` false (default true,
-    zero/config.py:102) no bucket is allocated, except at ZeRO-1/2 with optimizer offload."""
+    zero/config.py:102) no bucket is allocated, except at ZeRO-1/2 with optimizer offload. At
+    ZeRO-1/2 ``overlap_comm`` also moves the reduction to its own stream, under the backward
+    (stage_1_and_2.py:1590-1616; the profile's default is the compute stream)."""
     size = flat.get(BUCKET, 500_000_000)
     if size == "auto":
         size = hidden_size * hidden_size
@@ -371,7 +373,8 @@ def bucket_settings(flat: dict, zero: int, hidden_size: int, notes: list, offloa
         # no bucket buffer is allocated: stage_1_and_2.py:300 (contiguous_gradients or cpu_offload), 3260-3278;
         # stage3.py:780-784
         size = 0
-    return {"reduce_bucket_elements": size, "reduce_bucket_double": int(overlap and zero in (1, 2))}
+    return {"reduce_bucket_elements": size, "reduce_bucket_double": int(overlap and zero in (1, 2)),
+            "overlap_grad_reduce": int(overlap and zero in (1, 2))}
 
 
 def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list, pipeline_bf16: bool = False) -> str:

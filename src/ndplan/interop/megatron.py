@@ -27,8 +27,8 @@ precision-aware optimizer's state dtypes), ``--recompute-modules`` and the MoE c
 buffer (``--moe-token-dispatcher-type flex`` with the deepep backend) and the fp8 recipe's
 saved fp8 inputs and cached fp8 weights as its settings (interop.megatron_memory), and
 Megatron-FSDP's main-weight dtype, communication unit and double buffers (interop.megatron_fsdp).
-Read and stated in a note, not modelled: the fp8 GEMMs'
-quantisation scratch, the allgather, hybridep and ncclep dispatchers' buffers.
+Read and stated in a note, not modelled: the fp8 amax history, the allgather, hybridep and
+ncclep dispatchers' buffers.
 
 Architecture (dense, MoE, MLA, MTP, vocabulary) from the flags: interop.megatron_model;
 otherwise ``-m MODEL``.
@@ -235,9 +235,10 @@ def _fp8(args, notes: list) -> str:
     recipe = choice_arg(args, "fp8_recipe", MEMORY_FLAGS["fp8_recipe"], MX.FP8_RECIPES, "delayed")  # argparse choices
     if not args.fp8_format:
         return "auto"
-    notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {recipe}: fp8 GEMMs (the quantisation scratch of "
-                 "each GEMM, such as the gradient's two fp8 copies in backward, and the amax history are not "
-                 "modelled" + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
+    notes.append(f"--fp8-format {args.fp8_format} --fp8-recipe {recipe}: fp8 GEMMs at the FP8 peak, their "
+                 "operands quantised every micro-batch, the MLP's output gradient in two fp8 copies in backward; "
+                 "the attention core stays 16-bit (the amax history is not modelled"
+                 + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
     if args.fp8_param_gather:
         notes.append("--fp8-param-gather: the decoder layers' weights held in fp8, the embedding and output layer in "
                      "bf16 (states.FP8_VOCAB_BYTES)")

@@ -1,0 +1,114 @@
+"""Uncertainty bands of predicted step times, and ties among ranked candidates (issue 16 part 5).
+
+Each efficiency constant of the time model (catalog.hardware.EFFICIENCY_ARGS) has a relative
+standard deviation on the log scale: the calibrated one where the hardware entry was written by
+``ndplan calibrate`` (its 95 % interval, in the field's source), else the prior in PRIORS,
+each with the figures it comes from. The step time's sensitivity to each constant,
+S_i = d ln T / d ln e_i, is a central difference of the compiled time kernel
+(estimate.step_time_function) at e_i x exp(+-STEP); the band is
+T x exp(+-Z95 sqrt(sum_i (S_i sigma_i)^2)).
+
+Ties. Two candidates share the hardware, so an error in a constant moves both: what decides their
+order is the difference d = ln T_b - ln T_a, whose deviation is sqrt(sum_i ((S_b,i - S_a,i)
+sigma_i)^2). A candidate is tied with the best when d <= Z95 x that deviation: at the constants'
+stated uncertainty the choice among tied candidates does not matter. The ranking itself stays
+the point estimates' (tie-break: table.rank, then the degrees), so a tie never reorders the list.
+
+What a band does not hold: the structure's own error, which the constants cannot absorb
+(benchmarks/steptime_validation.py: median |error| 9.4 % over the published runs, 12.4 % with
+NeMo's long sequences).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ndplan.catalog.hardware import EFFICIENCY_ARGS
+
+Z95 = 1.959964
+"""Two-sided 95 % point of the normal distribution."""
+STEP = 0.01
+"""Relative step of the central differences (1 % of each constant)."""
+
+PRIORS: dict[str, tuple[float, str]] = {
+    "gemm_efficiency": (0.08, "log-scale standard deviation (n - 1) of the GEMM efficiencies ndplan calibrate "
+                              "fits to four published 16-bit sources (benchmarks/steptime_validation.py part c: "
+                              "Narayanan 0.823, Megatron-Core 0.697, Korthikanti 0.711, torchtitan 0.684): 0.084"),
+    "attention_efficiency": (0.25, "the long-sequence plateaus of the kernels engines run on H100 (fits to Shah "
+                                   "et al. 2024 Figs. 5-6): FlashAttention-2 0.34, cuDNN 0.55-0.57, "
+                                   "ln(0.56 / 0.34) / 2 = 0.25"),
+    "hbm_efficiency": (0.30, "named prior: streaming kernels reach 60-90 % of nominal HBM bandwidth, and the "
+                             "fits of the published sources go down to 0.31"),
+    "intra_node_efficiency": (0.10, "named prior: nccl-tests bus bandwidth on NVLink 70-90 % of nominal"),
+    "inter_node_efficiency": (0.20, "named prior: nccl-tests bus bandwidth across nodes 60-95 % of the line "
+                                    "rate, by message size and topology"),
+}
+_FITTED = re.compile(r"fitted by ndplan calibrate.*?95 % interval ([0-9.]+)-([0-9.]+)")
+
+
+def spreads(hw) -> dict[str, tuple[float, str]]:
+    """Each constant's log-scale deviation and where it comes from: a calibrated interval
+    (ndplan calibrate's source text, Z95 wide on each side) or the prior."""
+    out = {}
+    for field, (sigma, src) in PRIORS.items():
+        m = _FITTED.search(hw.sources.get(field, ""))
+        if m and 0 < float(m.group(1)) < float(m.group(2)):
+            lo, hi = float(m.group(1)), float(m.group(2))
+            out[field] = (math.log(hi / lo) / (2 * Z95), f"ndplan calibrate's 95 % interval {lo}-{hi}")
+        else:
+            out[field] = (sigma, src)
+    return out
+
+
+@dataclass(frozen=True)
+class Band:
+    """A step time's 95 % band from the constants' uncertainty and its sensitivities."""
+
+    step_s: float
+    low_s: float
+    high_s: float
+    sensitivity: dict[str, float]
+    """d ln T / d ln e for each constant."""
+    sigma: dict[str, float]
+
+    def to_json(self) -> dict:
+        return {"step_s": self.step_s, "low_s": self.low_s, "high_s": self.high_s,
+                "sensitivity": self.sensitivity, "sigma": self.sigma}
+
+
+def band(est) -> Band:
+    """The 95 % band of an Estimate's step time (module docstring)."""
+    from ndplan.engines import fp8_gemms, profile
+    from ndplan.estimate import step_time_function
+    hw, strat = est.hardware, est.strategy
+    base = hw.kernel_values(fp8=fp8_gemms(strat.weight_dtype, profile(strat.engine)))
+    fields = list(PRIORS)
+    args = {k: np.full(2 * len(fields) + 1, v, dtype=float) for k, v in base.items()}
+    for j, f in enumerate(fields):
+        arg = EFFICIENCY_ARGS[f]
+        args[arg][1 + 2 * j] *= math.exp(STEP)
+        args[arg][2 + 2 * j] *= math.exp(-STEP)
+    t = np.broadcast_to(step_time_function(est.model, strat)(**args), (2 * len(fields) + 1,))
+    lt = np.log(t)
+    sens = {f: float((lt[1 + 2 * j] - lt[2 + 2 * j]) / (2 * STEP)) for j, f in enumerate(fields)}
+    sig = {f: s for f, (s, _) in spreads(hw).items()}
+    half = Z95 * math.sqrt(sum((sens[f] * sig[f]) ** 2 for f in fields))
+    return Band(step_s=float(t[0]), low_s=float(t[0] * math.exp(-half)), high_s=float(t[0] * math.exp(half)),
+                sensitivity=sens, sigma=sig)
+
+
+def tied_with_best(bands: list[Band]) -> list[bool]:
+    """Whether each ranked candidate is tied with the first (module docstring); the first is."""
+    if not bands:
+        return []
+    a = bands[0]
+    out = []
+    for b in bands:
+        d = math.log(b.step_s / a.step_s)
+        dev = math.sqrt(sum(((b.sensitivity[f] - a.sensitivity[f]) * a.sigma[f]) ** 2 for f in a.sigma))
+        out.append(abs(d) <= Z95 * dev)
+    return out

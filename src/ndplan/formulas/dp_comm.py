@@ -1,0 +1,117 @@
+"""Exposed data-parallel seconds per step, engine by engine (formulas/step.py's ``time.dp_comm``).
+
+ZeRO 0-2 (``_zero012_exposed``): the gradient reduction once per step (every micro-batch where
+the engine reduces as backward fills its buckets) and, at ZeRO 1-2, the all-gather of the updated
+16-bit weights. Overlapped, the reduction hides behind the last micro-batch's backward and the
+gather behind the first forward, except the last gradient bucket and the first gather bucket;
+without overlap, or where a pipeline reduces after its last backward, they are exposed.
+ZeRO-3 (``_zero3_exposed``): per micro-batch the gathers for forward and backward and the
+reduce-scatter, prefetched under the neighbouring layer's compute, except the first unit's
+gather and the last unit's reduce-scatter. The EngineProfile time fields cite each engine's
+lines; tests/test_dp_overlap.py derives the exposed seconds by hand.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.model import ModelSpec
+from ndplan.engines import EngineProfile
+from ndplan.formulas import comm as C
+from ndplan.formulas import groups as G
+from ndplan.formulas import params as P
+from ndplan.formulas.activations import ACT_BYTES
+from ndplan.formulas.local import device_params
+from ndplan.formulas.placement import has_kind
+from ndplan.structure import Structure
+from ndplan.symbols import ModelSymbols
+
+
+def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, ref: dict,
+                 params: tuple) -> tuple[sp.Expr, str]:
+    """Exposed data-parallel seconds per step and their description (module docstring):
+    16-bit weights gathered, gradients (groups.grad_bytes per element) reduced, over the
+    dp*cp ranks for non-expert and edp ranks for expert parameters; ``params``: the reference
+    stage's (non-expert, expert, embedding) parameters per device (local.stage_params)."""
+    dense, expert, emb = params
+    order = view.order
+    dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
+    n_dense, n_exp = G.dense_shard_ranks(), G.expert_shard_ranks()
+
+    def both(op, nbytes, d=dense, e=expert):  # a dense model runs no expert collective (nor its latency)
+        return op(n_dense, nbytes * d, dense_span) + (op(n_exp, nbytes * e, exp_span) if spec.is_moe else 0)
+    if view.zero >= 3:
+        return _zero3_exposed(spec, M, view, eng, ref, both, emb)
+    return _zero012_exposed(view, eng, ref, both, dense + expert)
+
+
+def _zero3_exposed(spec, M, view, eng, ref, both, emb) -> tuple[sp.Expr, str]:
+    """ZeRO-3/FSDP: per micro-batch the weights are all-gathered for forward and for backward and
+    the gradients reduce-scattered, each layer's collective prefetched under the neighbouring
+    layer's compute (FSDP2 one layer ahead, _fsdp_param_group.py:540-555, 795-830; DeepSpeed's
+    prefetch from the recorded trace, partitioned_param_coordinator.py:420-485), but the first unit's
+    all-gather (the embedding's group, then the first layer's behind its tiny forward) is waited for
+    before any compute (_fsdp_state.py:146-154; DeepSpeed's queue restarts every step, :251-290) and
+    the last unit's reduce-scatter after the last compute (finalize_backward, _fsdp_param_group.py:
+    763-766; stage3.py:1407-1414). Under pipelining with pp_unsharded_stage_bytes the stage
+    gathers once (its weights stay unsharded, pp_unsharded_stage_bytes) and reduces once after its
+    last backward, exposed (pp_unsharded_stage_bytes: torch.distributed.pipelining keeps the stage
+    unsharded, stage.py:843-848, and reduces once, stage.py:1164-1191)."""
+    wb, gb = ACT_BYTES, G.grad_bytes(view, eng)
+    first_kind = "dense" if has_kind(spec, "dense") else "moe"  # dense layers come first
+    unit_d, unit_e = device_params(P.layer_pieces(spec, M, first_kind))
+    gather, reduce = both(C.all_gather, wb), both(C.all_gather, gb)
+    unit_g = both(C.all_gather, wb, emb + unit_d, unit_e)
+    unit_r = both(C.all_gather, gb, emb + unit_d, unit_e)
+    forward = unit_g + C.vmax(0, gather - unit_g - ref["F"])
+    backward = unit_r + C.vmax(0, gather + reduce - unit_r - ref["B"] - ref["W"])
+    src = ("ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, "
+           "prefetched under compute; the first unit's all-gather and the last unit's reduce-scatter exposed")
+    if not eng.pp_unsharded_stage_bytes:
+        return S.m * (forward + backward), src
+    piped = C.vmin(S.pp - 1, 1)  # 1 at pp > 1
+    return ((1 - piped) * S.m * (forward + backward) + piped * (forward + reduce),
+            src + "; at pp > 1 gathered once per step and reduced after the last backward")
+
+
+def _zero012_exposed(view, eng, ref, both, local_params) -> tuple[sp.Expr, str]:
+    """ZeRO 0-2: the gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1-2; all-reduce where
+    the engine all-reduces its buckets) once per step, or every micro-batch at ZeRO-2 where the
+    engine reduces as backward fills its buckets, plus the updated 16-bit weights' all-gather
+    (ZeRO 1-2). Overlapped, the reduction hides behind the last micro-batch's backward and the
+    gather behind the first forward, but never the last gradient bucket nor the first gather
+    bucket (grad_bucket_min_elements); pipelines whose engine reduces after the last backward
+    expose it, and under stage_gather_at_first_forward each later stage of a non-interleaved
+    pipeline adds its whole gather to the fill."""
+    wb, gb = ACT_BYTES, G.grad_bytes(view, eng)
+    piped = C.vmin(S.pp - 1, 1)  # 1 at pp > 1
+    if view.zero == 0:
+        reduce, gather = both(C.all_reduce, gb), sp.Integer(0)
+    else:
+        reduce = both(C.all_reduce if eng.grads_all_reduced else C.all_gather, gb)
+        gather = both(C.all_gather, wb)
+    bucket = sp.Integer(0)
+    if eng.grad_bucket_min_elements:
+        size = C.vmax(eng.grad_bucket_min_elements, eng.grad_bucket_elements_per_rank * S.dp * S.cp)
+        bucket = C.vmin(1, size / local_params)  # the last (first) bucket's share of the stage's parameters
+    per_mb = view.zero == 2 and eng.zero2_reduce_per_microbatch
+    if eng.overlap_grad_reduce:
+        hidden_r = C.vmax(bucket * reduce, reduce - ref["B"] - ref["W"])
+        if eng.grad_reduce_after_last_backward:
+            hidden_r = (1 - piped) * hidden_r + piped * reduce
+    else:
+        hidden_r = reduce
+    reduce_time = S.m * hidden_r if per_mb else hidden_r
+    if eng.overlap_param_gather and view.zero:
+        gather_time = C.vmax(bucket * gather, gather - ref["F"])
+        if eng.stage_gather_at_first_forward and view.schedule in ("1f1b", "gpipe"):
+            gather_time += (S.pp - 1) * gather
+    else:
+        gather_time = gather
+    how = ("gradient all-reduce (ZeRO 0)" if view.zero == 0 else
+           f"gradient {'all-reduce' if eng.grads_all_reduced else 'reduce-scatter'}"
+           f"{' every micro-batch' if per_mb else ''} + weight all-gather (ZeRO {view.zero})")
+    return (reduce_time + gather_time,
+            f"{how}, overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}"
+            + (", last gradient and first gather bucket exposed" if eng.grad_bucket_min_elements else ""))
