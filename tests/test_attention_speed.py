@@ -132,3 +132,22 @@ def test_mlp_backward_holds_two_fp8_copies_of_the_up_gradient(recipe, scale):
     tokens, width = 4096, 2 * LLAMA2_7B["f"] / 2  # gate + up, split over tp = 2
     delta = (fp8 - plain).subs({S.seq: 4096, S.cp: 1, S.mbs: 1, S.tp: 2})
     assert float(delta) == pytest.approx(tokens * 2 * width * (1 + scale), rel=1e-12)
+
+
+def test_torchtitan_float8_leaves_the_routed_experts_16_bit():
+    """torchtitan's float8 converter swaps nn.Linear modules only (params.float8_linear_pieces):
+    on Mixtral-8x7B (h 4096, 32 heads, 8 KV heads of 128, 32 layers) only q/k/v and o change
+    peak and pay casts; the GroupedExperts and the router stay 16-bit."""
+    s = 4096
+    model = ndplan.load_model("mixtral-8x7b")
+    hw = ndplan.load_hardware("h100-sxm")
+    base = dict(seq=s, gbs=1, mbs=1, zero=0, engine="fsdp")
+    bf16, fp8 = (ndplan.estimate(model, hw, ndplan.Strategy(**base, **kw), 1).time_terms["time.compute"]
+                 for kw in ({}, {"weight_dtype": "fp8"}))
+    gemms = [(4096, 6144), (4096, 4096)]
+    flops = sum(2 * s * k * n for k, n in gemms)
+    inputs, outputs = sum(s * k for k, _ in gemms), sum(s * n for _, n in gemms)
+    eff, hbm = hw.gemm_efficiency, hw.hbm_gb_per_s * 1e9 * hw.hbm_efficiency
+    per_layer = (3 * flops / eff * (1 / (hw.fp8_tflops * 1e12) - 1 / (hw.bf16_tflops * 1e12))
+                 + (3 * inputs + 4 * outputs + 2 * inputs) / hbm)
+    assert fp8 - bf16 == pytest.approx(32 * per_layer, rel=1e-9)

@@ -39,6 +39,21 @@ def test_band_is_the_root_sum_of_squares_of_the_constants():
     assert b.sigma == {f: s for f, (s, _) in bands.PRIORS.items()}
 
 
+def test_calibrates_own_text_round_trips():
+    """The interval ndplan calibrate writes (4 significant digits, 'lo to hi') is read back; one
+    reaching 0 means the runs hardly fix the constant (UNFIXED); garbled text keeps the prior."""
+    from ndplan.calibrate import Fit
+    hw = ndplan.load_hardware("h100-sxm")
+    for iv, sigma in (((0.61234, 0.70001), math.log(0.7 / 0.6123) / (2 * 1.959964)), ((0.0, 0.2), bands.UNFIXED)):
+        text = f"fitted by ndplan calibrate on r.yaml (3 runs: a, b, c); 95 % interval {iv[0]:.4g} to {iv[1]:.4g}; x"
+        got = bands.spreads(dataclasses.replace(hw, sources={"gemm_efficiency": text}))["gemm_efficiency"][0]
+        assert got == pytest.approx(sigma, rel=1e-3)
+    bad = "fitted by ndplan calibrate on r.yaml; 95 % interval 0.6.1-0.7"
+    assert bands.spreads(dataclasses.replace(hw, sources={"gemm_efficiency": bad}))["gemm_efficiency"][0] == \
+        bands.PRIORS["gemm_efficiency"][0]
+    assert Fit  # the writer's format is calibrate.hardware_yaml's
+
+
 def test_a_calibrated_interval_replaces_the_prior():
     hw = ndplan.load_hardware("h100-sxm")
     src = ("fitted by ndplan calibrate on runs.yaml (5 runs: a, b, c, d, e); 95 % interval 0.600-0.700; "
@@ -59,11 +74,33 @@ def _band(step, inter):
 def test_ties_by_the_difference_not_the_common_constants():
     """b differs from a by exposed inter-node time: S_inter -0.5 against 0, sigma 0.20, so the
     difference's deviation is 0.5 x 0.20 = 0.1 and the tie limit 1.96 x 0.1 = 0.196 in ln T:
-    5 % slower (ln 1.05 = 0.049) ties, 30 % slower (0.262) does not. The GEMM sensitivity they
-    share cancels: alone it would give a band of 1.96 x 0.8 x 0.08 = 0.13."""
+    15 % slower (ln 1.15 = 0.140) ties, 30 % slower (0.262) does not. The GEMM sensitivity they
+    share cancels (alone it would give 1.96 x 0.8 x 0.08 = 0.13): with the same sensitivities
+    5 % slower does not tie, 2 % slower does (STRUCTURE_FLOOR, 3 %)."""
     a = _band(10.0, 0.0)
-    assert bands.tied_with_best([a, _band(10.5, -0.5), _band(13.0, -0.5)]) == [True, True, False]
-    assert bands.tied_with_best([a, _band(10.5, 0.0)]) == [True, False]
+    assert bands.tied_with_best([a, _band(11.5, -0.5), _band(13.0, -0.5)]) == [True, True, False]
+    assert bands.tied_with_best([a, _band(10.5, 0.0), _band(10.2, 0.0)]) == [True, False, True]
+
+
+def test_bands_of_different_hardware_add_their_variances():
+    """No shared constant: the deviation is sqrt((0.8 x 0.08)^2 x 2) = 0.0905, limit 0.177:
+    15 % slower (0.140) ties."""
+    a, b = _band(10.0, 0.0), _band(11.5, 0.0)
+    b = dataclasses.replace(b, sigma=dict(b.sigma) | {"hbm_efficiency": 0.31})
+    assert bands.tied_with_best([a, b]) == [True, True]
+    assert bands.tied_with_best([a, dataclasses.replace(b, step_s=13.0)]) == [True, False]
+
+
+def test_the_band_follows_an_engine_override():
+    """estimate(engine=...) times the strategy under another profile: the band is centred on
+    that step time."""
+    from ndplan.engines import MEGATRON
+    model, hw = ndplan.load_model("llama3-8b"), ndplan.load_hardware("h100-sxm")
+    strat = ndplan.Strategy(dp=8, gbs=64, zero=1)
+    for eng in (dataclasses.replace(MEGATRON, overlap_grad_reduce=False),
+                dataclasses.replace(MEGATRON, fp8_linear_inputs=True)):
+        est = ndplan.estimate(model, hw, strat, 8, engine=eng)
+        assert bands.band(est).step_s == pytest.approx(est.step_s, rel=1e-12)
 
 
 def test_sweep_reports_bands_and_ties():

@@ -1,4 +1,4 @@
-"""Exposed data-parallel time per engine (formulas/step.py ``_zero012_exposed``, ``_zero3_exposed``),
+"""Exposed data-parallel time per engine (formulas/dp_comm.py ``_zero012_exposed``, ``_zero3_exposed``),
 hand-derived on Llama-3-8B over two ranks of one H100 node.
 
 Parameter counts from the config (h 4096, 32 layers, 32 heads of 128, 8 KV heads, f 14336,
@@ -8,7 +8,8 @@ vocab 128256, untied): one layer 2 x 4096^2 + 2 x 4096 x 1024 (q, o, k, v) + 3 x
 moves half the buffer: all-gather / reduce-scatter B/2 / (450 GB/s x efficiency) + one
 latency, all-reduce twice that (formulas/comm.py; NCCL's busbw convention).
 
-The engines' lines: Megatron-LM's gradient buckets of max(40M, 1M x dp) parameters, the last
+The engines' lines:
+DeepSpeed reducing in its communication dtype, bf16 under bf16 (runtime/engine.py:1719-1730); Megatron-LM's gradient buckets of max(40M, 1M x dp) parameters, the last
 one (first layers, embedding) launched when backward ends (training.py:2179-2194,
 param_and_grad_buffer.py:959, 787-832); DeepSpeed's PipelineEngine reducing after the last
 backward (pipe/schedule.py:238-241); FSDP2's first all-gather and last reduce-scatter waited
@@ -46,8 +47,8 @@ def test_megatron_exposes_the_last_gradient_and_first_gather_bucket():
     """ZeRO-1, overlap on: one micro-batch's backward (about 0.2 s) hides the 45 ms reduce-scatter,
     but not its last 40M-parameter bucket, nor the all-gather's first."""
     strat = ndplan.Strategy(dp=2, gbs=2, seq=4096, zero=1)
-    share = 40_000_000 / TOTAL
-    expected = share * (ring(4 * TOTAL) + ring(2 * TOTAL))  # fp32 gradients, bf16 weights
+    bucket = 40_000_000  # max(40M, 1M x 2)
+    expected = ring(4 * bucket) + ring(2 * bucket)  # fp32 gradients, bf16 weights; whole collectives
     assert dp_comm(strat) == pytest.approx(expected, rel=1e-9)
 
 
@@ -55,18 +56,40 @@ def test_deepspeed_pipeline_reduces_after_the_last_backward():
     """ZeRO-0 at pp = 2 under DeepSpeed: the head stage's whole fp32 gradient all-reduce, exposed;
     Megatron hides it behind the last micro-batch's backward, up to its last bucket."""
     strat = ndplan.Strategy(dp=2, pp=2, gbs=8, seq=4096, zero=0, engine="deepspeed")
-    assert dp_comm(strat) == pytest.approx(2 * ring(4 * HEAD_STAGE), rel=1e-9)
+    assert dp_comm(strat) == pytest.approx(2 * ring(2 * HEAD_STAGE), rel=1e-9)  # reduced in bf16
     megatron = dp_comm(dataclasses.replace(strat, engine="megatron"))
-    assert megatron == pytest.approx(40_000_000 / HEAD_STAGE * 2 * ring(4 * HEAD_STAGE), rel=1e-9)
+    assert megatron == pytest.approx(2 * ring(4 * 40_000_000), rel=1e-9)  # the last fp32 bucket
 
 
 def test_deepspeed_zero1_without_overlap_comm_exposes_both_collectives():
-    """overlap_comm is off below ZeRO-3 by default: the all-reduced fp32 gradients and the
-    post-step all-gather of the bf16 weights, both exposed; overlap_comm hides the reduction."""
+    """overlap_comm is off below ZeRO-3 by default: the gradients all-reduced in bf16 (DeepSpeed's
+    communication_data_type under bf16) and the post-step all-gather of the bf16 weights, both
+    exposed; overlap_comm hides the reduction."""
     strat = ndplan.Strategy(dp=2, gbs=2, seq=4096, zero=1, engine="deepspeed")
-    assert dp_comm(strat) == pytest.approx(2 * ring(4 * TOTAL) + ring(2 * TOTAL), rel=1e-9)
+    assert dp_comm(strat) == pytest.approx(2 * ring(2 * TOTAL) + ring(2 * TOTAL), rel=1e-9)
     overlap = dataclasses.replace(profile("deepspeed"), overlap_grad_reduce=True)
     assert dp_comm(strat, overlap) == pytest.approx(ring(2 * TOTAL), rel=1e-9)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_deepspeed_zero2_reduces_every_micro_batch(m):
+    """ZeRO-2 reduces as each backward fills its buckets, on the compute stream by default: m
+    all-reduces of the bf16 gradients, and one all-gather of the weights after the step."""
+    strat = ndplan.Strategy(dp=2, gbs=2 * m, seq=4096, zero=2, engine="deepspeed")
+    assert dp_comm(strat) == pytest.approx(m * 2 * ring(2 * TOTAL) + ring(2 * TOTAL), rel=1e-9)
+
+
+def test_megatron_later_stages_gather_at_their_first_forward():
+    """ZeRO-1 at pp = 4, 1F1B: stage 0's first bucket, then each of the 3 later stages' whole
+    bf16 all-gather on the fill (about 0.99 GB each, 2.2 ms over NVLink); the head stage's
+    gradients hide behind its last micro-batch's backward but their last bucket."""
+    strat = ndplan.Strategy(dp=2, pp=4, gbs=16, seq=4096, zero=1)
+    head = 8 * LAYER + 4096 + VOCAB
+    bucket = 40_000_000
+    expected = ring(4 * bucket) + ring(2 * bucket) + 3 * ring(2 * head)
+    assert dp_comm(strat) == pytest.approx(expected, rel=1e-9)
+    interleaved = dataclasses.replace(strat, vpp=2, schedule="interleaved")
+    assert dp_comm(interleaved) < expected / 2  # dispatched when the interleaved schedule starts
 
 
 @pytest.mark.parametrize("m", [1, 4])
@@ -84,3 +107,21 @@ def test_fsdp_under_pipelining_gathers_once_and_reduces_after_the_last_backward(
     pays one first-layer gather and the head stage's whole fp32 reduce-scatter, whatever m."""
     strat = ndplan.Strategy(dp=2, pp=2, gbs=2 * m, seq=4096, zero=3, engine="fsdp")
     assert dp_comm(strat) == pytest.approx(ring(2 * LAYER) + ring(4 * HEAD_STAGE), rel=1e-9)
+
+
+def test_deepspeed_communication_data_type_is_read(tmp_path):
+    """communication_data_type (runtime/config.py:216-230) sets the bytes on the wire; bf16
+    training without it reduces in bf16 (engine.py:1719-1730); a bad value is one line."""
+    import json
+
+    from ndplan.interop import read_config
+    f = tmp_path / "ds.json"
+    doc = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 1}}
+    for extra, want in (({}, 2), ({"communication_data_type": "FP32"}, 4)):
+        f.write_text(json.dumps(doc | extra))
+        eng = profile(read_config(f, model="llama3-8b", gpus=2, seq=4096).strategy.engine)
+        assert eng.grad_comm_bytes == want
+    f.write_text(json.dumps(doc | {"communication_data_type": "int8"}))
+    with pytest.raises(ndplan.NdplanError, match="communication_data_type"):
+        read_config(f, model="llama3-8b", gpus=2, seq=4096)

@@ -50,12 +50,19 @@ def _have_trace_extra() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
+def _have_torch() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
 def _run_all(cmds, tmp_path, monkeypatch, where: str) -> None:
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)
     for argv, code in cmds:
         if argv[0] == "trace" and not _have_trace_extra():
             code = 2  # without ndplan[trace] the command says which extra to install, in one line
+        if argv[0] == "profile" and not _have_torch():
+            code = 2  # likewise without torch
         r = CliRunner().invoke(main, argv)
         shown = "ndplan " + shlex.join(argv)
         assert "Traceback" not in r.output, (where, shown, r.output[-2000:])

@@ -239,11 +239,12 @@ def test_muon_keeps_adam_moments_on_the_vocabulary_matrices(tmp_path):
 @pytest.mark.parametrize("settings", [
     {"keep_core_attn": 1, "recompute_mlp": 1, "recompute_moe_act": 1},
     {"recompute_moe": 1, "recompute_layernorm": 1, "recompute_shared_experts": 1},
-    {"optimizer_bytes": 4, "non_matrix_optimizer_bytes": 8},
+    {"optimizer_bytes": 4, "non_matrix_optimizer_bytes": 8, "muon_tp_mode": 1},
+    {"optimizer_bytes": 4, "non_matrix_optimizer_bytes": 8, "muon_tp_mode": 3, "muon_ns_fp32": 1, "muon_split_qkv": 0},
     {"optimizer_bytes": 4, "master_bytes": 2},
     {"optimizer_bytes": 0},
     {"moe_capacity_permille": 1250},
-], ids=["modules", "moe-modules", "muon", "precision-aware", "sgd-no-momentum", "capacity"])
+], ids=["modules", "moe-modules", "muon", "muon-distributed-fp32", "precision-aware", "sgd-no-momentum", "capacity"])
 def test_megatron_emit_reads_back_the_engine_settings(tmp_path, settings):
     """Every setting the Megatron reader derives is written back as the flags it came from."""
     from ndplan.export import emit

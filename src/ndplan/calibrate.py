@@ -138,7 +138,8 @@ class _Model:
     def __init__(self, runs: list[Run], names: list[str], fns=None):
         from ndplan.estimate import step_time_function
         self.names = names
-        self.base = [r.hardware.kernel_values(fp8=fp8_gemms(r.strategy.weight_dtype, r.engine or profile(r.strategy.engine))) for r in runs]
+        self.base = [r.hardware.kernel_values(fp8=fp8_gemms(r.strategy.weight_dtype,
+                                                            r.engine or profile(r.strategy.engine))) for r in runs]
         self.fns = fns or [step_time_function(r.model, r.strategy, r.engine) for r in runs]
         self.log_measured = np.log([r.step_s for r in runs])
 
@@ -333,7 +334,7 @@ def hardware_yaml(f: Fit, runs_file: str) -> str:
             iv, loo = f.intervals[k], _median_abs(f.loo)
             v = min(max(round(f.values[k], DIGITS), 10.0 ** -DIGITS), 1.0)  # in (0, 1] (FIELD_RULES)
             src = (f"fitted by ndplan calibrate on {runs_file} ({len(f.runs)} runs: {names}); 95 % interval "
-                   + (f"{iv[0]:.3f}-{iv[1]:.3f}" if iv else "not available (as many runs as constants)")
+                   + (f"{iv[0]:.4g} to {iv[1]:.4g}" if iv else "not available (as many runs as constants)")
                    + ("; at a bound of the fit" if k in f.at_bound else "")
                    + "; leave-one-out median |error| " + ("n/a" if loo is None else f"{100 * loo:.1f} %")
                    + f"; was {getattr(hw, k)}")

@@ -111,10 +111,13 @@ class CheckResult:
         return self.estimate.peak_bytes <= self.limit_bytes
 
     def to_json(self) -> dict:
+        from ndplan.bands import band
         ci = self.input
+        est = self.estimate.to_json()
+        est["time"]["band_95"] = band(self.estimate).to_json()
         return {"file": str(ci.path), "format": ci.fmt, "model_source": ci.model_origin, "gpus": ci.gpus,
                 "origin": ci.origin, "unknown": list(ci.unknown), "notes": list(ci.notes),
-                "estimate": self.estimate.to_json(),
+                "estimate": est,
                 "limit": {"bytes": self.limit_bytes, "source": self.limit_source},
                 "fits": self.fits, "oom_causes": self.causes, "proposals": [p.to_json() for p in self.proposals],
                 "proposals_gpus": self.scaled_gpus or ci.gpus, "tried_gpus": self.tried_gpus}

@@ -135,6 +135,11 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
         return
     for it in items:
         click.echo(explained_text(it, latex))
+    if term is None or term.startswith("time."):
+        from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS
+        click.echo(f"hardware constants of the time Terms ({hw.name}):")
+        for f in EFFICIENCY_DEFAULTS:
+            click.echo(f"  {f} = {getattr(hw, f):.4g}  ({hw.sources.get(f) or EFFICIENCY_DEFAULTS[f][1]})")
 
 
 @main.command()
@@ -184,7 +189,7 @@ def hardware(as_json):
 
 register_sweep(main)
 main.lazy = {"balance": "ndplan.cli_balance", "check": "ndplan.cli_check",
-             "calibrate": "ndplan.cli_calibrate"}  # imported when asked for
+             "calibrate": "ndplan.cli_calibrate", "profile": "ndplan.cli_profile"}  # imported when asked for
 register_trace(main)
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ RUN = [
     click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE",
                  help="Override a hardware parameter or an engine setting, e.g. --set gemm_efficiency=0.7 "
                       "--set inter_node_gb_per_s=25 --set overlap_tp_comm=1."),
+    click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False),
+                 help="A profile YAML from `ndplan profile`: its measured constants replace the hardware's "
+                      "(--set still wins)."),
 ]
 
 DIMENSIONS = [
@@ -150,9 +153,11 @@ def parse_overrides(items) -> dict[str, float]:
     return out
 
 
-def apply_overrides(hardware: str, engine: str, items) -> tuple:
-    """(hardware, engine name) with ``--set`` applied: hardware fields replace values of
-    the hardware entry (checked by catalog.hardware.FIELD_RULES), engine settings derive a
+def apply_overrides(hardware: str, engine: str, items, profile: str | None = None, model=None,
+                    seq: int | None = None, tp: int = 1) -> tuple:
+    """(hardware, engine name) with ``--profile`` and ``--set`` applied: the profile's measured
+    constants (profile_file.apply, at ``model``'s GEMM shapes) replace the entry's, then hardware
+    fields from ``--set`` (checked by catalog.hardware.FIELD_RULES); engine settings derive a
     named engine profile (engines.derive)."""
     from ndplan import engines
     from ndplan.catalog import load_hardware
@@ -166,7 +171,11 @@ def apply_overrides(hardware: str, engine: str, items) -> tuple:
                               (f"did you mean {', '.join(close)}? " if close else "")
                               + "hardware fields are in hardware/*.yaml, engine settings in engines.EngineProfile")
     eng = {k: v for k, v in sets.items() if k in engines.engine_fields()}
-    hw = load_hardware(hardware).with_overrides({k: v for k, v in sets.items() if k not in eng})
+    hw = load_hardware(hardware)
+    if profile:
+        from ndplan.profile_file import apply as apply_profile
+        hw = apply_profile(profile, hw, model, seq, tp)
+    hw = hw.with_overrides({k: v for k, v in sets.items() if k not in eng})
     return hw, engines.derive(engine, eng)
 
 
@@ -176,7 +185,8 @@ def build(kw: dict):
     from ndplan.catalog import load_model
     from ndplan.points import strategy_from_point
     model = load_model(kw["model"])
-    hw, kw["engine"] = apply_overrides(kw["hardware"], kw["engine"], kw.get("overrides"))
+    hw, kw["engine"] = apply_overrides(kw["hardware"], kw["engine"], kw.get("overrides"), kw.pop("profile_path", None),
+                                       model, kw["seq"], kw["tp"])
     strat = strategy_from_point(strategy_point(kw), kw["gpus"])
     strat.check(model, kw["gpus"])
     model = with_activations(model, kw["model"], kw["activations"], kw["flash"])  # the long part, after the checks

@@ -212,7 +212,8 @@ def _prepare(o: dict) -> _Sweep:
     """Step 1, before any work: every option checked, model, hardware and space loaded."""
     _check_options(o["gpus"], o["min_gpus"], o["as_json"], o["as_csv"], o["emit_fmt"], o["emit_out"], o["emit_all"])
     m = load_model(o["model"])
-    hw, o["engine"] = apply_overrides(o["hardware"], o["engine"], o.pop("overrides"))
+    hw, o["engine"] = apply_overrides(o["hardware"], o["engine"], o.pop("overrides"), o.pop("profile_path", None),
+                                      m, o["seq"])
     limit = {"mem_limit_gib": o["mem_limit_gib"], "mem_fraction": o["mem_fraction"]}
     mem_limit(hw, o["mem_limit_gib"], o["mem_fraction"])
     space = _space(o["space_file"], o)
@@ -347,7 +348,8 @@ def compare_cmd(model, hardware, gpus, seq, gbs, strategies, as_json, **kw):
           "dp=4,tp=8,pp=2" "dp=8,tp=8,pp=1,recompute=full"
     """
     m = load_model(model)
-    hw, kw["engine"] = apply_overrides(hardware, kw["engine"], kw.pop("overrides"))
+    hw, kw["engine"] = apply_overrides(hardware, kw["engine"], kw.pop("overrides"), kw.pop("profile_path", None),
+                                       m, seq)
     base = run_fields(kw)
     # every strategy is checked before the first estimate compiles kernels
     strats = [_compare_strategy(text, m, gpus, seq, gbs, base) for text in strategies]

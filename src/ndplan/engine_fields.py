@@ -423,6 +423,16 @@ class EngineProfile:
     shared by all micro-batches like the all-gather output (``gather_whole_stage``)."""
     optimizer_step_temp_bytes: int = 0
     """Temporaries per local parameter during the optimizer step (no activations alive then)."""
+    muon_tp_mode: int = 0
+    """Megatron-LM ``--optimizer muon``: the step's Newton-Schulz scratch of its largest matrix
+    (formulas/muon.py) under ``--muon-tp-mode`` 1 duplicated (the default: each TP rank
+    orthogonalises the whole gathered matrix), 2 blockwise (its shard), 3 distributed (its
+    shard, with the Gram matrix of the unsplit side); 0: no Muon."""
+    muon_ns_fp32: bool = False
+    """``--muon-fp32-matmul-prec`` low or high: Newton-Schulz iterates in fp32; medium (the
+    default) casts to bf16 (emerging_optimizers muon_utils.py:245-269)."""
+    muon_split_qkv: bool = True
+    """Muon orthogonalises Q, K and V apart (``--muon-no-split-qkv`` turns it off)."""
     recompute_count_per_stage: bool = False
     """With VPP, a recompute layer count (``Strategy.recompute_layers``) is the total of the
     whole stage, dealt one layer at a time to its chunks 0, 1, ..., vpp-1, 0, ... (each chunk
@@ -480,6 +490,16 @@ class EngineProfile:
     ``resolve_ddp_bucket_size``; reverse layout param_and_grad_buffer.py:959, 980; waited in
     ``finish_grad_sync`` :787-832 and ``finish_param_sync`` :538-573). 0: no bucket exposed."""
     grad_bucket_elements_per_rank: int = 0
+    """The bucket's growth with the data-parallel size (Megatron-LM: 1M parameters per dp*cp rank)."""
+    grad_comm_bytes: int = 0
+    """Bytes per gradient element on the wire of the data-parallel reduction; 0: the accumulated
+    gradients' (groups.grad_bytes). DeepSpeed reduces in ``communication_data_type``, by default
+    the training dtype, bf16 or fp16 (2; runtime/engine.py:1719-1730 at 0.19.8), fp32 otherwise."""
+    fp8_linears_only: bool = False
+    """fp8 GEMMs (weight_dtype fp8) only in the linears torchtitan's float8 converter swaps for
+    torchao Float8Linear (params.float8_linear_pieces): not the routed experts (GroupedExperts),
+    not widths off a multiple of 16; Transformer Engine's fp8 covers every layer GEMM but the
+    router."""
     stage_gather_at_first_forward: bool = False
     """Under overlap_param_gather with a non-interleaved pipeline, every stage after the first
     keeps one bucket (bucketing is off at pp_rank > 0, distributed_data_parallel.py:160-171),

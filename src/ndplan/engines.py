@@ -44,7 +44,7 @@ FSDP = EngineProfile(
     logits_bytes_per_element=12, gather_prefetch_layers=2, reserve_bytes=1 * GIB, allocator_slack_permille=58,
     recompute_layers_spread=True,  # torchtitan's per-layer SAC wraps every N-th block
     reduce_scatter_input_bytes=4, head_group_kept_unsharded=True, layers_resharded_after_forward=True,
-    pp_unsharded_stage_bytes=6,
+    pp_unsharded_stage_bytes=6, fp8_linears_only=True,
     grads_built_in_backward=True, pp_recv_buffers_per_microbatch=True,
     loss_saved_bytes_per_element=4,  # the fp32 log-softmax (tests/test_trace.py test_loss_transient: 4 B kept)
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
@@ -120,7 +120,7 @@ DEEPSPEED = EngineProfile(
     # post-step all-gather synchronous (stage_1_and_2.py:3155-3160); buckets all-reduced; ZeRO-2 reduces every
     # micro-batch; PipelineEngine reduces after the last backward (engine_fields.py)
     overlap_grad_reduce=False, overlap_param_gather=False, grads_all_reduced=True, zero2_reduce_per_microbatch=True,
-    grad_reduce_after_last_backward=True,
+    grad_reduce_after_last_backward=True, grad_comm_bytes=2,
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",

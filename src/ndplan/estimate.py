@@ -137,6 +137,9 @@ class Estimate:
     """Model FLOPs per step (MFU numerator)."""
     hardware_flops_per_step: float = 0.0
     """Model + recompute FLOPs per step (HFU numerator)."""
+    time_engine: EngineProfile | None = None
+    """The engine profile that replaced the strategy's in the time model (``estimate``'s
+    ``engine``), or None: what bands.band re-evaluates."""
     _breakdowns: list = field(repr=False, default_factory=list)
     _time_breakdown: object = field(repr=False, default=None)
 
@@ -248,7 +251,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
                     params_total=round(totals["total.params"]),
                     params_active=round(totals["total.params_active"]) if model.is_moe else None,
                     host_bytes=int(np.ceil(host)), time_terms=time_terms, flops_per_step=flops,
-                    hardware_flops_per_step=flops + rec, _breakdowns=bds,
+                    hardware_flops_per_step=flops + rec, time_engine=engine, _breakdowns=bds,
                     _time_breakdown=lambda: _step_breakdown(model, _model_symbols(model), tview))
 
 

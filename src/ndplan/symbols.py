@@ -68,7 +68,7 @@ def _posreal(name: str) -> sp.Symbol:
 peak = _posreal("peak")            #: dense tensor-core FLOP/s of the GEMMs' dtype (fp8 or 16-bit)
 peak_bf16 = _posreal("peak_bf16")  #: dense 16-bit FLOP/s: attention core, router, output layer
 eff_gemm = _posreal("eff_gemm")    #: achieved / peak FLOP/s of large GEMMs
-eff_attn = _posreal("eff_attn")    #: achieved / peak FLOP/s of the fused attention core
+eff_attn = _posreal("eff_attn")    #: achieved / 16-bit peak FLOP/s of the fused attention core, long sequences
 hbm_bytes_per_s = _posreal("hbm_bytes_per_s")  #: HBM bandwidth, B/s (the capacity is Hardware.hbm_gib)
 eff_hbm = _posreal("eff_hbm")      #: achieved / nominal HBM bandwidth of streaming kernels
 bw_intra = _posreal("bw_intra")    #: per-device unidirectional intra-node bandwidth, B/s

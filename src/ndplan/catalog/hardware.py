@@ -132,7 +132,7 @@ class Hardware:
         run in fp8 (engines.fp8_gemms), timed at the FP8 peak with their operands quantised
         (``fp8_gemm``); the attention core, router and output layer keep the 16-bit peak (``peak_bf16``)."""
         if fp8 and not self.fp8_tflops:
-            warn("weight_dtype", "fp8", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
+            warn("fp8 GEMMs", "on", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
         fp8_on = bool(fp8 and self.fp8_tflops)
         peak = self.fp8_tflops if fp8_on else self.bf16_tflops
         return {"peak": peak * TERA, "peak_bf16": self.bf16_tflops * TERA, "fp8_gemm": float(fp8_on),

@@ -145,7 +145,9 @@ def _engine_keys(s: Strategy) -> tuple[dict, list[str]]:
         doc[DM.IMMEDIATE] = eng.lp_grad_bytes == 0
     if s.zero >= 1 and not _pipeline_bf16(s):  # BF16_Optimizer allocates no reduce bucket
         doc[DM.BUCKET] = eng.reduce_bucket_elements or DEEPSPEED.reduce_bucket_elements
-        doc[DM.OVERLAP] = bool(eng.reduce_bucket_double) if s.zero in (1, 2) else True
+        doc[DM.OVERLAP] = bool(eng.reduce_bucket_double or eng.overlap_grad_reduce) if s.zero in (1, 2) else True
+    if eng.grad_comm_bytes == 4:  # bf16 training reduces in bf16 unless told (interop.deepspeed_memory.comm_settings)
+        doc[DM.COMM_DTYPE] = "fp32"
     return doc, notes
 
 

@@ -163,6 +163,21 @@ def _recompute(layers, full, sel, uniform: bool) -> tuple[dict, list[str]]:
     return args, notes
 
 
+def _muon_flags(eng) -> dict:
+    """--muon-tp-mode, --muon-fp32-matmul-prec and --muon-no-split-qkv where they differ from
+    Megatron's defaults (interop.megatron_memory.muon_settings reads them back)."""
+    from ndplan.interop import megatron_memory as MX
+    out = {}
+    mode = next((k for k, v in MX.MUON_TP_MODES.items() if v == eng.muon_tp_mode), "duplicated")
+    if mode != "duplicated":
+        out["--muon-tp-mode"] = mode
+    if eng.muon_ns_fp32:
+        out["--muon-fp32-matmul-prec"] = "high"
+    if not eng.muon_split_qkv:
+        out["--muon-no-split-qkv"] = True
+    return out
+
+
 def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
     """The precision and overlap flags the estimate assumes (arguments.py at
     NVIDIA/Megatron-LM@d98e8a64): bf16 weights; main gradients in bf16 only with
@@ -208,6 +223,7 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
         states = states[:2] + (MEGATRON.master_bytes,)
     if states == (4, 8, MEGATRON.master_bytes):
         out["--optimizer"] = "muon"
+        out |= _muon_flags(eng)
     elif states[1:] == (0, 2) and eng.optimizer_bytes in (2, 3, 4, 5, 6, 8):
         avg = {2: ("fp8", "fp8"), 3: ("fp8", "bf16"), 4: ("bf16", "bf16"), 5: ("fp8", "fp32"), 6: ("bf16", "fp32"),
                8: ("fp32", "fp32")}[eng.optimizer_bytes]

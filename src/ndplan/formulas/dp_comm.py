@@ -43,7 +43,7 @@ def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
         return op(n_dense, nbytes * d, dense_span) + (op(n_exp, nbytes * e, exp_span) if spec.is_moe else 0)
     if view.zero >= 3:
         return _zero3_exposed(spec, M, view, eng, ref, both, emb)
-    return _zero012_exposed(view, eng, ref, both, dense + expert)
+    return _zero012_exposed(view, eng, ref, both, (dense, expert))
 
 
 def _zero3_exposed(spec, M, view, eng, ref, both, emb) -> tuple[sp.Expr, str]:
@@ -58,7 +58,7 @@ def _zero3_exposed(spec, M, view, eng, ref, both, emb) -> tuple[sp.Expr, str]:
     gathers once (its weights stay unsharded, pp_unsharded_stage_bytes) and reduces once after its
     last backward, exposed (pp_unsharded_stage_bytes: torch.distributed.pipelining keeps the stage
     unsharded, stage.py:843-848, and reduces once, stage.py:1164-1191)."""
-    wb, gb = ACT_BYTES, G.grad_bytes(view, eng)
+    wb, gb = ACT_BYTES, _comm_bytes(view, eng)
     first_kind = "dense" if has_kind(spec, "dense") else "moe"  # dense layers come first
     unit_d, unit_e = device_params(P.layer_pieces(spec, M, first_kind))
     gather, reduce = both(C.all_gather, wb), both(C.all_gather, gb)
@@ -75,7 +75,12 @@ def _zero3_exposed(spec, M, view, eng, ref, both, emb) -> tuple[sp.Expr, str]:
             src + "; at pp > 1 gathered once per step and reduced after the last backward")
 
 
-def _zero012_exposed(view, eng, ref, both, local_params) -> tuple[sp.Expr, str]:
+def _comm_bytes(view, eng) -> int:
+    """Bytes per gradient element the reduction moves (EngineProfile.grad_comm_bytes)."""
+    return eng.grad_comm_bytes or G.grad_bytes(view, eng)
+
+
+def _zero012_exposed(view, eng, ref, both, params) -> tuple[sp.Expr, str]:
     """ZeRO 0-2: the gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1-2; all-reduce where
     the engine all-reduces its buckets) once per step, or every micro-batch at ZeRO-2 where the
     engine reduces as backward fills its buckets, plus the updated 16-bit weights' all-gather
@@ -83,29 +88,31 @@ def _zero012_exposed(view, eng, ref, both, local_params) -> tuple[sp.Expr, str]:
     gather behind the first forward, but never the last gradient bucket nor the first gather
     bucket (grad_bucket_min_elements); pipelines whose engine reduces after the last backward
     expose it, and under stage_gather_at_first_forward each later stage of a non-interleaved
-    pipeline adds its whole gather to the fill."""
-    wb, gb = ACT_BYTES, G.grad_bytes(view, eng)
+    pipeline adds its whole gather to the fill. The exposed buckets are whole collectives
+    (their latency too) of min(bucket, the stage's parameters) elements."""
+    wb, gb = ACT_BYTES, _comm_bytes(view, eng)
+    dense, expert = params
     piped = C.vmin(S.pp - 1, 1)  # 1 at pp > 1
-    if view.zero == 0:
-        reduce, gather = both(C.all_reduce, gb), sp.Integer(0)
-    else:
-        reduce = both(C.all_reduce if eng.grads_all_reduced else C.all_gather, gb)
-        gather = both(C.all_gather, wb)
-    bucket = sp.Integer(0)
+    op_r = C.all_reduce if (view.zero == 0 or eng.grads_all_reduced) else C.all_gather
+    reduce = both(op_r, gb)
+    gather = both(C.all_gather, wb) if view.zero else sp.Integer(0)
+    last_r = first_g = sp.Integer(0)
     if eng.grad_bucket_min_elements:
         size = C.vmax(eng.grad_bucket_min_elements, eng.grad_bucket_elements_per_rank * S.dp * S.cp)
-        bucket = C.vmin(1, size / local_params)  # the last (first) bucket's share of the stage's parameters
+        last_r = both(op_r, gb, C.vmin(size, dense), C.vmin(size, expert))
+        first_g = both(C.all_gather, wb, C.vmin(size, dense), C.vmin(size, expert)) if view.zero else 0
     per_mb = view.zero == 2 and eng.zero2_reduce_per_microbatch
     if eng.overlap_grad_reduce:
-        hidden_r = C.vmax(bucket * reduce, reduce - ref["B"] - ref["W"])
+        hidden_r = C.vmax(last_r, reduce - ref["B"] - ref["W"])
         if eng.grad_reduce_after_last_backward:
             hidden_r = (1 - piped) * hidden_r + piped * reduce
     else:
         hidden_r = reduce
     reduce_time = S.m * hidden_r if per_mb else hidden_r
+    stage_gather = eng.stage_gather_at_first_forward and view.schedule in ("1f1b", "gpipe")
     if eng.overlap_param_gather and view.zero:
-        gather_time = C.vmax(bucket * gather, gather - ref["F"])
-        if eng.stage_gather_at_first_forward and view.schedule in ("1f1b", "gpipe"):
+        gather_time = C.vmax(first_g, gather - ref["F"])
+        if stage_gather:
             gather_time += (S.pp - 1) * gather
     else:
         gather_time = gather
@@ -114,4 +121,6 @@ def _zero012_exposed(view, eng, ref, both, local_params) -> tuple[sp.Expr, str]:
            f"{' every micro-batch' if per_mb else ''} + weight all-gather (ZeRO {view.zero})")
     return (reduce_time + gather_time,
             f"{how}, overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}"
-            + (", last gradient and first gather bucket exposed" if eng.grad_bucket_min_elements else ""))
+            + (", last gradient and first gather bucket exposed" if eng.grad_bucket_min_elements else "")
+            + ("; each later pipeline stage gathers its weights at its first forward ((pp-1) x the gather)"
+               if stage_gather and eng.overlap_param_gather and view.zero else ""))

@@ -29,6 +29,7 @@ from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving
                                          gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads,
                                          loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params, vocab_params
+from ndplan.formulas.muon import muon_step_bytes
 from ndplan.formulas.states import _sharding, static_terms
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
@@ -336,6 +337,12 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         transient, more = MF.transient(spec, M, view, stage, transient, logits, rebuild if one_layer else 0,
                                        dispatch, acts, gather, opt_shard)
         src += more
+    if eng.muon_tp_mode:
+        # Megatron's Muon step, after the last backward: it replaces the activations and gathered weights
+        muon = (0 if view.offload_optimizer else 1) * muon_step_bytes(spec, M, eng)
+        transient = Max(transient, muon - acts - gather)
+        src += ("; Megatron's Muon step: the Newton-Schulz scratch of its largest matrix (formulas/muon.py), "
+                "which replaces the activations and gathered weights")
     if eng.optimizer_step_temp_bytes:
         # the optimizer step runs after the last backward, when neither activations nor the
         # gathered 16-bit weights are alive: activations + gather + transient =

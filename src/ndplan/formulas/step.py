@@ -75,6 +75,7 @@ from ndplan.formulas import comm as C
 from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ACT_BYTES, ActContext
 from ndplan.formulas import groups as G
+from ndplan.formulas import params as P
 from ndplan.formulas.dp_comm import dp_comm_time
 from ndplan.formulas.local import act_context, stage_params
 from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, layer_count, pp_expr, symbolic_layout
@@ -117,8 +118,23 @@ gpt_model.py:272-277 at d98e8a64; torchtitan's llama3 float8 configs filter the 
 projection, config_registry.py:314 ``filter_fqns=["lm_head"]``)."""
 
 
-def gemm_time(g: FL.Gemm) -> sp.Expr:
-    peak = S.peak_bf16 if g.name in SIXTEEN_BIT_GEMMS else S.peak
+def fp8_capable(spec: ModelSpec, M: ModelSymbols, kind: str, eng: EngineProfile, weight_dtype: str,
+                gemms: list) -> list:
+    """The GEMMs of one layer that fp8 GEMMs (``fp8_gemm``) run in fp8: every one but the
+    SIXTEEN_BIT_GEMMS under Transformer Engine; with ``fp8_linears_only`` and fp8 weights
+    (torchtitan's float8) those of the linears params.float8_linear_pieces swaps (``mlp`` covers
+    mlp.up and mlp.down). Without fp8 the peaks are equal and the choice changes nothing."""
+    gemms = [g for g in gemms if g.name not in SIXTEEN_BIT_GEMMS]
+    if not (eng.fp8_linears_only and weight_dtype == "fp8"):
+        return gemms
+    swapped = [p.name for p in P.float8_linear_pieces(spec, M, kind)]
+    return [g for g in gemms if any(g.name == p or g.name.startswith(p + ".") for p in swapped)]
+
+
+def gemm_time(g: FL.Gemm, fp8: bool = False) -> sp.Expr:
+    """Roofline seconds of ``g``: at the GEMMs' peak (``peak``, the FP8 one under fp8 GEMMs) when
+    ``fp8`` says it can run in fp8, else at the 16-bit peak."""
+    peak = S.peak if fp8 else S.peak_bf16
     return C.vmax(g.flops / (peak * S.eff_gemm), g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
 
 
@@ -131,11 +147,10 @@ def attention_core_time(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.E
     return FL.core_flops(spec, M, c, S.seq) * (c.s + ATTN_HALF_TOKENS) / (c.s * S.peak_bf16 * S.eff_attn)
 
 
-def quantise_bytes(gemms: list) -> tuple[sp.Expr, sp.Expr]:
+def quantise_bytes(fp8: list) -> tuple[sp.Expr, sp.Expr]:
     """(forward, backward) HBM bytes of quantising the fp8 GEMMs' operands per micro-batch
     (QUANTISE_FORWARD_BYTES, QUANTISE_BACKWARD_BYTES, TRANSPOSE_BACKWARD_BYTES per element of
-    each GEMM's input and output) but the SIXTEEN_BIT_GEMMS."""
-    fp8 = [g for g in gemms if g.name not in SIXTEEN_BIT_GEMMS]
+    each GEMM's input and output) of ``fp8``, the layer's fp8-capable GEMMs."""
     inputs = sum((g.count * g.rows * g.inner for g in fp8), sp.Integer(0))
     outputs = sum((g.count * g.rows * g.cols for g in fp8), sp.Integer(0))
     return (QUANTISE_FORWARD_BYTES * inputs,
@@ -169,11 +184,12 @@ def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str
 def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext, kind: str, eng: EngineProfile) -> dict:
     """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
     gemms = FL.layer_gemms(spec, M, c, kind)
-    gemm = sum((gemm_time(g) for g in gemms), sp.Integer(0))
+    fp8 = fp8_capable(spec, M, kind, eng, view.weight_dtype, gemms)
+    gemm = sum((gemm_time(g, any(g is f for f in fp8)) for g in gemms), sp.Integer(0))
     core = attention_core_time(spec, M, c)
     hbm = S.hbm_bytes_per_s * S.eff_hbm
     elem = elementwise_bytes(spec, M, c, kind) / hbm
-    quant_f, quant_b = (S.fp8_gemm * q / hbm for q in quantise_bytes(gemms))
+    quant_f, quant_b = (S.fp8_gemm * q / hbm for q in quantise_bytes(fp8))
     F = gemm + core + elem + quant_f
     B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem + quant_b
     W = gemm

@@ -85,6 +85,23 @@ def _dtype(flat: dict, key: str):
     raise NdplanError(key, v, "not a dtype DeepSpeed accepts", 'give "fp32", "bf16" or "fp16"')
 
 
+COMM_DTYPE = "communication_data_type"
+COMM_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+"""``communication_data_type`` (runtime/config.py:216-230: fp16, bf16 or fp32, any case) in bytes."""
+
+
+def comm_settings(flat: dict) -> dict:
+    """grad_comm_bytes: the dtype DeepSpeed reduces gradients in, ``communication_data_type``, by
+    default fp16 or bf16 when enabled, else fp32 (runtime/engine.py:1719-1730)."""
+    v = flat.get(COMM_DTYPE)
+    if v is None:
+        half = _bf16(flat) or bool(flat.get("fp16.enabled", False))
+        return {"grad_comm_bytes": 2 if half else 4}
+    if not isinstance(v, str) or v.lower() not in COMM_DTYPES:
+        raise NdplanError(COMM_DTYPE, v, "not a dtype DeepSpeed accepts", 'give "fp16", "bf16" or "fp32"')
+    return {"grad_comm_bytes": COMM_DTYPES[v.lower()]}
+
+
 def bf16_optimizer_settings(flat: dict, zero: int, offload: bool, notes: list) -> dict:
     """fp32_grad_accumulation and lp_grad_bytes: the optimizer wrapper DeepSpeed picks from the
     model and gradient-accumulation dtypes (runtime/engine.py:2294-2323): BF16_Optimizer at ZeRO-1
@@ -388,5 +405,5 @@ def engine(flat: dict, zero: int, offload: bool, hidden_size: int, notes: list, 
         wrapper = bf16_optimizer_settings(flat, zero, offload, notes)
     settings |= precision_settings(flat, zero, offload, settings, notes, bool(wrapper)) | wrapper
     settings |= zero3_settings(flat, zero, hidden_size, notes)
-    settings |= bucket_settings(flat, zero, hidden_size, notes, offload)
+    settings |= bucket_settings(flat, zero, hidden_size, notes, offload) | comm_settings(flat)
     return derive("deepspeed", {k: v for k, v in settings.items() if getattr(DEEPSPEED, k) != v})

@@ -16,14 +16,19 @@ FLAGS = {"optimizer": "--optimizer", "sgd_momentum": "--sgd-momentum", "muon_sca
          "exp_avg_sq_dtype": "--exp-avg-sq-dtype", "main_grads_dtype": "--main-grads-dtype",
          "capacity": "--moe-expert-capacity-factor", "dispatcher": "--moe-token-dispatcher-type",
          "flex_backend": "--moe-flex-dispatcher-backend", "flex_sms": "--moe-flex-dispatcher-num-sms",
-         "deepep_sms": "--moe-deepep-num-sms", "fp8_recipe": "--fp8-recipe"}
+         "deepep_sms": "--moe-deepep-num-sms", "fp8_recipe": "--fp8-recipe", "muon_tp_mode": "--muon-tp-mode",
+         "muon_prec": "--muon-fp32-matmul-prec"}
 """Flags with a value (argparse dest -> flag)."""
 SWITCHES = {"precision_aware": "--use-precision-aware-optimizer", "pad_capacity": "--moe-pad-expert-input-to-capacity",
             "grouped_gemm": "--moe-grouped-gemm", "enable_deepep": "--moe-enable-deepep",
-            "no_transpose_cache": "--disable-parameter-transpose-cache"}
+            "no_transpose_cache": "--disable-parameter-transpose-cache", "muon_no_split_qkv": "--muon-no-split-qkv"}
 
 OPTIMIZER_CHOICES = ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")
 """--optimizer choices (arguments.py:2913-2917)."""
+MUON_TP_MODES = {"duplicated": 1, "blockwise": 2, "distributed": 3}
+"""--muon-tp-mode choices (arguments.py:2650-2655) -> EngineProfile.muon_tp_mode."""
+MUON_PRECISIONS = ("low", "medium", "high")
+"""--muon-fp32-matmul-prec choices (arguments.py:2640-2642); only medium casts Newton-Schulz to bf16."""
 STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 """--exp-avg-dtype / --exp-avg-sq-dtype choices (arguments.py:3675-3684) in bytes."""
 MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
@@ -51,6 +56,17 @@ def _choice(args, name: str, choices, default: str) -> str:
     return choice_arg(args, name, FLAGS[name], choices, default)
 
 
+def muon_settings(args, notes: list) -> dict:
+    """The Muon step's Newton-Schulz scratch settings (formulas/muon.py): --muon-tp-mode,
+    --muon-fp32-matmul-prec, --muon-no-split-qkv."""
+    mode = _choice(args, "muon_tp_mode", tuple(MUON_TP_MODES), "duplicated")
+    prec = _choice(args, "muon_prec", MUON_PRECISIONS, "medium")
+    notes.append(f"--optimizer muon: the step's Newton-Schulz scratch of the largest matrix, --muon-tp-mode {mode}, "
+                 f"{'bf16' if prec == 'medium' else 'fp32'} iterations (formulas/muon.py)")
+    return {"muon_tp_mode": MUON_TP_MODES[mode], "muon_ns_fp32": int(prec != "medium"),
+            "muon_split_qkv": int(not args.muon_no_split_qkv)}
+
+
 def optimizer_settings(args, notes: list) -> dict:
     """optimizer_bytes / master_bytes / non_matrix_optimizer_bytes of the recipe's optimizer.
     Megatron keeps fp32 main params (distrib_optimizer.py:445) and the optimizer's states on
@@ -73,6 +89,7 @@ def optimizer_settings(args, notes: list) -> dict:
         # default (optimizer/emerging_optimizers.py:140-147, 579-590; arguments.py:2661)
         scalar = getattr(args, "muon_scalar") or "adam"
         opt = O.states("muon")
+        out |= muon_settings(args, notes)
         if scalar != "adam":
             notes.append(f"--muon-scalar-optimizer {scalar}: the embedding and output layer are counted with "
                          "Adam's two moments")
