@@ -73,11 +73,45 @@ def test_the_planned_model_shapes_are_interpolated():
     assert eff == pytest.approx(sum(f) / seconds / (HW.bf16_tflops * 1e12), rel=1e-12)
 
 
+def test_moe_gemms_weigh_by_how_often_they_run():
+    """Mixtral-8x7B at seq 1024, tp 1: q/k/v (1024 x 4096 x 6144) and o (x 4096) once per layer,
+    each of the 8 experts' up (256 rows: 1024 tokens x top-2 / 8, x 4096 x 28672) and down
+    (256 x 14336 x 4096). All lie where the rate grows as the FLOPs, so every GEMM takes 1 ms:
+    the efficiency is the FLOPs of 1 + 1 + 8 + 8 products over 18 ms, not of 4 over 4 ms."""
+    model = ndplan.load_model("mixtral-8x7b")
+    peak = HW.bf16_tflops * 1e12
+    f = [2 * 1024 * 4096 * 6144, 2 * 1024 * 4096 * 4096, 8 * 2 * 256 * 4096 * 28672, 8 * 2 * 256 * 14336 * 4096]
+    eff = profile_file.gemm_efficiency(_doc(), peak, model, 1024, 1, 1)
+    assert eff == pytest.approx(sum(f) / 18e-3 / peak, rel=1e-12)
+
+
+def test_launch_environments():
+    """torchrun's variables, an srun step's (block distribution) and the refusals."""
+    from ndplan.profile_run import environment
+    base = {"MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    d = environment(base | {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "1"})
+    assert (d.rank, d.world, d.local_rank, d.local_world, d.nodes) == (9, 16, 1, 8, 2)
+    d = environment(base | {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "2",
+                            "SLURM_LOCALID": "1", "SLURM_NTASKS": "64"})
+    assert (d.rank, d.world, d.local_rank, d.local_world, d.nodes) == (5, 8, 1, 4, 2)
+    assert environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "64"}).world == 1  # a batch script, not a step
+    with pytest.raises(ndplan.NdplanError, match="WORLD_SIZE"):
+        environment(base | {"RANK": "0", "WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "8"})
+    with pytest.raises(ndplan.NdplanError, match="MASTER_ADDR"):
+        environment({"RANK": "0", "WORLD_SIZE": "2"})
+
+
 @pytest.mark.parametrize("edit,field", [
     ({"ndplan_profile": 2}, "ndplan_profile"),
     ({"gemm": []}, "gemm"),
     ({"hbm": [{"bytes": 1, "seconds": -1}]}, "hbm[0].seconds"),
     ({"collectives": "fast"}, "collectives"),
+    ({"meta": "x"}, "meta"),
+    ({"meta": {"nodes": "two"}}, "meta.nodes"),
+    ({"collectives": [{"op": "broadcast", "group": "world", "ranks": 2, "bytes": 8, "seconds": 1}]},
+     "collectives[0].op"),
+    ({"collectives": [{"op": "all_gather", "group": "world", "ranks": 1.5, "bytes": 8, "seconds": 1}]},
+     "collectives[0].ranks"),
 ])
 def test_bad_profiles_are_one_line(tmp_path, edit, field):
     p = tmp_path / "p.yaml"

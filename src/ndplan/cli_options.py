@@ -3,12 +3,13 @@
 * ``model_options``: ``--model``/``-m`` and ``--hardware``/``-H`` (estimate, explain,
   sweep, compare);
 * ``run_options``: the fields a sweep keeps fixed (engine, FlashAttention, placement
-  order, gradient and weight dtypes) and ``--set`` (estimate, explain, sweep, compare);
+  order, gradient and weight dtypes), ``--set`` and ``--profile`` (estimate, explain, sweep,
+  compare);
 * ``strategy_options``: model, devices, sequence, batch, every strategy dimension and
   the run options (estimate, explain).
 
 ``build`` turns the parsed options into (model, hardware, Strategy, gpus) through
-``points.strategy_from_point``; ``apply_overrides`` applies ``--set``.
+``points.strategy_from_point``; ``apply_overrides`` applies ``--profile`` and ``--set``.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def parse_overrides(items) -> dict[str, float]:
 
 
 def apply_overrides(hardware: str, engine: str, items, profile: str | None = None, model=None,
-                    seq: int | None = None, tp: int = 1) -> tuple:
+                    seq: int | None = None, tp: int = 1, mbs: int | None = None, cp: int = 1) -> tuple:
     """(hardware, engine name) with ``--profile`` and ``--set`` applied: the profile's measured
     constants (profile_file.apply, at ``model``'s GEMM shapes) replace the entry's, then hardware
     fields from ``--set`` (checked by catalog.hardware.FIELD_RULES); engine settings derive a
@@ -174,7 +175,7 @@ def apply_overrides(hardware: str, engine: str, items, profile: str | None = Non
     hw = load_hardware(hardware)
     if profile:
         from ndplan.profile_file import apply as apply_profile
-        hw = apply_profile(profile, hw, model, seq, tp)
+        hw = apply_profile(profile, hw, model, seq, tp, mbs, cp)
     hw = hw.with_overrides({k: v for k, v in sets.items() if k not in eng})
     return hw, engines.derive(engine, eng)
 
@@ -186,7 +187,7 @@ def build(kw: dict):
     from ndplan.points import strategy_from_point
     model = load_model(kw["model"])
     hw, kw["engine"] = apply_overrides(kw["hardware"], kw["engine"], kw.get("overrides"), kw.pop("profile_path", None),
-                                       model, kw["seq"], kw["tp"])
+                                       model, kw["seq"], kw["tp"], kw["mbs"], kw["cp"])
     strat = strategy_from_point(strategy_point(kw), kw["gpus"])
     strat.check(model, kw["gpus"])
     model = with_activations(model, kw["model"], kw["activations"], kw["flash"])  # the long part, after the checks

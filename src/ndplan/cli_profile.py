@@ -11,6 +11,7 @@ from ndplan import limits
 from ndplan.cli_options import MODEL, SEQ_OPTION, apply
 from ndplan.cli_types import BATCH
 from ndplan.paths import output_file
+from ndplan.profile_run import DEFAULT_MAX_MIB
 
 MAX_ITERS = 1000
 
@@ -32,9 +33,10 @@ def register(main):
     @click.option("--mbs", type=BATCH, default=1, show_default=True, help="Micro-batch size of the timed shapes.")
     @click.option("--tp", "tps", default="1", show_default=True, callback=_tps,
                   help="Tensor-parallel degrees whose GEMM and attention shapes are timed, e.g. 1,2,4,8.")
-    @click.option("--max-mib", type=click.IntRange(1, 65536), default=256, show_default=True,
+    @click.option("--max-mib", type=click.IntRange(1, 65536), default=DEFAULT_MAX_MIB, show_default=True,
                   help="Largest collective buffer, MiB (16 at most on CPU).")
-    @click.option("--warmup", type=click.IntRange(0, MAX_ITERS), default=3, show_default=True)
+    @click.option("--warmup", type=click.IntRange(0, MAX_ITERS), default=3, show_default=True,
+                  help="Untimed runs before each measurement (the first collective also sets NCCL up).")
     @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=10, show_default=True,
                   help="Timed runs per measurement (the median is kept).")
     @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
@@ -44,11 +46,11 @@ def register(main):
         """Measure this machine: the model's GEMMs and attention, a memory copy, collectives.
 
         Run one process per device with the launcher you use for training; rank 0
-        writes the profile YAML (device, library versions, date, raw timings). Any
-        command then takes --profile FILE and uses the measured constants instead of the
-        catalog's (GEMM rates interpolated in log space at the planned model's shapes);
-        `ndplan explain` names them. Needs torch (pip install 'ndplan[trace]'). On CPU it
-        runs the same code with gloo.
+        writes the profile YAML (device, library versions, date, raw timings).
+        estimate, explain, sweep and compare then take --profile FILE and use the
+        measured constants instead of the catalog's (GEMM rates interpolated in log space
+        at the planned model's shapes); `ndplan explain` names them. Needs torch. On CPU
+        it runs the same code with gloo.
 
         \b
         Examples:
@@ -63,7 +65,7 @@ def register(main):
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise NdplanError("profile", "torch", "not installed", "pip install 'ndplan[trace]'") from None
+            raise NdplanError("profile", "torch", "not installed", "pip install torch (or 'ndplan[trace]')") from None
         from ndplan import profile_file, profile_run
         doc = profile_run.run(spec, hw.name, seq, mbs, tps, max_mib, warmup, iters,
                               progress=lambda msg: click.echo(f"profile: {msg}", err=True))

@@ -2,10 +2,12 @@
 (``--profile FILE``; issue 16 part 3). Each value replaces the catalog's, and its source says
 it came from the profile (``ndplan explain`` prints the sources of the hardware constants).
 
-* gemm_efficiency: the planned model's layer GEMMs (its shapes at the profile's sequence and
-  micro-batch, tp 1 unless given), each timed at the rate interpolated in log space between the
-  measured GEMMs (log TFLOP/s against log FLOPs per GEMM, piecewise linear, held flat beyond the
-  ends), FLOP-weighted: sum FLOPs / sum seconds / the 16-bit peak.
+* gemm_efficiency: the planned model's layer GEMMs (its shapes at the planned sequence,
+  micro-batch, tp and cp; a sweep or compare, which rank many degrees, takes tp 1), each timed
+  at the rate interpolated in log space between the measured GEMMs (log TFLOP/s against log
+  FLOPs per GEMM, piecewise linear, held flat beyond the ends), weighted by how often each runs
+  (local experts, layers of its kind): sum FLOPs / sum seconds / the 16-bit peak. The profile
+  times 16-bit GEMMs; under fp8 GEMMs this efficiency is applied to the FP8 peak.
 * attention_efficiency: the longest measured causal attention, forward + backward FLOPs (2 and
   5 of the 4 b h s^2 d / 2 causal products, FlashAttention-2 Sec. 3.2) over its seconds, over the
   16-bit peak, divided by the length factor s / (s + formulas.step.ATTN_HALF_TOKENS): the
@@ -29,6 +31,9 @@ from ndplan import limits
 from ndplan.errors import NdplanError
 
 SECTIONS = ("gemm", "attention", "hbm", "collectives")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+GROUPS = ("world", "intra", "inter")
+META_COUNTS = ("seq", "mbs", "nodes", "world")
 _NUM = {"gemm": ("m", "k", "n", "seconds"),
         "attention": ("batch", "heads", "seq", "head_dim", "forward_s", "backward_s"),
         "hbm": ("bytes", "seconds"), "collectives": ("ranks", "bytes", "seconds")}
@@ -43,6 +48,12 @@ def load(path: str) -> dict:
     if doc.get("ndplan_profile") != 1:
         raise NdplanError("ndplan_profile", doc.get("ndplan_profile"), f"{path} is not an ndplan profile (version 1)",
                           "write it with ndplan profile -o FILE")
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise NdplanError("meta", meta, "not a mapping", f"regenerate {path} with ndplan profile")
+    for key in META_COUNTS:
+        if meta.get(key) is not None:
+            limits.count(f"meta.{key}", meta[key], 1, limits.MAX_SEQ, "a positive whole number")
     for sec in SECTIONS:
         rows = doc.get(sec, [])
         if not isinstance(rows, list):
@@ -52,9 +63,21 @@ def load(path: str) -> dict:
                 raise NdplanError(f"{sec}[{i}]", row, "not a mapping", f"regenerate {path} with ndplan profile")
             for key in _NUM[sec]:
                 limits.real(f"{sec}[{i}].{key}", row.get(key), 0.0, 1e18, lo_open=True, what="a positive number")
+            if sec == "collectives":
+                _collective_row(f"{sec}[{i}]", row, path)
     if not doc.get("gemm"):
         raise NdplanError("gemm", None, f"{path} has no GEMM timings", "run ndplan profile again")
     return doc
+
+
+def _collective_row(where: str, row: dict, path: str) -> None:
+    if row.get("op") not in OPS:
+        raise NdplanError(f"{where}.op", row.get("op"), "not a collective ndplan profile times",
+                          f"one of {', '.join(OPS)}")
+    if row.get("group") not in GROUPS:
+        raise NdplanError(f"{where}.group", row.get("group"), "not a group ndplan profile times",
+                          f"one of {', '.join(GROUPS)}")
+    limits.count(f"{where}.ranks", row["ranks"], 1, limits.MAX_DEVICES, "a rank count")
 
 
 def _flops(row: dict) -> float:
@@ -80,17 +103,19 @@ def interpolate_rate(rows: list[dict], flops: float) -> float:
     return math.exp(pts[x0] * (1 - w) + pts[x1] * w)
 
 
-def gemm_efficiency(doc: dict, peak_flops: float, model=None, seq: int | None = None, tp: int = 1) -> float:
+def gemm_efficiency(doc: dict, peak_flops: float, model=None, seq: int | None = None, tp: int = 1,
+                    mbs: int | None = None, cp: int = 1) -> float:
     rows = doc["gemm"]
     if model is None:
-        shapes = [(r["m"], r["k"], r["n"]) for r in rows]
+        shapes = [(r["m"], r["k"], r["n"], 1) for r in rows]
     else:
         from ndplan.profile_run import gemm_shapes
         meta = doc.get("meta", {})
-        shapes = [s[1:] for s in gemm_shapes(model, int(seq or meta.get("seq", 4096)), int(meta.get("mbs", 1)), tp)]
-    flops = [2.0 * m * k * n for m, k, n in shapes]
-    seconds = sum(f / interpolate_rate(rows, f) for f in flops)
-    return sum(flops) / seconds / peak_flops
+        shapes = [s[1:] for s in gemm_shapes(model, int(seq or meta.get("seq") or 4096),
+                                             int(mbs or meta.get("mbs") or 1), tp, cp)]
+    flops = [(2.0 * m * k * n, count) for m, k, n, count in shapes]
+    seconds = sum(count * f / interpolate_rate(rows, f) for f, count in flops)
+    return sum(count * f for f, count in flops) / seconds / peak_flops
 
 
 def attention_efficiency(doc: dict, peak_flops: float) -> float | None:
@@ -115,7 +140,8 @@ def _link(doc: dict, group: str) -> tuple[float, float] | None:
     return big["bytes"] / big["seconds"] * (n - 1) / n, small["seconds"] / (small["ranks"] - 1)
 
 
-def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, where: str = "profile") -> dict:
+def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, where: str = "profile",
+              mbs: int | None = None, cp: int = 1) -> dict:
     """Hardware field -> (value, source) from the profile (module docstring); values clamped
     into (0, 1] where the field is an efficiency (a CPU profile gives tiny ones)."""
     meta = doc.get("meta", {})
@@ -127,7 +153,7 @@ def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, wh
     def eff(name, v, how):
         if v is not None and v > 0:
             out[name] = (min(v, 1.0), f"{tag}: {how}")
-    eff("gemm_efficiency", gemm_efficiency(doc, peak, model, seq, tp),
+    eff("gemm_efficiency", gemm_efficiency(doc, peak, model, seq, tp, mbs, cp),
         "the planned layer GEMMs at rates interpolated in log space between the measured ones, over the 16-bit peak")
     eff("attention_efficiency", attention_efficiency(doc, peak),
         "the longest causal attention's forward + backward FLOP/s over the 16-bit peak, over the length factor")
@@ -144,12 +170,12 @@ def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, wh
     return out
 
 
-def apply(path: str, hw, model=None, seq: int | None = None, tp: int = 1):
+def apply(path: str, hw, model=None, seq: int | None = None, tp: int = 1, mbs: int | None = None, cp: int = 1):
     """``hw`` with the profile's constants (sources name the file)."""
     from dataclasses import replace
 
     from ndplan.catalog.hardware import check_field
     doc = load(path)
-    found = overrides(doc, hw, model, seq, tp, where=f"profile {path}")
+    found = overrides(doc, hw, model, seq, tp, where=f"profile {path}", mbs=mbs, cp=cp)
     vals = {k: check_field(k, v, f"--profile {path}") for k, (v, _) in found.items()}
     return replace(hw, **vals, sources=dict(hw.sources) | {k: s for k, (_, s) in found.items()})

@@ -3,16 +3,21 @@ collectives on the user's own devices, and write a profile YAML (issue 16 part 3
 
 Launched by the tools users already run, one process per device: ``torchrun --nproc_per_node 8
 -m ndplan profile ...`` (or ``srun ... python -m ndplan profile ...`` with MASTER_ADDR and
-MASTER_PORT set: SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID stand in for torchrun's RANK,
-WORLD_SIZE and LOCAL_RANK). Without those variables it runs alone (no collectives). The
+MASTER_PORT set: inside an srun step SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID and
+SLURM_STEP_NUM_NODES stand in for torchrun's RANK, WORLD_SIZE, LOCAL_RANK and the node count).
+Without those variables it runs alone (no collectives). Ranks are laid out node by node, the
+same number on each node (torchrun's and srun's block distribution); the device is the local
+rank modulo the visible devices (one visible device per task when Slurm binds them). The
 backend is NCCL on CUDA devices (HCCL on Ascend through torch_npu is not wired) and gloo on
 CPU, where the same code runs in CI.
 
-Every timing is the median of ``iters`` runs after ``warmup`` runs, each synchronised
-(torch.cuda.synchronize on CUDA); a collective's time is the slowest rank's (an all-reduce
-with MAX of each rank's median). Bus bandwidth follows nccl-tests' convention: algorithm
-bandwidth (bytes / time) x 2(n-1)/n for all-reduce and (n-1)/n for all-gather,
-reduce-scatter and all-to-all, bytes being the full (gathered) buffer.
+Every timing is the median of ``iters`` samples after ``warmup`` runs. On CUDA a sample times
+K back-to-back launches between CUDA events, K chosen so that a sample lasts about
+SAMPLE_S (a single launch would carry 10-20 us of dispatch and synchronisation: a tp-8
+projection on an H100 takes about 25 us), divided by K; on CPU one run by the host clock. A
+collective's time is the slowest rank's (an all-reduce with MAX of each rank's median). The
+file keeps raw seconds and bytes (the full, gathered buffer); profile_file.py turns the
+all-gathers into bus bandwidth, nccl-tests' (n-1)/n x bytes / time.
 
 Rank 0 writes the YAML: the device, library versions, date, what was planned, and the raw
 timings; profile_file.py reads it (``--profile FILE``).
@@ -28,8 +33,10 @@ from dataclasses import dataclass
 
 PROFILE_VERSION = 1
 DEFAULT_MAX_MIB = 256
-"""Largest collective buffer, MiB (sizes double from MIN_BYTES up to it)."""
+"""Largest collective buffer, MiB (sizes grow 4x from MIN_BYTES up to it)."""
 MIN_BYTES = 4096
+SAMPLE_S = 1e-3
+"""Target length of one CUDA timing sample, seconds."""
 CPU_MAX_MIB = 16
 """On CPU (gloo) the sizes stop at 16 MiB: gloo's rings take seconds above that."""
 
@@ -46,17 +53,35 @@ class Dist:
         return max(1, self.world // max(1, self.local_world))
 
 
-def environment() -> Dist:
-    """Rank layout from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) or Slurm."""
-    env = os.environ
-    if "RANK" not in env and "SLURM_PROCID" in env:
-        env = dict(env) | {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env.get("SLURM_NTASKS", "1"),
-                           "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-                           "LOCAL_WORLD_SIZE": env.get("SLURM_NTASKS_PER_NODE", env.get("SLURM_NTASKS", "1"))}
-        os.environ.update({k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")})
-    world = int(env.get("WORLD_SIZE", "1"))
-    return Dist(rank=int(env.get("RANK", "0")), world=world, local_rank=int(env.get("LOCAL_RANK", "0")),
-                local_world=int(env.get("LOCAL_WORLD_SIZE", str(world))))
+def _env_int(env, key: str, default: int) -> int:
+    from ndplan.errors import NdplanError
+    try:
+        return int(env.get(key, default))
+    except ValueError:
+        raise NdplanError(key, env.get(key), "not an integer", "launch with torchrun or srun") from None
+
+
+def environment(env=None) -> Dist:
+    """Rank layout from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) or an srun step
+    (SLURM_STEP_NUM_TASKS and SLURM_STEP_NUM_NODES exist only inside one, not in a batch script);
+    one-line errors for a layout that is not the same number of ranks on every node, and for a
+    multi-rank run without MASTER_ADDR / MASTER_PORT."""
+    from ndplan.errors import NdplanError
+    env = dict(os.environ if env is None else env)
+    if "RANK" not in env and "SLURM_STEP_NUM_TASKS" in env:
+        tasks, nodes = _env_int(env, "SLURM_STEP_NUM_TASKS", 1), _env_int(env, "SLURM_STEP_NUM_NODES", 1)
+        env |= {"RANK": env.get("SLURM_PROCID", "0"), "WORLD_SIZE": str(tasks),
+                "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "LOCAL_WORLD_SIZE": str(max(1, tasks // max(1, nodes)))}
+    world = _env_int(env, "WORLD_SIZE", 1)
+    local_world = _env_int(env, "LOCAL_WORLD_SIZE", world)
+    if world < 1 or local_world < 1 or world % local_world:
+        raise NdplanError("WORLD_SIZE", world, f"not a whole number of nodes of {local_world} ranks",
+                          "launch the same number of ranks on every node")
+    if world > 1 and not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
+        raise NdplanError("MASTER_ADDR", env.get("MASTER_ADDR"), "needed by a multi-rank run",
+                          "torchrun sets it; under srun export MASTER_ADDR and MASTER_PORT")
+    rank = _env_int(env, "RANK", 0)
+    return Dist(rank=rank, world=world, local_rank=rank % local_world, local_world=local_world)
 
 
 def _sync(torch, device) -> None:
@@ -65,21 +90,37 @@ def _sync(torch, device) -> None:
 
 
 def _median_time(torch, device, fn, warmup: int, iters: int) -> float:
+    """Median seconds of one ``fn`` over ``iters`` samples (module docstring)."""
     for _ in range(warmup):
         fn()
     _sync(torch, device)
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    t0 = time.perf_counter()
+    fn()
+    _sync(torch, device)
+    k = max(1, min(10_000, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-7))))
     times = []
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        _sync(torch, device)
-        times.append(time.perf_counter() - t0)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(k):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / k)
     return statistics.median(times)
 
 
-def gemm_shapes(model, seq: int, mbs: int, tp: int) -> list[tuple[str, int, int, int]]:
-    """(name, M, K, N) of one layer's GEMMs of ``model`` on one device at (seq, mbs, tp):
-    formulas.flops.layer_gemms with the numbers put in (each GEMM once; the router skipped)."""
+def gemm_shapes(model, seq: int, mbs: int, tp: int, cp: int = 1) -> list[tuple[str, int, int, int, int]]:
+    """(name, M, K, N, count) of one layer's GEMMs of ``model`` on one device at (seq, mbs, tp,
+    cp): formulas.flops.layer_gemms with the numbers put in (the router skipped; ``count``: how
+    many such products, e.g. the local experts, and the layers of each kind that run it)."""
     import sympy as sp
 
     from ndplan import symbols as S
@@ -88,20 +129,19 @@ def gemm_shapes(model, seq: int, mbs: int, tp: int) -> list[tuple[str, int, int,
     from ndplan.strategy import Strategy
     from ndplan.structure import structure
     from ndplan.symbols import model_symbols
-    strat = Strategy(tp=tp, seq=seq, mbs=mbs, gbs=mbs, ep=1)
+    strat = Strategy(tp=tp, cp=cp, seq=seq, mbs=mbs, gbs=mbs, ep=1)
     view = structure(model, strat)
     M, c = model_symbols(model), act_context(model, view)
-    vals = {S.tp: tp, S.seq: seq, S.mbs: mbs, S.cp: 1, S.ep: 1, S.etp: 1}
-    kinds = [k for k in ("dense", "moe") if k in model.layer_kinds] or ["dense"]
-    out, seen = [], set()
-    for kind in kinds:
-        for g in FL.layer_gemms(model, M, c, kind):
+    vals = {S.tp: tp, S.seq: seq, S.mbs: mbs, S.cp: cp, S.ep: 1, S.etp: 1}
+    out = []
+    for kind in ("dense", "moe"):
+        layers = model.layer_kinds.count(kind)
+        for g in FL.layer_gemms(model, M, c, kind) if layers else ():
             if g.name == "moe.router":
                 continue
-            dims = tuple(int(sp.ceiling(sp.sympify(x).subs(vals))) for x in (g.rows, g.inner, g.cols))
-            if dims not in seen and min(dims) > 0:
-                seen.add(dims)
-                out.append((g.name, *dims))
+            dims = tuple(int(sp.ceiling(sp.sympify(x).subs(vals))) for x in (g.rows, g.inner, g.cols, g.count))
+            if min(dims) > 0:
+                out.append((g.name, dims[0], dims[1], dims[2], dims[3] * layers))
     return out
 
 
@@ -112,7 +152,7 @@ def run(model, hw_name: str, seq: int, mbs: int, tps: list[int], max_mib: int, w
     import torch.distributed as dist
     d = environment()
     cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{d.local_rank}" if cuda else "cpu")
+    device = torch.device(f"cuda:{d.local_rank % torch.cuda.device_count()}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -132,6 +172,7 @@ def run(model, hw_name: str, seq: int, mbs: int, tps: list[int], max_mib: int, w
         doc["collectives"] = _collectives(torch, dist, device, d, min(max_mib, max_mib if cuda else CPU_MAX_MIB),
                                           warmup, iters)
         dist.barrier()
+        dist.destroy_process_group()
     return doc if d.rank == 0 else None
 
 
@@ -149,7 +190,11 @@ def _meta(torch, d: Dist, device, dtype, model, hw_name, seq, mbs, tps) -> dict:
 def _gemms(torch, device, dtype, model, seq, mbs, tps, warmup, iters) -> list[dict]:
     out = []
     for tp in tps:
-        for name, m, k, n in gemm_shapes(model, seq, mbs, tp):
+        seen = set()
+        for name, m, k, n, _ in gemm_shapes(model, seq, mbs, tp):
+            if (m, k, n) in seen:
+                continue
+            seen.add((m, k, n))
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
             t = _median_time(torch, device, lambda: torch.matmul(a, b), warmup, iters)
@@ -166,12 +211,12 @@ def _attention(torch, device, dtype, model, seq, mbs, tps, warmup, iters) -> lis
         q, k, v = (torch.randn(mbs, heads, seq, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         fwd = _median_time(torch, device, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                            warmup, iters)
-
-        def both():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-        total = _median_time(torch, device, both, warmup, iters)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        g = torch.randn_like(o)
+        bwd = _median_time(torch, device, lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True),
+                           warmup, iters)
         out.append({"tp": tp, "batch": mbs, "heads": heads, "seq": seq, "head_dim": d, "causal": True,
-                    "forward_s": fwd, "backward_s": max(total - fwd, 0.0)})
+                    "forward_s": fwd, "backward_s": bwd})
     return out
 
 

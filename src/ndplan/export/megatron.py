@@ -224,6 +224,9 @@ def _engine_flags(model: ModelSpec, s: Strategy) -> tuple[dict, list[str]]:
     if states == (4, 8, MEGATRON.master_bytes):
         out["--optimizer"] = "muon"
         out |= _muon_flags(eng)
+        if not eng.muon_tp_mode:
+            notes.append("Muon's states without its Newton-Schulz scratch (muon_tp_mode 0): Megatron runs it "
+                         "(--muon-tp-mode duplicated), so the estimate left out that transient")
     elif states[1:] == (0, 2) and eng.optimizer_bytes in (2, 3, 4, 5, 6, 8):
         avg = {2: ("fp8", "fp8"), 3: ("fp8", "bf16"), 4: ("bf16", "bf16"), 5: ("fp8", "fp32"), 6: ("bf16", "fp32"),
                8: ("fp32", "fp32")}[eng.optimizer_bytes]
