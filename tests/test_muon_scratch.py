@@ -87,3 +87,12 @@ def test_a_bad_tp_mode_is_one_line(tmp_path):
                       "--global-batch-size 8 --optimizer muon --muon-tp-mode sideways\n")
     with pytest.raises(ndplan.NdplanError, match="muon-tp-mode"):
         read_config(script, model="llama3-8b")
+
+
+def test_a_matrix_tp_does_not_split_is_not_gathered():
+    """MLA's q_down (1536 x 7168 on DeepSeek-V3) has no partition_dim: newton_schulz_tp runs plain
+    Newton-Schulz on it even under duplicated (no gather): max(NS, 12 MN) = 12 MN, not 8 MN + NS."""
+    rows, cols = sp.Integer(1536), sp.Integer(7168)
+    assert int(MU.matrix_scratch(rows, cols, "none", sp.Integer(8), MU.DUPLICATED, False)) == 12 * 1536 * 7168
+    assert int(MU.matrix_scratch(rows, cols, "rows", sp.Integer(1), MU.DUPLICATED, False)) == \
+        8 * 1536 * 7168 + max(6 * 1536 * 7168, 4 * 1536 * 7168 + 4 * 1536 ** 2)

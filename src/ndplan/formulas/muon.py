@@ -13,7 +13,8 @@ byte on CPU by a live-storage counter (a helper's probe of the real code, shapes
   iterations, 8 MN + 8 m^2 (the old X, A = X X^T, B = bA + cA^2 and the new X, :370-375);
 * ``--muon-tp-mode duplicated`` (default, arguments.py:2650-2655): every TP rank all-gathers
   the shards and orthogonalises the whole M x N matrix (muon_utils.py:327-333): 8 MN more for
-  the fp32 gather buffers and their concatenation; ``blockwise``: the local r x c shard,
+  the fp32 gather buffers and their concatenation (a matrix TP does not split, MLA's down
+  projections, runs plain Newton-Schulz: no gather); ``blockwise``: the local r x c shard,
   max(NS(r, c), 12 rc) with the fp32 output and the two temporaries of ``orth_grad *
   scale_factor * extra_scale_factor`` (emerging_optimizers.py:236-237); ``distributed``: the
   shard with the Gram matrix of the unsharded side k: max(6 rc, 4 rc + 4 k^2, 12 rc) (fp32:
@@ -95,17 +96,19 @@ def muon_step_bytes(spec: ModelSpec, M: ModelSymbols, eng: EngineProfile) -> sp.
     if not eng.muon_split_qkv and not spec.is_mla:  # one QKV matrix instead of its pieces
         qkv = ("qkv", (M.a + 2 * M.kv) * M.d, M.h, "rows", S.tp)
         mats = [qkv] + [x for x in mats if x[0] not in ("q", "k", "v")]
-    scratch, largest = [], []
-    for name, rows, cols, split, t in mats:
-        r, c = _local(rows, cols, split, t)
-        largest.append(r * c)
-        if mode == DUPLICATED:
-            s = 8 * rows * cols + _ns(rows, cols, fp32)
-        elif mode == BLOCKWISE or split == "none":
-            s = Max(_ns(r, c, fp32), 12 * r * c)
-        else:  # DISTRIBUTED: the Gram matrix of the side that is not split
-            s = Max(_gram_side(r * c, cols if split == "rows" else rows, fp32), 12 * r * c)
-        if name in ("q", "k", "v") and eng.muon_split_qkv:
-            s += FP32_BYTES * (M.a + 2 * M.kv) * M.d * M.h / S.tp  # the split copies of the local QKV
-        scratch.append(s)
+    scratch = [matrix_scratch(rows, cols, split, t, mode, fp32) for _, rows, cols, split, t in mats]
+    if eng.muon_split_qkv and not spec.is_mla:  # the split copies of the local QKV, beside a piece's step
+        copies = FP32_BYTES * (M.a + 2 * M.kv) * M.d * M.h / S.tp
+        scratch = [s + copies if m[0] in ("q", "k", "v") else s for s, m in zip(scratch, mats)]
+    largest = [r * c for r, c in (_local(rows, cols, split, t) for _, rows, cols, split, t in mats)]
     return Max(*scratch) + FP32_BYTES * Max(*largest)
+
+
+def matrix_scratch(rows, cols, split: str, t, mode: int, fp32: bool) -> sp.Expr:
+    """Bytes of one matrix's Muon step above its input (module docstring)."""
+    r, c = _local(rows, cols, split, t)
+    if mode == DUPLICATED and split != "none":  # a matrix TP does not split is not gathered
+        return 8 * rows * cols + _ns(rows, cols, fp32)
+    if mode in (DUPLICATED, BLOCKWISE) or split == "none":
+        return Max(_ns(r, c, fp32), 12 * r * c)
+    return Max(_gram_side(r * c, cols if split == "rows" else rows, fp32), 12 * r * c)  # DISTRIBUTED
