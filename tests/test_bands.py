@@ -72,8 +72,8 @@ def _band(step, inter):
 
 
 def test_ties_by_the_difference_not_the_common_constants():
-    """b differs from a by exposed inter-node time: S_inter -0.5 against 0, sigma 0.20, so the
-    difference's deviation is 0.5 x 0.20 = 0.1 and the tie limit 1.96 x 0.1 = 0.196 in ln T:
+    """b differs from a by exposed inter-node time: S_inter -0.5 against 0, sigma 0.23, so the
+    difference's deviation is 0.5 x 0.23 = 0.115 and the tie limit 1.96 x 0.115 = 0.225 in ln T:
     15 % slower (ln 1.15 = 0.140) ties, 30 % slower (0.262) does not. The GEMM sensitivity they
     share cancels (alone it would give 1.96 x 0.8 x 0.08 = 0.13): with the same sensitivities
     5 % slower does not tie, 2 % slower does (STRUCTURE_FLOOR, 3 %)."""

@@ -104,6 +104,7 @@ def test_cli_writes_a_hardware_file_every_command_takes(tmp_path):
     ({"peak_gb": 50}, "runs[0].peak_gb"),  # a typo of peak_gib: its value would be dropped
     ({"seq": 4096}, "runs[0].seq"),  # the strategy says seq 8192
     ({"peak_gib": -3}, "runs[0].peak_gib"),
+    ({"file": "run.sh"}, "runs[0].strategy"),  # a launch file beside a strategy: which one runs?
 ])
 def test_bad_runs_file_is_one_line_exit_2(tmp_path, edit, field):
     doc = yaml.safe_load(EXAMPLE.read_text())

@@ -149,3 +149,22 @@ def test_torchrun_two_gloo_ranks_write_a_profile(tmp_path):
     assert set(found) >= {"gemm_efficiency", "attention_efficiency", "hbm_efficiency", "intra_node_efficiency"}
     assert all(0 < v <= 1 for k, (v, _) in found.items() if k.endswith("efficiency"))
     assert math.isfinite(found["intra_node_latency_us"][0])
+
+
+def test_a_profile_of_other_hardware_is_refused(tmp_path):
+    """A profile names the -H it was measured for; another -H, or a rate above the entry's
+    nominal peak, is a one-line error instead of a silent constant."""
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(_doc(meta=_doc()["meta"] | {"hardware": "h100-sxm"})))
+    r = CliRunner().invoke(main, ["estimate", "-m", "llama3-8b", "-H", "a100-80gb", "--dp", "8", "--gbs", "64",
+                                  "--profile", str(p)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "h100-sxm" in r.output, r.output
+    fast = _doc(hbm=[{"bytes": 2 ** 30, "seconds": 1e-4}])  # 21 TB/s
+    with pytest.raises(ndplan.NdplanError, match="hbm_efficiency"):
+        profile_file.overrides(fast, HW)
+
+
+def test_profile_refuses_a_tp_the_model_cannot_run(tmp_path):
+    r = CliRunner().invoke(main, ["profile", "-m", "llama3-8b", "-H", "h100-sxm", "--tp", "3", "-o",
+                                  str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output

@@ -46,11 +46,12 @@ PRIORS: dict[str, tuple[float, str]] = {
     "attention_efficiency": (0.25, "the long-sequence plateaus of the kernels engines run on H100 (fits to Shah "
                                    "et al. 2024 Figs. 5-6): FlashAttention-2 0.34, cuDNN 0.55-0.57, "
                                    "ln(0.56 / 0.34) / 2 = 0.25"),
-    "hbm_efficiency": (0.30, "named prior: streaming kernels reach 60-90 % of nominal HBM bandwidth, and the "
-                             "fits of the published sources go down to 0.31"),
-    "intra_node_efficiency": (0.10, "named prior: nccl-tests bus bandwidth on NVLink 70-90 % of nominal"),
-    "inter_node_efficiency": (0.20, "named prior: nccl-tests bus bandwidth across nodes 60-95 % of the line "
-                                    "rate, by message size and topology"),
+    "hbm_efficiency": (0.20, "named prior: streaming kernels reach 60-90 % of nominal HBM bandwidth, "
+                             "ln(0.9 / 0.6) / 2 = 0.20 (the fits of the published sources go lower, to 0.31)"),
+    "intra_node_efficiency": (0.13, "named prior: nccl-tests bus bandwidth on NVLink 70-90 % of nominal, "
+                                    "ln(0.9 / 0.7) / 2 = 0.13"),
+    "inter_node_efficiency": (0.23, "named prior: nccl-tests bus bandwidth across nodes 60-95 % of the line "
+                                    "rate, by message size and topology, ln(0.95 / 0.6) / 2 = 0.23"),
 }
 UNFIXED = 1.0
 """Log-scale deviation of a constant whose calibrated interval reaches 0 (a factor e either way)."""
@@ -100,10 +101,9 @@ class Band:
 
 def band(est) -> Band:
     """The 95 % band of an Estimate's step time (module docstring)."""
-    from ndplan.engines import fp8_gemms, profile
-    from ndplan.estimate import step_time_function
+    from ndplan.estimate import step_time_function, time_hw_values
     hw, strat, eng = est.hardware, est.strategy, est.time_engine
-    base = hw.kernel_values(fp8=fp8_gemms(strat.weight_dtype, eng or profile(strat.engine)))
+    base = time_hw_values(hw, strat, eng)
     fields = list(PRIORS)
     args = {k: np.full(2 * len(fields) + 1, v, dtype=float) for k, v in base.items()}
     for j, f in enumerate(fields):

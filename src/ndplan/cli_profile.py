@@ -60,8 +60,11 @@ def register(main):
         """
         from ndplan.catalog import load_hardware, load_model
         from ndplan.errors import NdplanError
+        from ndplan.strategy import Strategy
         target = output_file("--out", out)
         spec, hw = load_model(model), load_hardware(hardware)
+        for t in tps:  # the timed shapes must be ones a run at that tp has (heads, widths divide)
+            Strategy(tp=t, seq=seq, mbs=mbs, gbs=mbs, zero=0).check(spec, t)
         try:
             import torch  # noqa: F401
         except ImportError:

@@ -1,5 +1,6 @@
 """The EngineProfile dataclass: every framework-specific choice behind an estimate as a
-named, documented field (the profiles themselves, and ``--set`` overrides, are in engines.py).
+named, documented field (the profiles themselves, and ``--set`` overrides, are in engines.py;
+the step-time choices, overlap and collectives, are engine_time.TimeChoices, its base).
 
 Bytes per parameter are per element of the state named; ``*_sharded_from`` gives the
 ZeRO level from which that state is sharded over the data-parallel group.
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ndplan.engine_time import TimeChoices
+
 
 @dataclass(frozen=True, kw_only=True)
-class EngineProfile:
+class EngineProfile(TimeChoices):
     name: str
     weight_bytes: int
     """Persistent weight copy per parameter (bf16 = 2; FSDP2 keeps fp32 shards = 4)."""
@@ -471,54 +474,3 @@ class EngineProfile:
     megatron_fsdp_grad_comm_bytes: int = 0
     """Bytes per element of Megatron-FSDP's unsharded gradient buckets under
     ``--megatron-fsdp-grad-comm-dtype`` (param_and_grad_buffer.py:3107-3111); 0: the main gradients'."""
-    # --- time choices (formulas/step.py) ---
-    overlap_grad_reduce: bool = True
-    """ZeRO 0-2: the data-parallel gradient reduction runs under the last micro-batch's backward
-    (Megatron ``--overlap-grad-reduce``; PyTorch DDP/FSDP bucketing; DeepSpeed ``overlap_comm``)."""
-    overlap_param_gather: bool = True
-    """ZeRO 1-2: the parameter all-gather after the optimizer step runs under the next forward
-    (Megatron ``--overlap-param-gather``)."""
-    overlap_tp_comm: bool = False
-    """TP/SP collectives overlap the GEMMs (Megatron ``--tp-comm-overlap`` with TE userbuffers); off by
-    default in Megatron-LM, so TP communication is exposed."""
-    grad_bucket_min_elements: int = 0
-    """ZeRO 0-2 under overlap_grad_reduce: gradients are reduced in buckets of max(this,
-    grad_bucket_elements_per_rank x dp x cp) parameters laid out in backward order, so the last
-    bucket (the first layers and the embedding) is launched only when backward ends and its
-    reduction is exposed; under overlap_param_gather the first bucket's all-gather is waited for
-    at the first forward. Megatron-LM@d98e8a64: max(40M, 1M x dp_cp) (training.py:2179-2194
-    ``resolve_ddp_bucket_size``; reverse layout param_and_grad_buffer.py:959, 980; waited in
-    ``finish_grad_sync`` :787-832 and ``finish_param_sync`` :538-573). 0: no bucket exposed."""
-    grad_bucket_elements_per_rank: int = 0
-    """The bucket's growth with the data-parallel size (Megatron-LM: 1M parameters per dp*cp rank)."""
-    grad_comm_bytes: int = 0
-    """Bytes per gradient element on the wire of the data-parallel reduction; 0: the accumulated
-    gradients' (groups.grad_bytes). DeepSpeed reduces in ``communication_data_type``, by default
-    the training dtype, bf16 or fp16 (2; runtime/engine.py:1719-1730 at 0.19.8), fp32 otherwise."""
-    fp8_linears_only: bool = False
-    """fp8 GEMMs (weight_dtype fp8) only in the linears torchtitan's float8 converter swaps for
-    torchao Float8Linear (params.float8_linear_pieces): not the routed experts (GroupedExperts),
-    not widths off a multiple of 16; Transformer Engine's fp8 covers every layer GEMM but the
-    router."""
-    stage_gather_at_first_forward: bool = False
-    """Under overlap_param_gather with a non-interleaved pipeline, every stage after the first
-    keeps one bucket (bucketing is off at pp_rank > 0, distributed_data_parallel.py:160-171),
-    whose all-gather its first forward's pre-hook dispatches and waits for (:517-551,
-    param_and_grad_buffer.py:538-573; ``align_param_gather`` is off without interleaving,
-    arguments.py:1010-1013, while the interleaved schedule dispatches chunks 0 and 1 when it
-    starts, schedules.py:1218-1221): each of the pp - 1 later stages delays the fill by its
-    all-gather. Megatron-LM."""
-    grad_reduce_after_last_backward: bool = False
-    """ZeRO 0-2 at pp > 1: the gradient reduction runs after the stage's last backward, behind
-    nothing: DeepSpeed's PipelineEngine issues ReduceTiedGrads, ReduceGrads, OptimizerStep at the
-    schedule's last step (pipe/schedule.py:238-241) as synchronous all-reduces (pipe/engine.py:
-    287-298). (Under ZeRO-3, torch.distributed.pipelining's once-per-step gather and reduce
-    follow pp_unsharded_stage_bytes.)"""
-    grads_all_reduced: bool = False
-    """ZeRO 1-2 reduce the gradient buckets by all-reduce (twice a reduce-scatter's bytes):
-    DeepSpeed's ``use_multi_rank_bucket_allreduce`` (default true, zero/config.py:119;
-    stage_1_and_2.py ``allreduce_and_scatter``)."""
-    zero2_reduce_per_microbatch: bool = False
-    """ZeRO-2 reduces every micro-batch's gradients as its backward fills the buckets (DeepSpeed
-    stage_1_and_2.py:1414-1427 from the gradient hooks, engine.py:3084-3086), so the reduction
-    runs m times, on the compute stream without overlap_comm (:1590-1616)."""

@@ -240,7 +240,7 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     totals = model_totals(model, strat.seq, strat.recompute)
     host = float(host_kernel(model, view)(**strategy_values(strat), stage=0.0)["total.host_bytes"])  # stage 0, as before
     tview = structure(model, strat, engine)
-    tvals = _time_values(model, strat, tview, hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, tview.engine)))
+    tvals = _time_values(model, strat, tview, time_hw_values(hardware, strat, tview.engine))
     time_terms = {k: float(v) for k, v in tvals.items()}
     if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
         warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",
@@ -253,6 +253,13 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
                     host_bytes=int(np.ceil(host)), time_terms=time_terms, flops_per_step=flops,
                     hardware_flops_per_step=flops + rec, time_engine=engine, _breakdowns=bds,
                     _time_breakdown=lambda: _step_breakdown(model, _model_symbols(model), tview))
+
+
+def time_hw_values(hardware: Hardware, strat: Strategy, engine: EngineProfile | None = None) -> dict:
+    """The hardware kernel values ``strat``'s step time is evaluated at: fp8 GEMMs by the one rule
+    (engines.fp8_gemms) under ``engine`` or the strategy's own profile."""
+    from ndplan.engines import profile
+    return hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, engine or profile(strat.engine)))
 
 
 def _time_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict) -> dict:

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import sympy as sp
 
 from ndplan import symbols as S
-from ndplan.engines import fp8_gemms, profile
 from ndplan.catalog.model import ModelSpec
-from ndplan.estimate import strategy_point, symbolic_stage_ok
+from ndplan.estimate import strategy_point, symbolic_stage_ok, time_hw_values
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.catalog.hardware import Hardware
@@ -86,7 +85,7 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
         tbd = step_time(spec, M, strat)
         bd = bd.plus(tbd.terms).plus([Term(key="time.step", expr=tbd.total("time."), unit="s",
                                            source="sum of the time.* terms above", note="one training step")])
-        point |= {S.BY_NAME[k]: v for k, v in hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, profile(strat.engine))).items()}
+        point |= {S.BY_NAME[k]: v for k, v in time_hw_values(hardware, strat).items()}
         time_point = point | {S.nrec: strategy_point(strat, ref)[S.nrec]}  # memory keeps this stage's nrec
     keys = bd.keys()
     if term is not None:

@@ -51,7 +51,8 @@ from pathlib import Path
 _PKG = Path(__file__).resolve().parent
 _SOURCES_DIGEST: str | None = None
 #: Modules whose code decides a kernel's expressions (the CLI and reports do not).
-_EXPR_MODULES = ("formulas", "catalog", "argnames.py", "engines.py", "engine_fields.py", "torch_facts.py", "units.py", "vocab.py",
+_EXPR_MODULES = ("formulas", "catalog", "argnames.py", "engines.py", "engine_fields.py", "engine_time.py",
+                 "torch_facts.py", "units.py", "vocab.py",
                  "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "lambdify.py", "estimate.py",
                  "readlog.py")
 """Modules whose sources are in every kernel's key: the builders, what they read, the Breakdowns

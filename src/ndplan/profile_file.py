@@ -37,8 +37,6 @@ META_COUNTS = ("seq", "mbs", "nodes", "world")
 _NUM = {"gemm": ("m", "k", "n", "seconds"),
         "attention": ("batch", "heads", "seq", "head_dim", "forward_s", "backward_s"),
         "hbm": ("bytes", "seconds"), "collectives": ("ranks", "bytes", "seconds")}
-ATTN_BACKWARD = 2.5
-"""Attention backward / forward FLOPs (FlashAttention-2 Sec. 3.2; formulas.flops.CORE_BACKWARD_FACTOR)."""
 
 
 def load(path: str) -> dict:
@@ -53,7 +51,8 @@ def load(path: str) -> dict:
         raise NdplanError("meta", meta, "not a mapping", f"regenerate {path} with ndplan profile")
     for key in META_COUNTS:
         if meta.get(key) is not None:
-            limits.count(f"meta.{key}", meta[key], 1, limits.MAX_SEQ, "a positive whole number")
+            limits.count(f"meta.{key}", meta[key], 1, limits.MAX_SEQ if key in ("seq", "mbs") else limits.MAX_DEVICES,
+                         "a positive whole number")
     for sec in SECTIONS:
         rows = doc.get(sec, [])
         if not isinstance(rows, list):
@@ -119,13 +118,15 @@ def gemm_efficiency(doc: dict, peak_flops: float, model=None, seq: int | None = 
 
 
 def attention_efficiency(doc: dict, peak_flops: float) -> float | None:
+    from ndplan.formulas import flops as FL
     from ndplan.formulas.step import ATTN_HALF_TOKENS
     rows = doc.get("attention") or []
     if not rows:
         return None
     r = max(rows, key=lambda x: x["seq"])
-    fwd = 0.5 * 4 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"]
-    rate = fwd * (1 + ATTN_BACKWARD) / (r["forward_s"] + r["backward_s"])
+    # QK^T and PV of a causal call: the forward FLOPs and backward factor of formulas/flops.py
+    fwd = float(FL.CAUSAL_FACTOR) * 2 * r["batch"] * r["heads"] * r["seq"] ** 2 * 2 * r["head_dim"]
+    rate = fwd * (1 + float(FL.CORE_BACKWARD_FACTOR)) / (r["forward_s"] + r["backward_s"])
     return rate / peak_flops * (r["seq"] + ATTN_HALF_TOKENS) / r["seq"]
 
 
@@ -142,8 +143,9 @@ def _link(doc: dict, group: str) -> tuple[float, float] | None:
 
 def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, where: str = "profile",
               mbs: int | None = None, cp: int = 1) -> dict:
-    """Hardware field -> (value, source) from the profile (module docstring); values clamped
-    into (0, 1] where the field is an efficiency (a CPU profile gives tiny ones)."""
+    """Hardware field -> (value, source) from the profile (module docstring). An efficiency above 1
+    (a rate above ``hw``'s nominal peak or bandwidth) is a one-line error: the profile is of
+    other hardware than -H says."""
     meta = doc.get("meta", {})
     tag = (f"{where} ({meta.get('device', '?')}, {meta.get('backend', '?')}, {meta.get('dtype', '?')}, "
            f"{meta.get('date', '?')})")
@@ -151,8 +153,11 @@ def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, wh
     out = {}
 
     def eff(name, v, how):
+        if v is not None and v > 1:
+            raise NdplanError("--profile", where, f"measures {name} {v:.3g}, above {hw.name}'s nominal rate",
+                              f"give the -H of the profiled devices ({meta.get('hardware', '?')})")
         if v is not None and v > 0:
-            out[name] = (min(v, 1.0), f"{tag}: {how}")
+            out[name] = (v, f"{tag}: {how}")
     eff("gemm_efficiency", gemm_efficiency(doc, peak, model, seq, tp, mbs, cp),
         "the planned layer GEMMs at rates interpolated in log space between the measured ones, over the 16-bit peak")
     eff("attention_efficiency", attention_efficiency(doc, peak),
@@ -176,6 +181,10 @@ def apply(path: str, hw, model=None, seq: int | None = None, tp: int = 1, mbs: i
 
     from ndplan.catalog.hardware import check_field
     doc = load(path)
+    profiled = doc.get("meta", {}).get("hardware")
+    if profiled and profiled != hw.name:
+        raise NdplanError("--profile", path, f"measured for -H {profiled}, not {hw.name}",
+                          f"give -H {profiled}, or profile the devices {hw.name} describes")
     found = overrides(doc, hw, model, seq, tp, where=f"profile {path}", mbs=mbs, cp=cp)
     vals = {k: check_field(k, v, f"--profile {path}") for k, (v, _) in found.items()}
     return replace(hw, **vals, sources=dict(hw.sources) | {k: s for k, (_, s) in found.items()})

@@ -23,7 +23,7 @@ from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.activations import ACT_BYTES
 from ndplan.formulas.local import device_params
-from ndplan.formulas.placement import has_kind
+from ndplan.formulas.placement import has_kind, pp_expr
 from ndplan.structure import Structure
 from ndplan.symbols import ModelSymbols
 
@@ -41,12 +41,13 @@ def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
 
     def both(op, nbytes, d=dense, e=expert):  # a dense model runs no expert collective (nor its latency)
         return op(n_dense, nbytes * d, dense_span) + (op(n_exp, nbytes * e, exp_span) if spec.is_moe else 0)
+    pp = pp_expr(spec, view)
     if view.zero >= 3:
-        return _zero3_exposed(spec, M, view, eng, ref, both, emb)
-    return _zero012_exposed(view, eng, ref, both, (dense, expert))
+        return _zero3_exposed(spec, M, view, eng, ref, both, emb, C.vmin(pp - 1, 1))
+    return _zero012_exposed(view, eng, ref, both, (dense, expert), pp, n_dense)
 
 
-def _zero3_exposed(spec, M, view, eng, ref, both, emb) -> tuple[sp.Expr, str]:
+def _zero3_exposed(spec, M, view, eng, ref, both, emb, piped) -> tuple[sp.Expr, str]:  # piped: 1 at pp > 1
     """ZeRO-3/FSDP: per micro-batch the weights are all-gathered for forward and for backward and
     the gradients reduce-scattered, each layer's collective prefetched under the neighbouring
     layer's compute (FSDP2 one layer ahead, _fsdp_param_group.py:540-555, 795-830; DeepSpeed's
@@ -70,7 +71,6 @@ def _zero3_exposed(spec, M, view, eng, ref, both, emb) -> tuple[sp.Expr, str]:
            "prefetched under compute; the first unit's all-gather and the last unit's reduce-scatter exposed")
     if not eng.pp_unsharded_stage_bytes:
         return S.m * (forward + backward), src
-    piped = C.vmin(S.pp - 1, 1)  # 1 at pp > 1
     return ((1 - piped) * S.m * (forward + backward) + piped * (forward + reduce),
             src + "; at pp > 1 gathered once per step and reduced after the last backward")
 
@@ -80,7 +80,7 @@ def _comm_bytes(view, eng) -> int:
     return eng.grad_comm_bytes or G.grad_bytes(view, eng)
 
 
-def _zero012_exposed(view, eng, ref, both, params) -> tuple[sp.Expr, str]:
+def _zero012_exposed(view, eng, ref, both, params, pp, dp_ranks) -> tuple[sp.Expr, str]:
     """ZeRO 0-2: the gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1-2; all-reduce where
     the engine all-reduces its buckets) once per step, or every micro-batch at ZeRO-2 where the
     engine reduces as backward fills its buckets, plus the updated 16-bit weights' all-gather
@@ -92,13 +92,13 @@ def _zero012_exposed(view, eng, ref, both, params) -> tuple[sp.Expr, str]:
     (their latency too) of min(bucket, the stage's parameters) elements."""
     wb, gb = ACT_BYTES, _comm_bytes(view, eng)
     dense, expert = params
-    piped = C.vmin(S.pp - 1, 1)  # 1 at pp > 1
+    piped = C.vmin(pp - 1, 1)  # 1 at pp > 1
     op_r = C.all_reduce if (view.zero == 0 or eng.grads_all_reduced) else C.all_gather
     reduce = both(op_r, gb)
     gather = both(C.all_gather, wb) if view.zero else sp.Integer(0)
     last_r = first_g = sp.Integer(0)
     if eng.grad_bucket_min_elements:
-        size = C.vmax(eng.grad_bucket_min_elements, eng.grad_bucket_elements_per_rank * S.dp * S.cp)
+        size = C.vmax(eng.grad_bucket_min_elements, eng.grad_bucket_elements_per_rank * dp_ranks)
         last_r = both(op_r, gb, C.vmin(size, dense), C.vmin(size, expert))
         first_g = both(C.all_gather, wb, C.vmin(size, dense), C.vmin(size, expert)) if view.zero else 0
     per_mb = view.zero == 2 and eng.zero2_reduce_per_microbatch
@@ -113,7 +113,7 @@ def _zero012_exposed(view, eng, ref, both, params) -> tuple[sp.Expr, str]:
     if eng.overlap_param_gather and view.zero:
         gather_time = C.vmax(first_g, gather - ref["F"])
         if stage_gather:
-            gather_time += (S.pp - 1) * gather
+            gather_time += (pp - 1) * gather
     else:
         gather_time = gather
     how = ("gradient all-reduce (ZeRO 0)" if view.zero == 0 else

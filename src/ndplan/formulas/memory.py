@@ -339,6 +339,7 @@ def transient_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, act
         src += more
     if eng.muon_tp_mode:
         # Megatron's Muon step, after the last backward: it replaces the activations and gathered weights
+        # with the optimizer offloaded the step runs on the host (its temporaries too, like step_tmp below)
         muon = (0 if view.offload_optimizer else 1) * muon_step_bytes(spec, M, eng)
         transient = Max(transient, muon - acts - gather)
         src += ("; Megatron's Muon step: the Newton-Schulz scratch of its largest matrix (formulas/muon.py), "

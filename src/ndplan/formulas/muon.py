@@ -36,23 +36,23 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.model import ModelSpec
 from ndplan.engines import EngineProfile
+from ndplan.formulas.activations import FP32_BYTES
 from ndplan.formulas.minmax import Max, Min
 from ndplan.formulas.placement import has_kind
 from ndplan.symbols import ModelSymbols
 
 DUPLICATED, BLOCKWISE, DISTRIBUTED = 1, 2, 3
 """EngineProfile.muon_tp_mode values (0: no Muon)."""
-FP32_BYTES = 4
 
 
 def _ns(rows, cols, fp32: bool) -> sp.Expr:
-    """Bytes above its input of one Newton-Schulz call on a rows x cols fp32 matrix."""
-    mn, m = rows * cols, Min(rows, cols)
-    return 8 * mn + 8 * m ** 2 if fp32 else Max(6 * mn, 4 * mn + 4 * m ** 2)
+    """Bytes above its input of one Newton-Schulz call on a rows x cols fp32 matrix (the Gram
+    matrix of its smaller side)."""
+    return _gram_side(rows * cols, Min(rows, cols), fp32)
 
 
 def _gram_side(mn, k, fp32: bool) -> sp.Expr:
-    """``distributed``: the local mn elements with the k x k Gram matrix of the unsharded side."""
+    """Newton-Schulz on mn elements with a k x k Gram matrix (``distributed``: k the unsharded side)."""
     return 8 * mn + 8 * k ** 2 if fp32 else Max(6 * mn, 4 * mn + 4 * k ** 2)
 
 

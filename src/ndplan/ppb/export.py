@@ -22,7 +22,8 @@ import sympy as sp
 from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
-from ndplan.engines import fp8_gemms, profile
+from ndplan.engines import profile
+from ndplan.estimate import time_hw_values
 from ndplan.estimate import estimate, strategy_point
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
@@ -75,7 +76,7 @@ def layers_from_model(spec: ModelSpec, hw: Hardware, strat: Strategy) -> tuple[t
     eng = profile(strat.engine)  # a base name or one derived with --set
     M = model_symbols(spec)
     point = dict(strategy_point(strat)) | {S.stage: 0}
-    point |= {S.BY_NAME[k]: v for k, v in hw.kernel_values(fp8=fp8_gemms(strat.weight_dtype, eng)).items()}
+    point |= {S.BY_NAME[k]: v for k, v in time_hw_values(hw, strat, eng).items()}
     cast = weight_cast(strat, eng)
     modes = {m: dataclasses.replace(strat, recompute=m, recompute_layers=None) for m in MODES}
     ctx = {m: act_context(spec, s) for m, s in modes.items()}
