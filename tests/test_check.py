@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import ndplan
 from ndplan.check import check, distance, file_diff
 from ndplan.cli import main
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, NdplanWarning
 from ndplan.export import emit
 from ndplan.interop import read_config
 from tests.helpers import validation_dir
@@ -600,6 +600,22 @@ BASH_SCRIPTS = {
     "multi-line-array": "A=(\n  --tensor-model-parallel-size 2\n  --seq-length $((2*2048))\n)\n"
                         "torchrun pretrain_gpt.py ${A[@]} --micro-batch-size 1\n",
     "continued-with-comment": "torchrun pretrain_gpt.py \\\n  --micro-batch-size 2 \\\n  --seq-length 8  # short\n",
+    # Megatron-DeepSpeed's examples_deepspeed scripts: one quoted string over several lines
+    "quote-over-lines": 'PP=2\nopts=" \\\n  --tensor-model-parallel-size 2 \\\n  --seq-length 4096 \\\n'
+                        '  --pipeline-model-parallel-size ${PP}"\ntorchrun pretrain_gpt.py ${opts}\n',
+    # NVIDIA's train_llama3_8b_h100_fp8.sh: arrays filled in decided branches
+    "if-taken": 'DTYPE="fp8"\nX=()\nif [[ "$DTYPE" == "fp8" ]]; then\n  X+=(\n    "--fp8-format hybrid"\n  )\nfi\n'
+                'torchrun pretrain_gpt.py ${X[@]} --seq-length 8\n',
+    "if-not-taken": 'DTYPE="bf16"\nX=()\nif [[ "$DTYPE" == "fp8" ]]; then\n  X+=(\n    "--fp8-format hybrid"\n  )\nfi\n'
+                    'torchrun pretrain_gpt.py ${X[@]} --seq-length 8\n',
+    "elif-else-or": 'T=${T:-MOCK}\nif [[ "$T" == "X" ]] || [[ -z "$T" ]]; then\n  A="--seq-length 1"\n'
+                    'elif [ "$T" != "MOCK" ]; then\n  A="--seq-length 2"\nelse\n  A="--seq-length 3"\nfi\n'
+                    'torchrun pretrain_gpt.py $A\n',
+    "nested-numeric": 'N=4\nif [ $N -ge 2 ]; then\n  if [ "$N" -lt 4 ]; then TP=2; else TP=4; fi\nelse\n  TP=1\nfi\n'
+                      'torchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n',
+    "heredoc-and-loop-arithmetic": 'Z=1\ncat <<EOT > /dev/null\n{"train_batch_size": 8, "zero_optimization": {"stage": $Z}}\n'
+                                   'EOT\nfor i in 1 2; do\n  x=$(( i > 1 ? 1 : 0 ))\ndone\n'
+                                   'torchrun pretrain_gpt.py --seq-length 8 --deepspeed_config ds.json\n',
 }
 
 
@@ -612,6 +628,21 @@ def test_megatron_reader_reads_what_bash_passes(name):
     ours, _ = mg.parser().parse_known_args([w for w, _ in mg.words(text)])
     theirs, _ = mg.parser().parse_known_args(_bash_args(text))
     assert vars(ours) == vars(theirs)
+
+
+def test_shell_keeps_here_documents_by_their_file_and_warns_on_undecided_conditions():
+    """A here-document is the file's text, not commands (Megatron-DeepSpeed writes its
+    ds_config this way: cat <<EOT > $config_json); an unquoted delimiter expands variables, a
+    quoted one does not (bash manual, Here Documents). A file test is not decided: every
+    branch is read, with a warning naming the line."""
+    from ndplan.interop import shell
+    text = 'Z=2\ncfg=ds_$Z.json\ncat <<EOT > $cfg\n{"stage": $Z}\nEOT\ncat <<\'END\' > raw.json\n{"stage": $Z}\nEND\n'
+    got = shell.read_script(text, {})
+    assert got.heredocs == {"ds_2.json": '{"stage": 2}', "raw.json": '{"stage": $Z}'}
+    assert [w.text for w in got.words if w.text.startswith("{")] == []
+    with pytest.warns(NdplanWarning, match="line 1=.*the flags of every branch of this if are read"):
+        words = shell.read_words('if [ -f x.sh ]; then\n  A="--seq-length 1"\nelse\n  A="--seq-length 2"\nfi\n', {})
+    assert [w.text for w in words].count("--seq-length") == 2
 
 
 def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(vp2_check):

@@ -175,7 +175,8 @@ def test_moe_layer_freq_bad_is_one_error(text):
 
 def test_megatron_lacks_names_only_the_missing_flags(tmp_path):
     f = tmp_path / "run.sh"
-    f.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+    # (not pretrain_gpt.py, whose default GPT2BPETokenizer fixes the vocabulary: pretrain_gpt.py:527)
+    f.write_text("torchrun train.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
                  "--tensor-model-parallel-size 2 --seq-length 4096\n")
     with pytest.raises(NdplanError) as e:
         read_config(f, gpus=8)

@@ -281,6 +281,11 @@ def test_mindspore_sgd_and_momentum_states(tmp_path, optimizer, dtype, want):
     ci = _read(tmp_path, _set(_doc("mindformers_mixtral_8x7b.yaml"),
                               {"optimizer": optimizer, "moe_config.capacity_factor": -1, f"{MC}.param_init_type": dtype}))
     assert profile(ci.strategy.engine).optimizer_bytes == want
+    # no step temporaries: P.SGD / P.ApplyMomentum write the parameter and states in place
+    # (mindspore 2.10.0 ops/operations/nn_ops.py:2280-2296, 2594: side_effect_mem), unlike the
+    # composite AdamW's out-of-place moments (the profile's 8 B)
+    assert profile(ci.strategy.engine).optimizer_step_temp_bytes == 0
+    assert profile("mindspore").optimizer_step_temp_bytes == 8
 
 
 def test_mindspore_momentum_needs_its_momentum(tmp_path):

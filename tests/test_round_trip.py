@@ -52,7 +52,9 @@ NOT_EXPRESSED = {
 REFUSED = {  # (format, case) -> the field the emit names
     ("deepspeed", "dense"): "sp",  # AutoTP has no sequence parallelism: the cases with tp > 1 run sp=on
     ("deepspeed", "cp"): "sp",
-    ("deepspeed", "moe-ep"): "ep",  # DeepSpeed MoE's ep_size is an argument of the model code
+    # AutoTP has no sequence parallelism (tp 2 runs sp=on); the ep=4 itself is AutoEP's expert_parallel.autoep_size
+    # (DeepSpeed 0.19.8 runtime/config.py:171-176, 588; engine.py:828), folded with autotp_size 2 (etp 1, pp 1)
+    ("deepspeed", "moe-ep"): "sp",
     ("deepspeed", "pp-vpp"): "schedule",  # the pipeline engine runs 1F1B, one chunk per stage
 }
 NEEDS = {"deepspeed": ("model", "seq")}

@@ -183,6 +183,19 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.zero,
          lambda c: "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3",
          lambda c: "use --zero 0 or 1 with pp > 1, or pp=1", reads_zero=True),
+    # Megatron-LM (NVIDIA/Megatron-LM@d98e8a64): get_forward_backward_func picks
+    # forward_backward_pipelining_with_interleaving when a virtual size is set, else
+    # forward_backward_pipelining_without_interleaving (pipeline_parallel/schedules.py:161-165):
+    # 1F1B and interleaved 1F1B, no GPipe and no zero-bubble schedule (delay_wgrad_compute defers
+    # weight gradients inside the combined 1F1B of EP overlap, not a pipeline schedule).
+    # Scope engine_sweep: megatron is also the default profile of what-if estimates, whose
+    # schedule model times any schedule; the sweep, `why` and the exports hold this rule.
+    Rule("engine", "megatron: pp > 1 runs 1f1b or interleaved", "engine_sweep", "schedule",
+         lambda c: (engine_name(c.engine) == "megatron") & (c.pp > 1)
+         & ~np.isin(np.asarray(c.schedule), ("1f1b", "interleaved")),
+         lambda c: c.schedule,
+         lambda c: "Megatron-LM runs 1F1B or interleaved 1F1B only (get_forward_backward_func)",
+         lambda c: "use --schedule 1f1b, or interleaved with --vpp 2 or more"),
     # torch.distributed.pipelining (torch 2.13, the CI extra), which torchtitan and FSDP2 users
     # run: get_schedule_class knows 1F1B, Interleaved1F1B, GPipe, LoopedBFS, InterleavedZeroBubble,
     # ZBVZeroBubble and DualPipeV (schedules.py:3628-3636): no one-chunk zero-bubble schedule.
@@ -195,8 +208,10 @@ RULES: tuple[Rule, ...] = (
     # pipeline_scheduler takes 1f1b, gpipe, seqpipe, seqvpp, seqsmartvpp and zero_bubble_v
     # (mindspore.parallel.auto_parallel AutoParallel.pipeline), so no one-chunk zero bubble;
     # zero_bubble_v needs micro_batch_num >= 2 x stages (parallel_core/transformer_config.py:714-732);
-    # the MoE layer refuses tp > 1 without sequence parallelism (parallel_core/training_graph/
-    # transformer/moe/moe_layer.py:142-147, tools/check_rules.py:169-176) and lays experts out over
+    # the MoE layer refuses tp > 1 without sequence parallelism on both paths since MindFormers 1.6.0
+    # (8f4f03c1): the mcore MoELayer (parallel_core/training_graph/transformer/moe/moe_layer.py:142-147)
+    # and, for a legacy moe_config, check_rules._check_moe_parallel_valid (tools/check_rules.py:169-176;
+    # the 1.5.0 legacy MoEV2 had a non-SP path, moe.py:680-699 at v1.5.0), and lays experts out over
     # dp x tp, which ep must divide (moe/ffn.py:185-195; cp not included).
     Rule("engine", "mindspore: pp > 1 has no zb-h1", "engine", "schedule",
          lambda c: (engine_name(c.engine) == "mindspore") & (c.pp > 1) & (c.schedule == "zb-h1"),
@@ -211,7 +226,8 @@ RULES: tuple[Rule, ...] = (
     Rule("engine", "mindspore: MoE with tp > 1 needs sp", "engine_model", "sp",
          lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & (c.tp > 1) & ~np.asarray(c.sp, dtype=bool),
          lambda c: c.sp,
-         lambda c: "MindFormers' MoE layer refuses tensor parallelism without sequence parallelism",
+         lambda c: "MindFormers (>= 1.6.0) refuses MoE with tensor parallelism and no sequence parallelism "
+                   "(mcore moe_layer.py; a legacy moe_config: tools/check_rules.py)",
          lambda c: "turn sp on (use_seq_parallel: True), or tp=1"),
     Rule("engine", "mindspore: MoE: (dp*tp) % ep == 0", "engine_model", "ep",
          lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & ((c.dp * c.tp) % c.ep != 0),
@@ -225,9 +241,11 @@ RULES: tuple[Rule, ...] = (
          lambda c: "use --no-sp with --tp > 1, or another engine"),
 )
 
-ENGINE_SCOPES = ("engine", "engine_model")
+ENGINE_SCOPES = ("engine", "engine_model", "engine_sweep")
 """Scopes of the engine rules: those that read the strategy alone (checked when a Strategy is
-built) and those that read the model too (Strategy.check)."""
+built), those that read the model too (Strategy.check), and those the sweep and the exports hold
+but a Strategy built by hand does not (the default profile's schedule rule: an estimate may time
+a schedule its framework has no code for)."""
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(r.group for r in RULES))
 """Rejection counters in evaluation order."""

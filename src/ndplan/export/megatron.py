@@ -94,6 +94,10 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
     if strat.zero == 3 and model.is_moe and strat.ep > 1:
         raise cannot(TARGET, "ep", strat.ep, "--use-torch-fsdp2 is not supported with expert parallelism "
                                              "(arguments.py validate_args); use zero<=2 or ep=1")
+    if strat.weight_dtype == "fp8" and strat.zero == 3:
+        raise cannot(TARGET, "weight_dtype", "fp8", "Megatron turns --fp8-param-gather off under --use-torch-fsdp2 "
+                                                   "(Transformer Engine >= 2.0, arguments.py:1050-1056); use zero<=2, "
+                                                   "or Megatron-FSDP (--use-megatron-fsdp)")
     if strat.weight_dtype == "fp8" and strat.zero == 0:
         raise cannot(TARGET, "weight_dtype", "fp8", "--fp8-param-gather needs the distributed optimizer or FSDP "
                                                    "(arguments.py validate_args); use zero>=1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ndplan import limits
 from ndplan.catalog.model import ModelSpec, load_model
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, warn
 from ndplan.points import data_parallel
 from ndplan.strategy import Strategy
 
@@ -41,12 +41,23 @@ class CheckInput:
     """``seq`` / ``gbs`` given on top of the file (re-reading an edited file uses them too)."""
 
 
+ARCHITECTURE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                       "intermediate_size", "num_experts")
+"""What ``-m`` must agree on with a file's own architecture, or be said to replace it."""
+
+
 def resolve_model(model, file_model: ModelSpec | None, where: str, missing: str) -> tuple[ModelSpec, str]:
     """``-m`` (a ModelSpec or a catalog name / YAML / HF config path) wins over the
     architecture the file carries; one of them is required (``missing`` says what the
     file lacks)."""
     if model is not None:
         spec = model if isinstance(model, ModelSpec) else load_model(str(model))
+        if file_model is not None:
+            differ = [f"{k} {getattr(file_model, k)} -> {getattr(spec, k)}" for k in ARCHITECTURE_FIELDS
+                      if getattr(file_model, k) != getattr(spec, k)]
+            if differ:
+                warn("--model", spec.name, f"replaces the architecture {where} define ({', '.join(differ)})",
+                     "drop -m to estimate the file's own model")
         return spec, f"-m {spec.name}"
     if file_model is not None:
         return file_model, where

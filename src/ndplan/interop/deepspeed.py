@@ -16,8 +16,12 @@ refuses them, and stage 0 with bf16 under pipeline stages is the BF16_Optimizer'
 deepspeed_memory.pipeline_bf16); offload <- ``zero_optimization.offload_optimizer.device`` cpu
 or nvme; recompute full when ``activation_checkpointing`` is present or
 ``pipeline.activation_checkpoint_interval`` > 0 (the JSON tunes the checkpointing the model code
-calls, assumed on every layer), else none; sp off (AutoTP has no sequence parallelism); ep 1
-(DeepSpeed MoE sets ep_size in code: a note for MoE models); engine deepspeed, with the
+calls, assumed on every layer), else none; sp off (AutoTP has no sequence parallelism); ep <-
+``expert_parallel.autoep_size`` where AutoEP is enabled and finds MoE blocks to replace (``_autoep``;
+runtime/config.py:171-176, 588, runtime/engine.py:816-913), else 1 (DeepSpeed's native MoE sets ep_size
+in code: a note for MoE models); ``"auto"`` bf16 / fp16 switches false as the Hugging Face Trainer fills
+them by default (deepspeed_memory.precision_auto); with no batch key, ``--gbs`` is the
+train_batch_size; engine deepspeed, with the
 optimizer type, bf16 master weights / gradients / optimizer states, the BF16_Optimizer of
 ZeRO-1 with fp32 gradient accumulation, the reduce bucket (none without contiguous_gradients),
 ZeRO++ hpZ and qwZ, ZeRO-3 ``offload_param`` and the ZeRO-3 coordinator's prefetch, live and
@@ -55,6 +59,13 @@ def _auto(flat: dict, dp: int, gbs: int | None, name: str, notes: list) -> dict:
     <- world x micro x accumulation): from ``--gbs`` and the keys that are numbers, with the
     Trainer's default accumulation of 1; the one value that stays unknown is asked for."""
     vals = {k: flat.get(KEY[k]) for k in ("gbs", "mbs", "m")}
+    if gbs is not None and vals["gbs"] is None and vals["mbs"] is None:
+        vals["gbs"] = gbs  # DeepSpeed's rule then derives the rest as from train_batch_size alone
+        rule = ("with train_batch_size alone, gradient_accumulation_steps 1 and micro batch = train_batch_size / dp, "
+                "runtime/config.py:637-640" if vals["m"] is None else
+                "micro batch = train_batch_size / (gradient_accumulation_steps x dp), runtime/config.py:625-629")
+        notes.append(f"{name} sets neither {KEY['gbs']} nor {KEY['mbs']}: --gbs {gbs} taken as {KEY['gbs']} "
+                     f"(DeepSpeed's rule {rule})")
     autos = [k for k, v in vals.items() if v == "auto"]
     if not autos:
         return vals
@@ -85,7 +96,8 @@ def _batch(vals: dict, dp: int, name: str) -> tuple[int, int, int]:
             positive(KEY[k], v, name)
     gbs, mbs, m = vals["gbs"], vals["mbs"], vals["m"]
     if mbs is None and gbs is None:
-        raise NdplanError(KEY["mbs"], None, f"{name} sets neither {KEY['mbs']} nor {KEY['gbs']}", "add one")
+        raise NdplanError(KEY["mbs"], None, f"{name} sets neither {KEY['mbs']} nor {KEY['gbs']} (DeepSpeed asserts "
+                          "one, runtime/config.py:646-650)", "add one, or give --gbs N")
     if mbs is None:
         m = m or 1
         if gbs % (m * dp):
@@ -146,9 +158,162 @@ def _not_used(flat: _Reads) -> tuple[str, ...]:
     return tuple(out)
 
 
-MOE_EP = ("the expert-parallel degree is set in the model code (deepspeed/moe/layer.py:42 MoE(ep_size=...), e.g. "
-          "Megatron-DeepSpeed's --moe-expert-parallel-size), not in the JSON: estimated with ep 1, every expert on "
-          "every rank")
+MOE_EP = ("no expert_parallel block, so AutoEP is off (runtime/config.py:171-176, module_inject/auto_ep_config.py:"
+          "48); DeepSpeed's native MoE sets its degree in the model code (deepspeed/moe/layer.py:42 MoE(ep_size=...), "
+          "e.g. Megatron-DeepSpeed's --moe-expert-parallel-size): estimated with ep 1, every expert on every rank "
+          "(for AutoEP add \"expert_parallel\": {\"enabled\": true, \"autoep_size\": N})")
+AUTOEP = "expert_parallel"
+AUTOEP_ROUTING = ("top_k", "score_func", "score_apply", "route_norm", "route_scale", "routed_scaling_factor",
+                  "num_expert_groups", "num_limited_groups", "load_balance_coeff")
+AUTOEP_DETECTION = ("preset_model", "moe_layer_pattern", "expert_pattern", "router_pattern", "expert_w1", "expert_w2",
+                    "expert_w3", "num_experts_attr", "top_k_attr", "has_shared_experts", "shared_experts_pattern",
+                    "shared_experts_gate_pattern", "expert_activation")
+AUTOEP_KERNELS = ("use_grouped_mm", "disable_triton_grouped_mm", "gate_up_impl", "combine_impl", "row_weighting_impl",
+                  "async_split_plan", "validate_folding_routing")
+AUTOEP_COMM = ("comm_backend", "comm_num_sm", "comm_qp_margin", "comm_max_tokens_per_rank")
+AUTOEP_KEYS = ("enabled", "autoep_size", "expert_tensor_parallel_size", *AUTOEP_ROUTING, *AUTOEP_DETECTION,
+               *AUTOEP_KERNELS, *AUTOEP_COMM)
+"""The keys of the ``expert_parallel`` block DeepSpeed 0.19.8 reads (module_inject/auto_ep_config.py:42-97
+parse_autoep_config); others in the block are listed as not used."""
+
+
+def _autoep_count(flat: dict, name: str, default: int) -> int:
+    key = f"{AUTOEP}.{name}"
+    v = flat.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise NdplanError(key, v, "not a positive integer (module_inject/auto_ep_folding.py:76-78)",
+                          "give a whole number >= 1")
+    return v
+
+
+def _autoep_finds(spec, pp: int, preset, pattern) -> tuple[bool | None, str]:
+    """(whether AutoEP finds MoE blocks to replace: True, False (it warns and replaces none) or None
+    (it raises), why), from the model type, the preset or pattern named and the pipeline stages
+    (module_inject/auto_ep.py:417-629 ep_parser; registry.py:156-185 resolve_preset_candidates)."""
+    auto = X.autoep_preset(spec.model_type)
+    named = preset is not None or pattern is not None
+    if not spec.is_moe:
+        if named:
+            return None, f"{spec.name} has no MoE blocks, so AutoEP finds none and raises (auto_ep.py:622-624)"
+        return False, f"{spec.name} has no MoE blocks: AutoEP warns and replaces none (auto_ep.py:622-625)"
+    if pp > 1 and pattern is None:
+        where = ("the pipeline engine's PipelineModule names its layers by index (runtime/pipe/module.py:250-255), "
+                 "not model.layers.N.mlp as AutoEP's presets expect")
+        if named:
+            return None, f"{where}: AutoEP finds no MoE block and raises (auto_ep.py:622-624)"
+        return False, (f"{where}: AutoEP warns and replaces none (auto_ep.py:622-625); name the blocks with "
+                       "moe_layer_pattern")
+    if pattern is not None:
+        return True, f"moe_layer_pattern {pattern!r}, assumed to name {spec.name}'s MoE blocks"
+    if preset is not None:
+        extra = "" if auto == preset else f", applied to model_type {spec.model_type} (registry.py:162-165)"
+        return True, f"its {preset} preset{extra}"
+    if auto is not None:
+        return True, f"its {auto} preset for model_type {spec.model_type}, registry.py:167-172"
+    return False, (f"AutoEP has no preset for model_type {spec.model_type} (presets: {', '.join(X.AUTOEP_PRESETS)}) "
+                   "and tries each preset's model.layers.N.mlp blocks with gate and experts children "
+                   "(registry.py:182-185, auto_ep.py:622-625); set moe_layer_pattern (router_pattern, expert_pattern) "
+                   "to the model's MoE blocks for AutoEP to replace them")
+
+
+def _autoep_notes(flat: dict, spec, ep: int, notes: list) -> None:
+    """The block's keys that change routing, detection, kernels or DeepEP's buffers, stated."""
+    def set_(names):
+        return [k for k in names if f"{AUTOEP}.{k}" in dict.keys(flat)]
+    top_k = dict.get(flat, f"{AUTOEP}.top_k", "auto")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k != spec.experts_per_token:
+        notes.append(f"{AUTOEP}.top_k {top_k}: read, not modelled: AutoEP routes each token to {top_k} experts "
+                     f"(auto_ep.py:492-494); the estimate to {spec.name}'s {spec.experts_per_token}")
+    if dict.get(flat, f"{AUTOEP}.comm_backend") == "deepep" and ep > 1:
+        notes.append(f"{AUTOEP}.comm_backend deepep: read, not modelled: DeepEP's dispatch buffers (sized by "
+                     "comm_max_tokens_per_rank) are not counted; the all-to-all is costed as DeepSpeed's own")
+    rest = [k for k in set_(AUTOEP_ROUTING + AUTOEP_DETECTION + AUTOEP_KERNELS + AUTOEP_COMM)
+            if k not in ("top_k", "comm_backend", "preset_model", "moe_layer_pattern")]
+    if rest:
+        notes.append(f"{AUTOEP}.{{{', '.join(rest)}}}: read, not modelled: which modules AutoEP replaces, how it "
+                     "routes and which kernels it runs (module_inject/auto_ep_config.py:42-97); the estimate takes "
+                     f"the experts and routing of {spec.name}")
+
+
+def _autoep(flat: dict, spec, tp: int, pp: int, cp: int, dp: int, zero: int, notes: list) -> int:
+    """ep from AutoEP's ``expert_parallel`` block, as DeepSpeed 0.19.8 runs it (runtime/engine.py:816-913):
+    nothing unless ``enabled`` (default false); ep = ``autoep_size`` where AutoEP finds MoE blocks to
+    replace: with ``preset_model`` or ``moe_layer_pattern``, or a model type one of its presets names
+    (export.deepspeed.AUTOEP_PRESETS), and one pipeline stage (the presets' model.layers.N.mlp is not a
+    PipelineModule's layer name, runtime/pipe/module.py:250-255); the layouts it refuses raise
+    (export.deepspeed.AUTOEP_RULES); the routing, detection, kernel and DeepEP keys are stated in notes."""
+    block = dict.get(flat, AUTOEP)
+    present = [k for k in dict.keys(flat) if k.startswith(AUTOEP + ".")]
+    if block is not None and not present and block not in ({}, False, None):
+        raise NdplanError(AUTOEP, block, "not an object (module_inject/auto_ep_config.py:42-46 reads its keys)",
+                          'write "expert_parallel": {"enabled": true, "autoep_size": N}')
+    if block is not None:
+        flat.used.add(AUTOEP)
+    if not present:
+        if spec.is_moe:
+            notes.append(f"{spec.name} is a MoE model: {MOE_EP}")
+        return 1
+    for k in AUTOEP_KEYS:
+        flat.get(f"{AUTOEP}.{k}")
+    lbc = dict.get(flat, f"{AUTOEP}.load_balance_coeff")
+    if lbc is not None:  # raised as the config is parsed, even with AutoEP off
+        raise NdplanError(f"{AUTOEP}.load_balance_coeff", lbc, "is refused by DeepSpeed's AutoEP "
+                          "(module_inject/auto_ep_config.py:73-76)", "set it to null or drop the key")
+    enabled = flat.get(KEY["ep_enabled"], False)
+    if not isinstance(enabled, bool):
+        raise NdplanError(KEY["ep_enabled"], enabled, "not true or false (DeepSpeed tests its truth, "
+                          "runtime/engine.py:820-822)", 'write "enabled": true')
+    if not enabled:
+        notes.append(f"{AUTOEP}.enabled false (its default, module_inject/auto_ep_config.py:48): AutoEP is off, the "
+                     f"block's other keys have no effect (runtime/engine.py:820-822); estimated with ep 1")
+        return 1
+    size = _autoep_count(flat, "autoep_size", 1)
+    etp = _autoep_count(flat, "expert_tensor_parallel_size", 1)
+    preset, pattern = flat.get(KEY["ep_preset"]), flat.get(f"{AUTOEP}.moe_layer_pattern")
+    if preset is not None and preset not in X.AUTOEP_PRESETS:
+        raise NdplanError(KEY["ep_preset"], preset, "not an AutoEP preset (module_inject/auto_ep_config.py:176-179)",
+                          f"give one of {', '.join(X.AUTOEP_PRESETS)}")
+    tp_preset = flat.get("tensor_parallel.preset_model")
+    if preset is not None and tp_preset is not None and tp_preset != preset:
+        raise NdplanError(KEY["ep_preset"], preset, f"differs from tensor_parallel.preset_model {tp_preset!r}, which "
+                          "AutoEP refuses (module_inject/auto_ep_folding.py:235-238)", "make the two presets match")
+    off = any(k.startswith(("zero_optimization.offload_optimizer", "zero_optimization.offload_param"))
+              for k in dict.keys(flat))  # a section set at all (engine.py:862-863 tests `is not None`)
+    layout = dict(tp=tp, pp=pp, cp=cp, ep=size, etp=etp, zero=zero, offload=off,
+                  hpz=dict.get(flat, DM.HPZ, 1), qgz=dict.get(flat, DM.QGZ) is True)
+    for key, bad, refused, where in ((f"{AUTOEP}.async_split_plan", True, size > 1, "133-135"),
+                                     (f"{AUTOEP}.combine_impl", "fused_weighted_sum", True, "138-143")):
+        if tp > 1 and refused and dict.get(flat, key) == bad:
+            raise NdplanError(key, bad, f"is refused with AutoEP+AutoTP folding (autotp_size {tp}; "
+                              f"module_inject/auto_ep_config.py:{where})", "drop it, or use autotp_size 1")
+    stage = dp * tp * cp  # the ranks of a pipeline stage, which the expert groups tile
+    if stage % (size * etp):
+        raise NdplanError(KEY["ep"], size, f"autoep_size x expert_tensor_parallel_size = {size * etp} does not divide "
+                          f"the {stage} ranks of a stage (module_inject/auto_ep_folding.py:111-115)",
+                          "choose a divisor of gpus / pipeline stages")
+    found, why = _autoep_finds(spec, pp, preset, pattern)
+    rule = X.autoep_refusal(X.AutoEPLayout(**layout, moe=bool(found)))
+    if rule is not None:
+        _, key, problem, fix = rule
+        value = {KEY["tp"]: tp, KEY["cp"]: cp, KEY["ep"]: size, KEY["etp"]: etp}.get(key)
+        value = dict.get(flat, key, True) if value is None else value
+        raise NdplanError(key, value, f"with {KEY['ep_enabled']} true: {problem}", fix)
+    if found and (size > spec.num_experts or spec.num_experts % size):
+        raise NdplanError(KEY["ep"], size, f"does not divide the {spec.num_experts} experts of {spec.name} "
+                          "(module_inject/auto_ep_config.py:369-383)", "choose a divisor of the expert count")
+    if found is None:
+        raise NdplanError(KEY["ep_preset"] if preset is not None else f"{AUTOEP}.moe_layer_pattern",
+                          preset if preset is not None else pattern, why, "drop it, or the expert_parallel block")
+    if not found:
+        notes.append(f"{KEY['ep']} {size}: {why}; estimated with ep 1, every expert on every rank")
+        return 1
+    _autoep_notes(flat, spec, size, notes)
+    notes.append(f"{KEY['ep']} {size}: DeepSpeed AutoEP ({why}) replaces each MoE block, lays the experts over groups "
+                 f"of {size} consecutive ranks of a stage and shards their ZeRO states over the {stage // size} "
+                 "expert-data-parallel ranks (runtime/engine.py:816-913, utils/groups.py:370-534)")
+    return size
+
+
 PIPE_STAGES = ("DeepSpeed does not read it: the stage count is PipelineModule(num_stages=...) in the script "
                "(runtime/pipe/module.py:127-142; DeepSpeedConfig keeps pipeline.stages at its default \"auto\", "
                "runtime/config.py:272-285)")
@@ -223,7 +388,7 @@ def _precision_notes(flat: dict, notes: list) -> None:
     if flat.get("torch_autocast.enabled") is True:
         notes.append("torch_autocast.enabled: read, not modelled: the weights stay fp32 and only the autocast ops "
                      "compute in 16 bits; estimated as 16-bit weights with an fp32 master")
-    elif not any(flat.get(k) in (True, "auto") for k in ("fp16.enabled", "bf16.enabled", "bfloat16.enabled")):
+    elif not (DM.flag(flat.get("fp16.enabled", False)) or DM.bf16_enabled(flat)):
         notes.append("neither fp16 nor bf16 is enabled: DeepSpeed trains in fp32 (runtime/engine.py:1799-1810: 4-byte "
                      "weights and gradients, no master copy); estimated as 16-bit weights with an fp32 master "
                      "(not modelled)")
@@ -269,16 +434,16 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if cp > 1:
         notes.append(f"{KEY['cp']} {cp}: DeepSpeed-Ulysses, estimated as cp={cp} (activations split over the "
                      "sequence; attention's all-to-all over heads is costed as CP's exchange)")
-    if spec.is_moe:
-        notes.append(f"{spec.name} is a MoE model: {MOE_EP}")
+    DM.precision_auto(flat, notes)
     _precision_notes(flat, notes)
     _removed_notes(flat, notes)
     offload = str(flat.get(KEY["offload_device"], "none")) in ("cpu", "nvme")
     run_zero, grad_dtype = DM.pipeline_bf16(flat, zero, pp, notes)
     engine = DM.engine(flat, run_zero, offload, spec.hidden_size, notes, pipeline_bf16=run_zero != zero)
+    ep = _autoep(flat, spec, tp, pp, cp, dp, run_zero, notes)
     if run_zero == 3:
         DM.persistence_note(flat, spec, tp, dp * cp, spec.hidden_size, notes)
-    strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, mbs=mbs, gbs=gbs or gbs_, seq=seq, zero=run_zero, sp=tp == 1,
+    strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs, gbs=gbs or gbs_, seq=seq, zero=run_zero, sp=tp == 1,
                      recompute="full" if ckpt else "none", engine=engine, offload_optimizer=offload,
                      grad_dtype=grad_dtype)
     strat.check(spec, gpus)
@@ -287,6 +452,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                         ("m", "m"))}
     if isinstance(dict.get(flat, "zero_optimization"), bool) and "zero_optimization" in loc:
         org["zero"] = f"line {loc['zero_optimization']}: zero_optimization (deprecated true/false form)"
+    org["ep"] = f"line {loc[KEY['ep']]}: {KEY['ep']}" if ep > 1 and KEY["ep"] in loc else "DeepSpeed default"
     if run_zero != zero:
         org["zero"] += " with bf16 and pipeline stages: BF16_Optimizer (runtime/engine.py:582, 2313-2320, 2363-2364)"
     derived = "train_batch_size = micro batch x gradient_accumulation_steps x dp (DeepSpeed's rule)"

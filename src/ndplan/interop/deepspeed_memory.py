@@ -70,9 +70,50 @@ DS_DTYPES = {"fp32": ("torch.float32", "fp32", "float32", "float"), "bf16": ("to
 IMMEDIATE = "bf16.immediate_grad_update"
 
 
-def _bf16(flat: dict) -> bool:
-    """``bf16.enabled`` (or the old ``bfloat16`` section, precision_config.py:34-38)."""
-    return bool(flat.get("bf16.enabled", flat.get("bfloat16.enabled", False)))
+def flag(v) -> bool:
+    """A DeepSpeed switch as its pydantic bool reads it (lax mode: true/false, 0/1 and the strings
+    "true", "yes", "on", "1", ... in any case); ``"auto"`` is resolved before (``precision_auto``)."""
+    if isinstance(v, str):
+        return v.lower() in ("1", "on", "t", "true", "y", "yes")
+    return v is True or (not isinstance(v, bool) and v == 1)
+
+
+def bf16_enabled(flat: dict) -> bool:
+    """``bf16.enabled``, or the old ``bfloat16`` section's when there is no ``bf16`` section
+    (precision_config.py:34-38)."""
+    if any(k == "bf16" or k.startswith("bf16.") for k in dict.keys(flat)):
+        return flag(flat.get("bf16.enabled", False))
+    return flag(flat.get("bfloat16.enabled", False))
+
+
+HF_PRECISION = {"bf16.enabled": ("bf16", 181), "fp16.enabled": ("fp16", 180), "bfloat16.enabled": (None, None)}
+"""The precision switches and how ``"auto"`` is filled: the Hugging Face Trainer's fill_match sets
+bf16.enabled / fp16.enabled to ``args.<flag> or args.<flag>_full_eval`` (key -> (TrainingArguments flag, line of
+transformers 5.17.0 integrations/deepspeed.py)); it does not fill the old ``bfloat16`` section, and DeepSpeed
+itself drops an ``"auto"`` value for the field's default, false (runtime/config_utils.py:54-56)."""
+HF_PRECISION_DEFAULT = False
+"""TrainingArguments.bf16 / fp16 / bf16_full_eval / fp16_full_eval default (transformers 5.17.0
+training_args.py:872-895), and DeepSpeed's enabled default (precision_config.py:46, 105)."""
+
+
+def precision_auto(flat: dict, notes: list) -> None:
+    """``"auto"`` precision switches resolved in ``flat`` as the Hugging Face Trainer resolves them with its
+    defaults (HF_PRECISION: false), in one note saying what to write for a run that passes the flag."""
+    autos = [k for k in HF_PRECISION if dict.get(flat, k) == "auto"]
+    for k in autos:
+        flat.get(k)
+        dict.__setitem__(flat, k, HF_PRECISION_DEFAULT)
+    if not autos:
+        return
+    filled = [k for k in autos if HF_PRECISION[k][0]]
+    flags = list(dict.fromkeys(HF_PRECISION[k][0] or "bf16" for k in autos))
+    how = (f"the Hugging Face Trainer fills it from TrainingArguments "
+           f"{', '.join(HF_PRECISION[k][0] + '=False' for k in filled)}, its default, transformers "
+           f"integrations/deepspeed.py:{'-'.join(sorted(str(HF_PRECISION[k][1]) for k in filled))}; " if filled else
+           "the Hugging Face Trainer does not fill the old bfloat16 section; ")
+    notes.append(f"{', '.join(autos)} 'auto': false ({how}DeepSpeed alone drops 'auto' for its default false, "
+                 f"runtime/config_utils.py:54-56); for a run with {' or '.join(f'--{f}' for f in flags)}, write "
+                 + " or ".join(f'"{f}": {{"enabled": true}}' for f in flags) + " in the file")
 
 
 def _dtype(flat: dict, key: str):
@@ -95,7 +136,7 @@ def comm_settings(flat: dict) -> dict:
     default fp16 or bf16 when enabled, else fp32 (runtime/engine.py:1719-1730)."""
     v = flat.get(COMM_DTYPE)
     if v is None:
-        half = _bf16(flat) or bool(flat.get("fp16.enabled", False))
+        half = bf16_enabled(flat) or flag(flat.get("fp16.enabled", False))
         return {"grad_comm_bytes": 2 if half else 4}
     if not isinstance(v, str) or v.lower() not in COMM_DTYPES:
         raise NdplanError(COMM_DTYPE, v, "not a dtype DeepSpeed accepts", 'give "fp16", "bf16" or "fp32"')
@@ -109,7 +150,7 @@ def bf16_optimizer_settings(flat: dict, zero: int, offload: bool, notes: list) -
     :2307-2309); at ZeRO-0 a bf16 model with fp32 accumulation is "unsupported mix"
     (NotImplementedError, :2322-2323)."""
     acc = _dtype(flat, GRAD_ACCUM)
-    if not _bf16(flat) or acc != "fp32":
+    if not bf16_enabled(flat) or acc != "fp32":
         return {}
     if zero == 0:
         raise NdplanError(GRAD_ACCUM, flat[GRAD_ACCUM], "with bf16 weights and no ZeRO is refused by DeepSpeed "
@@ -138,7 +179,7 @@ def pipeline_bf16(flat: dict, zero: int, pp: int, notes: list) -> tuple[int, str
     1806-1807) gets BF16_Optimizer (runtime/engine.py:582, 2313-2320, 2363-2364), which shards the fp32 master and the
     optimizer states over dp as ZeRO-1 does (bf16_optimizer.py:170-183) and keeps one gradient buffer
     of the whole model in the accumulation dtype, bf16 (:190-191); else the file's stage."""
-    if pp > 1 and zero == 0 and _bf16(flat) and _dtype(flat, GRAD_ACCUM) in (None, "bf16"):
+    if pp > 1 and zero == 0 and bf16_enabled(flat) and _dtype(flat, GRAD_ACCUM) in (None, "bf16"):
         notes.append("zero_optimization.stage 0 with bf16 and pipeline stages: DeepSpeed's BF16_Optimizer "
                      "(runtime/engine.py:582, 2313-2320, 2363-2364), estimated as ZeRO-1 with a bf16 gradient buffer "
                      "of the whole "
@@ -313,7 +354,8 @@ def persistence_note(flat: dict, spec, tp: int, dp: int, hidden_size: int, notes
 def parameter_sizes(spec, tp: int) -> list[tuple[str, int, int]]:
     """(kind, elements on one device, how many) of each parameter tensor, in the order of the
     Hugging Face modules (embedding, layers, final norm, head), TP-split as params.py splits
-    them; one device holds every expert (ep = 1: DeepSpeed sets ep in the model code)."""
+    them; one device holds every expert (at AutoEP's ep > 1 it holds num_experts / ep of them, tensors of
+    millions of elements, above the default and the Trainer's thresholds: the ones that stay whole are the same)."""
     h, a, kv, d = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
     split = lambda n: max(n // tp, 1)  # noqa: E731
     norm = [("norms", h, 2 if spec.layernorm else 1)]

@@ -16,8 +16,13 @@ import re
 
 from ndplan.interop import shell
 
-NPROC = ("--nproc_per_node", "--nproc-per-node")
+NPROC = ("--nproc_per_node", "--nproc-per-node", "--num_gpus", "--num_accelerators")
+"""torchrun's processes per node, and the deepspeed launcher's (deepspeed 0.19.8
+launcher/runner.py:84-95: ``--num_nodes``, ``--num_gpus`` (or ``--num_accelerators``); -1, its default, means every
+device of the hostfile, which the script does not state)."""
 NNODES = "--nnodes"
+NODES = (NNODES, "--num_nodes")
+DEEPSPEED_NODES = {"--num_gpus": "--num_nodes", "--num_accelerators": "--num_nodes"}
 
 
 def _flag_value(ws: list[shell.Word], flags: tuple[str, ...]) -> tuple[int, shell.Word, bool] | None:
@@ -39,7 +44,7 @@ def launched(ws: list[shell.Word]) -> tuple[int, int] | None:
     p = _flag_value(ws, NPROC)
     if p is None:
         return None
-    n = _flag_value(ws, (NNODES,))
+    n = _flag_value(ws, NODES)
     per = p[1].text.partition("=")[2] if p[2] else p[1].text
     nodes = "1" if n is None else (n[1].text.partition("=")[2] if n[2] else n[1].text)
     if not (per.isdigit() and nodes.isdigit()) or int(per) < 1 or int(nodes) < 1:
@@ -92,7 +97,8 @@ def _add_nnodes(lines: list[str], ws: list[shell.Word], nodes: int) -> bool:
     rx = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in NPROC) + r")(?=[= \t])")
     if not rx.search(lines[line]):
         return False
-    lines[line] = rx.sub(lambda m: f"{NNODES} {nodes} {m.group(1)}", lines[line], count=1)
+    lines[line] = rx.sub(lambda m: f"{DEEPSPEED_NODES.get(m.group(1), NNODES)} {nodes} {m.group(1)}", lines[line],
+                         count=1)
     return True
 
 
@@ -121,9 +127,9 @@ def set_devices(text: str, devices: int, environ: dict | None = None) -> str | N
     lines = text.splitlines()
     if new_per != per and not _replace_value(lines, ws, NPROC, new_per):
         return None
-    ws_nodes = _flag_value(ws, (NNODES,))
+    ws_nodes = _flag_value(ws, NODES)
     if new_nodes != nodes:
-        ok = _replace_value(lines, ws, (NNODES,), new_nodes) if ws_nodes else _add_nnodes(lines, ws, new_nodes)
+        ok = _replace_value(lines, ws, NODES, new_nodes) if ws_nodes else _add_nnodes(lines, ws, new_nodes)
         if not ok:
             return None
     _sbatch_nodes(lines, new_nodes)

@@ -44,7 +44,8 @@ from pathlib import Path
 
 from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
-from ndplan.interop import launcher, megatron_fsdp as MF, megatron_memory as MX, megatron_model as MM, shell
+from ndplan.interop import launcher, megatron_deepspeed as MDS, megatron_fsdp as MF, megatron_memory as MX, \
+    megatron_model as MM, shell
 from ndplan.interop.base import CheckInput, choice_arg, int_arg, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
@@ -70,7 +71,7 @@ OPTIM 1 optimizer states and main weights, OPTIM_GRADS 2 "ZeRO-2", OPTIM_GRADS_P
 the argument's default is optim_grads_params (arguments.py:3190-3192)."""
 ZERO_SHARDING = {z: n for n, z in SHARDING_ZERO.items()}
 """ZeRO stage -> Megatron-FSDP sharding strategy (the inverse of SHARDING_ZERO)."""
-LAUNCHER = {"nproc": ("--nproc_per_node", "--nproc-per-node"), "nnodes": ("--nnodes",)}
+LAUNCHER = {"nproc": launcher.NPROC, "nnodes": launcher.NODES}
 _INT = {"layers", "tp", "pp", "cp", "ep", "etp", "layers_per_vstage", "vstages_per_rank", "first_layers",
         "last_layers", "mbs", "gbs", "seq", "recompute_num_layers"}
 
@@ -90,8 +91,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(flag, dest=name, action="store_true")
         else:
             p.add_argument(flag, dest=name, type=str)
-    for name, flag in MODEL_FLAGS.items():
-        p.add_argument(flag, dest=name, type=str)
+    for name, flag in MODEL_FLAGS.items():  # Megatron-DeepSpeed's --num-experts: one per layer group
+        p.add_argument(flag, dest=name, type=str, **({"nargs": "+"} if name == "experts" else {}))
     for name, flag in MODEL_SWITCHES.items():
         if flag not in FLAG.values():  # --untie-embeddings-and-output-weights: the exporter writes it too
             p.add_argument(flag, dest=name, action="store_true")
@@ -100,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
     for name, flag in MEMORY_SWITCHES.items():
         p.add_argument(flag, dest=name, action="store_true")
     p.add_argument("--recompute-modules", dest="recompute_modules", nargs="+")
+    MDS.add_arguments(p)
     for name, flags in LAUNCHER.items():
         p.add_argument(*flags, dest=name, type=str)
     return p
@@ -187,9 +189,41 @@ def _missing_model(args, name: str) -> str:
     return f"{name} lacks {', '.join(lacks)} to define the architecture"
 
 
-def _zero(args) -> tuple[int, str]:
+GPT2_DEFAULT_ENTRIES = {"pretrain_gpt.py": "Megatron-LM@d98e8a64 pretrain_gpt.py:527; Megatron-DeepSpeed :364",
+                        "pretrain_hybrid.py": "pretrain_hybrid.py:544", "pretrain_vlm.py": "pretrain_vlm.py:498",
+                        "pretrain_gpt_core.py": "Megatron-DeepSpeed pretrain_gpt_core.py:126"}
+"""Entry scripts that default --tokenizer-type to GPT2BPETokenizer (their args_defaults)."""
+
+
+def _fsdp2_refusals(args, max_connections: str | None) -> None:
+    """What validate_args asserts for --use-torch-fsdp2 (Megatron-LM@d98e8a64 training/
+    arguments.py:1031-1048) and the reader can see: no distributed optimizer, no gradient
+    accumulation fusion (on by default: --no-gradient-accumulation-fusion turns it off), no
+    pipeline or expert parallelism, CUDA_DEVICE_MAX_CONNECTIONS not 1. The untied embedding
+    (1043-1044) is the exporter's check, which knows the model."""
+    fix = "FSDP2 runs alone; or use --use-megatron-fsdp, which takes them (arguments.py:1118-1135)"
+    if args.distributed_optimizer:
+        raise NdplanError(FLAG["fsdp2"], True, "Megatron asserts it is not supported with "
+                          f"{FLAG['distributed_optimizer']} (arguments.py:1037-1038)", "drop one of the two; " + fix)
+    if not args.no_grad_fusion:
+        raise NdplanError(FLAG["fsdp2"], True, "Megatron asserts it is not supported with gradient accumulation "
+                          "fusion, which is on by default (arguments.py:1039-1040)",
+                          f"add {FLAG['no_grad_fusion']}")
+    for name, line in (("pp", "1033-1034"), ("ep", "1035-1036")):
+        v = getattr(args, name, None)
+        if v is not None and str(v) not in ("1",):
+            raise NdplanError(FLAG["fsdp2"], True, f"Megatron asserts it is not supported with {FLAG[name]} {v} "
+                              f"(arguments.py:{line})", fix)
+    if max_connections == "1":
+        raise NdplanError("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron asserts FSDP2 needs a value other than 1 "
+                          "(arguments.py:1047-1048)", "export CUDA_DEVICE_MAX_CONNECTIONS=8, or drop "
+                          f"{FLAG['fsdp2']}")
+
+
+def _zero(args, max_connections: str | None = None) -> tuple[int, str]:
     """(ZeRO stage, the flags it came from)."""
     if args.fsdp2:
+        _fsdp2_refusals(args, max_connections)
         return 3, FLAG["fsdp2"]
     if args.megatron_fsdp:
         strategy = args.sharding or "optim_grads_params"
@@ -239,6 +273,10 @@ def _fp8(args, notes: list) -> str:
                  "operands quantised every micro-batch, the MLP's output gradient in two fp8 copies in backward; "
                  "the attention core stays 16-bit (the amax history is not modelled"
                  + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
+    if args.fp8_param_gather and args.fsdp2:
+        notes.append("--fp8-param-gather under --use-torch-fsdp2: Megatron turns it off (Transformer Engine >= 2.0, "
+                     "arguments.py:1050-1056): bf16 weights, gathered in bf16")
+        return "auto"
     if args.fp8_param_gather:
         notes.append("--fp8-param-gather: the decoder layers' weights held in fp8, the embedding and output layer in "
                      "bf16 (states.FP8_VOCAB_BYTES)")
@@ -260,15 +298,19 @@ def _moe_notes(args, spec, notes: list) -> None:
 
 def _expansions(ws, notes: list) -> None:
     """One note per value the script took from the environment or a default, for the
-    flags the reader uses."""
+    flags the reader uses; a ``$(( ))`` value it could not evaluate is refused with the reason."""
     known = set(FLAG.values()) | set(MODEL_FLAGS.values()) | set(MEMORY_FLAGS.values()) | {
-        f for fl in LAUNCHER.values() for f in fl}
+        f for fl in LAUNCHER.values() for f in fl} | set(MDS.FLAGS.values())
     seen = set()
     for k, w in enumerate(ws):
         flag = w.text.split("=", 1)[0]
         if flag not in known:
             continue
         val = w if "=" in w.text else (ws[k + 1] if k + 1 < len(ws) else None)
+        why = [s for s in (val.sources if val is not None else ()) if "not evaluated" in s]
+        if why and "$((" in val.text:
+            raise NdplanError(flag, val.text.split("=", 1)[-1], why[0], "write the number, or use + - * / % ** on "
+                              "integers and variables the script sets")
         for src in (val.sources if val is not None else ()):
             if (flag, src) not in seen:
                 seen.add((flag, src))
@@ -276,18 +318,29 @@ def _expansions(ws, notes: list) -> None:
 
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
-    ws = shell.read_words(text, os.environ)
+    script = shell.read_script(text, os.environ)
+    ws = script.words
     args, unknown = parser().parse_known_args([w.text for w in ws])
     if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
         raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
                           "--tensor-model-parallel-size)", "give a Megatron launch script, or --format for another framework")
     notes: list[str] = []
+    MDS.experts(args)
     _expansions(ws, notes)
+    notes += [f"read the branch bash runs: {why}" for why in script.decisions]
+    entry = next((w.text.rsplit("/", 1)[-1] for w in ws if w.text.rsplit("/", 1)[-1] in GPT2_DEFAULT_ENTRIES), None)
+    if args.tokenizer is None and entry:
+        args.tokenizer = "GPT2BPETokenizer"
+        notes.append(f"--tokenizer-type not given: {entry}'s default GPT2BPETokenizer ({GPT2_DEFAULT_ENTRIES[entry]})")
     get = _getter(args)
+    ds = MDS.settings(args, script.heredocs, path.parent, notes)
+    for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
+        if name in ds:
+            setattr(args, name, ds[name])
     tp = get("tp", 1)
     spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
                                  f"flags in {path.name}", _missing_model(args, path.name))
-    pp, cp = get("pp", 1), get("cp", 1)
+    pp, cp = get("pp", 1), ds.get("cp", get("cp", 1))
     got = launcher.launched(ws)
     launched = got[0] * got[1] if got else None
     if gpus is None and launched is None and args.nproc:  # torchrun also takes gpu, cpu, auto, elastic 1:4
@@ -295,7 +348,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
             else ("--nnodes", args.nnodes)
         raise NdplanError(*bad, "not a device count ndplan can read (a whole number >= 1)", "give --gpus N")
     if gpus is None and launched is not None:
-        gpus, gsrc = launched, "torchrun --nproc_per_node x --nnodes"
+        gpus, gsrc = launched, "the launcher (torchrun --nproc_per_node x --nnodes, deepspeed --num_gpus x --num_nodes)"
     else:
         gsrc = "--gpus"
         if launched is not None and launched != gpus:
@@ -314,7 +367,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     seq_ = seq if seq is not None else _int(args, "seq", FLAG["seq"])
     if seq_ is None:
         raise NdplanError(FLAG["seq"], None, f"missing in {path.name}; add it or give --seq")
-    zero, zero_src = _zero(args)
+    zero, zero_src = _zero(args, script.value("CUDA_DEVICE_MAX_CONNECTIONS", os.environ))
+    zero, zero_src = ds.get("zero", zero), ds.get("zero_src", zero_src)
     grad_dtype, grad_src = _grad_dtype(args, notes)
     moe = spec.is_moe
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep", 1) if moe else 1,
@@ -365,11 +419,20 @@ def current(ci: CheckInput) -> dict:
     return out | X._engine_flags(ci.model, ci.strategy)[0]  # read from the file as written (megatron_memory)
 
 
+MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+UNSET_MAX_CONNECTIONS = f"unset {MAX_CONNECTIONS}"
+"""An edit key: the line NVIDIA's FSDP scripts run before launching (train_llama3_8b_fsdp_h100_fp8.sh),
+for FSDP2, which Megatron refuses under CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py:1047-1048)."""
+
+
 def follow_up(ci: CheckInput, strat) -> dict:
     """A file that runs Megatron-FSDP keeps it: the ZeRO stage is its sharding strategy
-    (``SHARDING_ZERO``), not the distributed optimizer / torch FSDP2 flags the exporter writes."""
+    (``SHARDING_ZERO``), not the distributed optimizer / torch FSDP2 flags the exporter writes.
+    A proposal that turns FSDP2 on in a script exporting CUDA_DEVICE_MAX_CONNECTIONS=1 unsets it."""
     if "--use-megatron-fsdp" not in {w for w, _ in words(ci.text)}:
-        return {}
+        fsdp2 = strat.zero == 3 and ci.strategy.zero != 3
+        script = shell.read_script(ci.text, os.environ)
+        return {UNSET_MAX_CONNECTIONS: True} if fsdp2 and script.value(MAX_CONNECTIONS, os.environ) == "1" else {}
     name = ZERO_SHARDING[strat.zero]
     out = {FLAG["fsdp2"]: REMOVE, FLAG["no_grad_fusion"]: True, FLAG["distributed_optimizer"]: True}
     return out | ({MEMORY_FLAGS["sharding"]: name} if strat.zero != ci.strategy.zero else {})
@@ -381,8 +444,15 @@ def _flag_re(flag: str, switch: bool) -> re.Pattern:
 
 
 def edit(text: str, changes: dict) -> str:
-    """Set, add (after the last known flag) or remove flags; ``True`` adds a switch."""
+    """Set, add (after the last known flag) or remove flags; ``True`` adds a switch;
+    ``UNSET_MAX_CONNECTIONS`` adds that line after the script's last assignment of the
+    variable (else after the first line)."""
     lines = text.splitlines()
+    changes = dict(changes)
+    if changes.pop(UNSET_MAX_CONNECTIONS, None):
+        at = max((k for k, ln in enumerate(lines) if re.match(rf"\s*(?:export\s+)?{MAX_CONNECTIONS}=", ln)),
+                 default=0 if lines and lines[0].startswith("#!") else -1)
+        lines.insert(at + 1, f"{UNSET_MAX_CONNECTIONS}  # FSDP2: Megatron asserts it is not 1 (arguments.py:1047-1048)")
     for flag, value in changes.items():
         loc = locate("\n".join(lines))
         switch = value is True or (value is REMOVE and flag in {FLAG[s] for s in SWITCHES})
@@ -398,10 +468,12 @@ def edit(text: str, changes: dict) -> str:
                 else:
                     indent = re.match(r"[ \t]*", new).group(0)  # keep the line's indentation
                     lines[i] = indent + re.sub(r"[ \t]{2,}", " ", new[len(indent):])
-            elif not switch and not isinstance(value, tuple):
+            elif not switch and not isinstance(value, tuple) and rx.search(lines[i]):
                 m = rx.search(lines[i])
                 lines[i] = lines[i][:m.start(1)] + shlex.quote(str(value)) + lines[i][m.end(1):]
                 continue
+            elif not switch and not isinstance(value, tuple):
+                pass  # the value is not written on the flag's line (a variable set elsewhere): given again, later
             else:
                 continue
         if value is REMOVE:

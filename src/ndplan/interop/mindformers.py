@@ -22,7 +22,9 @@ shared/validation/mindformers (benchmarks/memory_validation.py calls ``read_doc`
 * mbs <- ``runner_config.batch_size``; micro-batches m <- ``micro_batch_num`` with a
   pipeline, ``runner_config.gradient_accumulation_steps`` (default 1) without one (README
   section 2); gbs = mbs * dp * m (the MindFormers / MemEst convention; CP does not multiply).
-* seq <- ``model_config.seq_length``; zero <- 1 when
+* seq <- ``model_config.seq_length``; absent, an mcore model's MindFormers default 4096, which the
+  dataset's sample length must equal, and a legacy model's error naming --seq (``seq_length``);
+  zero <- 1 when
   ``parallel.enable_parallel_optimizer`` (weights + moments sharded over dp; the mindspore
   engine profile shards weights from zero >= 1); engine mindspore; flash_attention <-
   ``use_flash_attention``; weight_dtype fp32 when ``param_init_type`` (mcore: ``params_dtype``,
@@ -44,8 +46,11 @@ Not modelled (a note each): the CP algorithm, vocab_emb_dp with tp > 1,
 fine_grain_interleave, micro_batch_interleave_num, other optimizer types (counted as Adam),
 Muon's Newton-Schulz scratch and its unsharded MLA projections, gradient_accumulation_shard,
 op-level ``select_recompute`` dicts; seqpipe is estimated as 1f1b with a
-note of what that leaves out; pipeline_scheduler gpipe and zero_bubble_v are read as
+note of what that leaves out, and seq_split_num > 1 is refused where MindFormers refuses it
+(mindformers_memory.seq_split); pipeline_scheduler gpipe and zero_bubble_v are read as
 ndplan's gpipe and zbv (export/mindformers.py SCHEDULER), seqvpp and seqsmartvpp are refused.
+The strategy is checked against the model and engine rules as it is read (``read``), a failure
+named by its yaml key (``_in_yaml``).
 """
 
 from __future__ import annotations
@@ -119,7 +124,8 @@ def _mcore_model(mc: dict, name: str):
     return dataclasses.replace(spec, qk_norm=True) if mc.get("qk_layernorm") and not spec.qk_norm else spec
 
 
-def _deepseek(doc: dict) -> bool:
+def is_deepseek(doc: dict) -> bool:
+    """The legacy DeepSeek model (research/deepseek3/deepseek2_model.py), named by its arch or config type."""
     return "deepseek" in (str(get(doc, "model.arch.type", "")) + str(get(doc, MC + ".type", ""))).lower()
 
 
@@ -138,7 +144,7 @@ def _legacy_moe(doc: dict, ffn: int) -> dict:
     if experts <= 1:
         return {}
     small = _whole(moe, "moe_intermediate_size", 1407)
-    deepseek = _deepseek(doc)
+    deepseek = is_deepseek(doc)
     first_k = moe.get("first_k_dense_replace", 0) if deepseek else 0
     first_k = int(first_k) if isinstance(first_k, bool) else _whole(moe, "first_k_dense_replace", 0)
     return {"num_experts": experts, "num_experts_per_tok": _whole(moe, "num_experts_chosen", 1),
@@ -181,7 +187,7 @@ def model_of(doc: dict, name: str, where: str):
     a = positive(f"{MC}.num_heads", mc["num_heads"], where)
     ffn = ffn_hidden_size(mc, h)
     moe = _legacy_moe(doc, ffn)
-    if moe and moe["n_shared_experts"] and not _deepseek(doc):
+    if moe and moe["n_shared_experts"] and not is_deepseek(doc):
         moe["shared_expert_intermediate_size"] = moe.pop("n_shared_experts") * _whole(doc[MOE], "moe_intermediate_size", 1407)
     mla = {k: mc[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
            if mc.get(k) is not None}
@@ -301,23 +307,66 @@ def memory_limit(doc: dict) -> int | None:
     return int(limits.gib(KEY["max_device_memory"], float(m.group(1))) * GIB)
 
 
-def _scheduler(doc: dict, vpp: int, notes: list) -> str:
+def _scheduler(doc: dict, vpp: int) -> str:
     """The schedule of ``pipeline_scheduler``: 1f1b (interleaved with pp_interleave_num), gpipe and
     zero_bubble_v (export/mindformers.py SCHEDULER) are modelled; seqpipe is estimated as 1f1b
-    over whole sequences with a note of what that leaves out; others are refused."""
+    over whole sequences (mindformers_memory.seq_split says what that leaves out); others are refused."""
     sched = str(get(doc, KEY["scheduler"], "1f1b"))
     known = {v: k for k, v in X.SCHEDULER.items() if k != "interleaved"}
     if sched in known:
         return default_schedule(vpp) if sched == "1f1b" else known[sched]
     if sched == "seqpipe":
-        n = get(doc, KEY["seq_split"], 1)
-        notes.append(f"pipeline_scheduler seqpipe (seq_split_num={n}) estimated as 1f1b over whole sequences; "
-                     f"not modelled: each micro-batch runs as {n} sequence chunks (a smaller bubble, 1/{n} of the "
-                     "activations per chunk in flight) and every attention layer holds the whole sequence's K/V "
-                     "and their gradients (key_cache / value_cache, mindformers llama_transformer.py)")
         return default_schedule(vpp)
     raise NdplanError(KEY["scheduler"], sched, "not modelled", "ndplan models 1f1b (interleaved), gpipe and "
                       "zero_bubble_v pipelines (and estimates seqpipe as 1f1b)")
+
+
+MCORE_SEQ_DEFAULT = 4096
+"""seq_length of an mcore model whose model_config leaves it out: MFModelConfig.seq_length
+(mindformers/parallel_core/mf_model_config.py:349 at f52743ca, :361 at v1.7.0), merged under
+every mcore model config's own keys by register_mf_model_parameter (models/model_config_utils.py:
+184-211 at f52743ca; no mcore config class overrides it: deepseek3 and telechat3 pass 4096)."""
+DATASET_SEQ = "train_dataset.data_loader.config.seq_length"
+"""The Megatron GPTDataset's sample length (BlendedMegatronDatasetDataLoader, mindformers/dataset/
+dataloader/blended_megatron_dataloader.py:185 at f52743ca)."""
+HANDLERS = "train_dataset.data_loader.handler"
+"""HFDataLoader's handler list; the last entry with a seq_length (PackingHandler) sets the length
+of the samples (configs/qwen3/finetune_qwen3.yaml at f52743ca)."""
+
+
+def _dataset_seq(doc: dict) -> tuple[str, object] | None:
+    """(key, value) of the sample length the training dataset says, or None."""
+    if get(doc, DATASET_SEQ) is not None:
+        return DATASET_SEQ, get(doc, DATASET_SEQ)
+    handlers = get(doc, HANDLERS)
+    given = [(i, h["seq_length"]) for i, h in enumerate(handlers) if isinstance(h, dict)
+             and h.get("seq_length") is not None] if isinstance(handlers, list) else []
+    return (f"{HANDLERS}[{given[-1][0]}].seq_length", given[-1][1]) if given else None
+
+
+def seq_length(doc: dict, name: str) -> tuple[int, str | None]:
+    """(sequence length, note or None) as MindFormers builds the model: ``model_config.seq_length``;
+    absent in an mcore model, MindFormers' default ``MCORE_SEQ_DEFAULT``, which the dataset's
+    sample length must then equal (the causal mask is built seq_length x seq_length,
+    parallel_core/training_graph/transformer/mask_generate.py:66-69 at f52743ca, and the MoE
+    reshapes tokens by it, moe/moe_layer.py:195, 230). A legacy model class has its own
+    default (LlamaConfig 2048, models/llama/llama_config.py:133): NdplanError naming --seq."""
+    v = model_config(doc).get("seq_length")
+    if v is not None:
+        return positive(KEY["seq"], v, name), None
+    ds = _dataset_seq(doc)
+    if not is_mcore(doc):
+        said = f" ({ds[0]}={ds[1]!r} is the data's length)" if ds else ""
+        raise NdplanError(KEY["seq"], None, f"absent, and each legacy model class defaults it its own way (LlamaConfig "
+                          f"2048){said}",
+                          f"set {KEY['seq']} in the yaml, or pass --seq")
+    if ds is not None and ds[1] != MCORE_SEQ_DEFAULT:
+        raise NdplanError(KEY["seq"], None, f"absent, so MindFormers builds the model for its default "
+                          f"{MCORE_SEQ_DEFAULT} (parallel_core/mf_model_config.py:349), but {ds[0]}={ds[1]!r}",
+                          f"set {KEY['seq']}: {ds[1]} in the yaml, or pass --seq")
+    agrees = f", the length of {ds[0]}" if ds else ""
+    return MCORE_SEQ_DEFAULT, (f"seq {MCORE_SEQ_DEFAULT}: {KEY['seq']} absent, MindFormers' mcore default "
+                               f"(parallel_core/mf_model_config.py:349 at f52743ca){agrees}")
 
 
 def _weight_dtype(doc: dict, mc: dict) -> str:
@@ -358,15 +407,19 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     dp, tp, pp = (positive(KEY[k], get(doc, KEY[k], 1), name) for k in ("dp", "tp", "pp"))
     cp = positive(KEY["cp"], get(doc, KEY["cp"], 1), name)
     vpp = positive(KEY["vpp"], get(doc, KEY["vpp"], 1), name) if get(doc, KEY["interleave"], False) else 1
-    schedule = _scheduler(doc, vpp, notes)
+    schedule = _scheduler(doc, vpp)
     mbs = positive(KEY["mbs"], get(doc, KEY["mbs"], 1), name)
     if pp > 1:
         m = positive(KEY["m"], get(doc, KEY["m"], 1), name)
     else:
         m = positive(KEY["grad_accum"], get(doc, KEY["grad_accum"], 1), name)
         notes.append(f"pp=1: micro-batches = gradient_accumulation_steps = {m} (micro_batch_num ignored)")
+    from ndplan.interop import mindformers_memory as MFM
     mc = model_config(doc)
-    seq_ = seq if seq is not None else positive(KEY["seq"], mc.get("seq_length"), name)
+    seq_, seq_note = (seq, None) if seq is not None else seq_length(doc, name)
+    if seq_note:
+        notes.append(seq_note)
+    MFM.seq_split(doc, pp, notes)
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, gbs=gbs if gbs is not None else mbs * dp * m,
               seq=seq_, zero=1 if get(doc, KEY["zero"], False) else 0, sp=bool(get(doc, KEY["sp"], False)) or tp == 1,
               engine="mindspore", flash_attention=bool(mc.get("use_flash_attention", False)),
@@ -390,7 +443,6 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     if kw["zero"]:
         notes.append(f"{KEY['zero']} -> zero=1 (MindSpore optimizer parallel: weights and optimizer states "
                      "sharded over data_parallel); the format has no ZeRO-2/3 level, so zero 2 or 3 reads back as 1")
-    from ndplan.interop import mindformers_memory as MFM
     kw["offload_optimizer"] = MFM.MFO.swap(doc, notes)
     kw["engine"] = MFM.engine(doc, spec, dp=dp, cp=cp, zero=kw["zero"], mcore=is_mcore(doc), notes=notes,
                               weight_bytes=4 if kw["weight_dtype"] == "fp32" else 2)
@@ -399,16 +451,19 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
 
 def _in_yaml(e: NdplanError, kw: dict) -> NdplanError:
     """A strategy rule's error (rules.py names Strategy fields and CLI flags) as the yaml key to
-    change, with the yaml's value; other errors as they are."""
+    change, with the yaml's value; other errors as they are. The pipeline fields' fix names the
+    scheduler too; the others keep the rule's fix."""
     pp1 = kw["pp"] == 1
     m = kw["gbs"] // (kw["dp"] * kw["mbs"])
-    keys = {"vpp": (KEY["vpp"], kw["vpp"]), "schedule": (KEY["scheduler"], kw["schedule"]),
-            "gbs": (KEY["grad_accum"] if pp1 else KEY["m"], m), "m": (KEY["grad_accum"] if pp1 else KEY["m"], m),
-            "sp": (KEY["sp"], kw["sp"])}
-    if e.field not in keys:
-        return e
-    key, value = keys[e.field]
-    return NdplanError(key, value, e.problem, f"change {key} (or {KEY['scheduler']}) in the yaml")
+    pipeline = {"vpp": (KEY["vpp"], kw["vpp"]), "schedule": (KEY["scheduler"], kw["schedule"]),
+                "gbs": (KEY["grad_accum"] if pp1 else KEY["m"], m), "m": (KEY["grad_accum"] if pp1 else KEY["m"], m)}
+    degrees = {f: (KEY[f], kw.get(f, 1)) for f in ("sp", "tp", "pp", "ep")}
+    if e.field in pipeline:
+        key, value = pipeline[e.field]
+        return NdplanError(key, value, e.problem, f"change {key} (or {KEY['scheduler']}) in the yaml")
+    if e.field in degrees:
+        return NdplanError(*degrees[e.field], e.problem, e.fix)
+    return e
 
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
@@ -423,11 +478,12 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
                           "give a MindFormers training yaml, or --format for another framework")
     name = f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
     spec, origin, kw, notes = read_doc(doc, model=model, name=name, seq=seq, gbs=gbs)
+    world = kw["dp"] * kw["tp"] * kw["pp"] * kw["cp"]
     try:
         strat = make_strategy(kw, notes)
+        strat.check(spec, world)  # the model and engine_model rules (MoE with tp > 1 needs SP, ...)
     except NdplanError as e:
         raise _in_yaml(e, kw) from None
-    world = strat.dp * strat.tp * strat.pp * strat.cp
     if gpus is not None and gpus != world:
         raise NdplanError("gpus", gpus, f"{path.name} uses data_parallel*model_parallel*pipeline_stage*"
                                         f"context_parallel = {world} devices; drop --gpus or change the yaml")
@@ -439,6 +495,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     origin_["gpus"] = "dp*tp*pp*cp of the yaml"
     if seq is not None:
         origin_["seq"] = "--seq"
+    elif KEY["seq"] not in loc:
+        origin_["seq"] = f"MindFormers' mcore default ({KEY['seq']} absent; parallel_core/mf_model_config.py:349)"
     limit = memory_limit(doc)
     return CheckInput(path=path, fmt="mindformers", text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=world, origin=origin_, lines={k: v for k, v in loc.items()}, notes=tuple(notes),
@@ -455,8 +513,16 @@ def follow_up(ci: CheckInput, strat) -> dict:
     """Keys ndplan does not model whose shape must follow a new pipeline: a per-stage
     ``select_comm_recompute`` list has one entry per stage (per chunk and stage with
     VPP), so when pp or vpp changes it is switched off rather than left the wrong length
-    (ndplan's estimate does not count communication recompute either way)."""
+    (ndplan's estimate does not count communication recompute either way). A
+    ``seq_split_num`` > 1, which MindFormers refuses with full recompute or without a pipeline
+    (mindformers_memory.seq_split), is set to 1 (and seqpipe to 1f1b) for such a strategy: the
+    estimate was 1f1b over whole sequences already."""
     doc = yaml.safe_load(ci.text) or {}
+    out = {}
     if isinstance(get(doc, KEY["selective_comm"]), list) and (strat.pp, strat.vpp) != (ci.strategy.pp, ci.strategy.vpp):
-        return {KEY["selective_comm"]: False}
-    return {}
+        out[KEY["selective_comm"]] = False
+    if get(doc, KEY["seq_split"], 1) != 1 and (strat.pp == 1 or strat.recompute == "full"):
+        out[KEY["seq_split"]] = 1
+        if str(get(doc, KEY["scheduler"])) == "seqpipe" and strat.schedule == "1f1b":
+            out[KEY["scheduler"]] = "1f1b"
+    return out

@@ -2,15 +2,18 @@
 into engine settings (engines.derive on the mindspore profile): the optimizer type (its states
 and step temporaries, interop.mindformers_optim), the optimizer shard group
 (``optimizer_weight_shard_size``) and the MoE capacity (the legacy ``moe_config`` and the mcore
-``model_config`` keys). Sources are at mindspore-lab/mindformers@fd4deebc (legacy MoE, shard
-size) and @f52743ca (mcore).
+``model_config`` keys); and the sequence pipeline (``seq_split_num``), checked and described
+(``seq_split``). Sources are at mindspore-lab/mindformers@fd4deebc (legacy MoE, shard
+size) and @f52743ca (mcore, seq_split_num).
 """
 
 from __future__ import annotations
 
 from ndplan.errors import NdplanError
 from ndplan.interop import mindformers_optim as MFO
-from ndplan.interop.mindformers import MC, get, model_config  # mindformers imports this module inside read_doc
+from ndplan.interop.base import positive
+# mindformers imports this module inside read_doc
+from ndplan.interop.mindformers import KEY, MC, get, is_deepseek, is_mcore, model_config
 
 SHARD_SIZE = MFO.SHARD_SIZE
 OPTIMIZER = MFO.OPTIMIZER
@@ -130,3 +133,54 @@ def engine(doc: dict, spec, *, dp: int, cp: int, zero: int, weight_bytes: int, m
                 | shard_settings(doc, dp, cp, zero, notes) | capacity_settings(doc, spec, mcore, notes))
     grad_shard_note(doc, notes)
     return derive("mindspore", {k: v for k, v in settings.items() if getattr(MINDSPORE, k) != v})
+
+
+def seq_split(doc: dict, pp: int, notes: list) -> None:
+    """``parallel_config.seq_split_num`` n > 1 with a pipeline, as MindFormers@f52743ca takes it: the
+    trainer wraps the network in SequenceSplit, which feeds each micro-batch as n slices of the
+    sequence (trainer/base_trainer.py:510-515, modules/seq_pipe.py:64-118), and refuses it with full
+    recompute (:512-514) and for mcore models (:546-550); LLaMA's attention refuses it without flash
+    attention (models/llama/llama_transformer.py:203-205; GLM2's too, glm2/glm2_transformer.py:191-192),
+    the legacy DeepSeek attention does not (research/deepseek3/deepseek2_model.py:665-695). Without a
+    pipeline there is no SequenceSplit but the LLaMA model still tiles K/V n times against buffers
+    of one sequence (llama.py:117-140, llama_transformer.py:522-526): refused too. Under
+    ``pipeline_scheduler: seqpipe`` the estimate is 1f1b over whole sequences, with a note of what
+    that leaves out (the held slices are checked against MindSpore's execute order in
+    tests/test_mindformers_reader_more.py)."""
+    n = positive(KEY["seq_split"], get(doc, KEY["seq_split"], 1), "parallel_config")
+    if n == 1:
+        return
+    if pp == 1:
+        raise NdplanError(KEY["seq_split"], n, "slices the sequence only with a pipeline (the trainer wraps "
+                          "SequenceSplit when pipeline_stage > 1, trainer/base_trainer.py:509-515 at f52743ca), while "
+                          "the LLaMA model sizes its K/V slice buffers by it anyway (models/llama/llama.py:117-140)",
+                          f"set {KEY['seq_split']}: 1 with pipeline_stage 1")
+    if is_mcore(doc):
+        raise NdplanError(KEY["seq_split"], n, "MindFormers refuses seq_split_num > 1 for mcore models "
+                          "(trainer/base_trainer.py:546-550 at f52743ca)", f"set {KEY['seq_split']}: 1")
+    full = get(doc, KEY["full"], False)
+    if full:  # a per-stage list is true too: the trainer tests the key's truth
+        raise NdplanError(KEY["full"], full, f"MindFormers refuses full recompute with seq_split_num={n} "
+                          "(trainer/base_trainer.py:512-514 at f52743ca)",
+                          f"set {KEY['full']}: False, or {KEY['seq_split']}: 1")
+    if not model_config(doc).get("use_flash_attention") and not is_deepseek(doc):
+        raise NdplanError(f"{MC}.use_flash_attention", model_config(doc).get("use_flash_attention"),
+                          f"seq_split_num={n} needs flash attention (MindFormers' LLaMA attention, "
+                          "models/llama/llama_transformer.py:203-205 at f52743ca)",
+                          f"set use_flash_attention: True, or {KEY['seq_split']}: 1")
+    sched = str(get(doc, KEY["scheduler"], "1f1b"))
+    if sched != "seqpipe":
+        notes.append(f"seq_split_num={n} with pipeline_scheduler {sched}: the sequence slices are not modelled "
+                     "(estimated over whole sequences)")
+        return
+    notes.append(
+        f"pipeline_scheduler seqpipe (seq_split_num={n}) estimated as 1f1b over whole sequences; not modelled: "
+        f"each micro-batch runs as {n} slices of seq/{n} tokens, backward last slice first, so stage i holds "
+        f"pp-1-i+{n} slices, not pp-i sequences (MindSpore seqpipe_scheduler.cc:135-176, 306-315); every "
+        "slice's flash attention keeps the whole sequence's K and V, and every attention layer keeps key_cache, "
+        "value_cache and their gradient buffers (llama_transformer.py:206-215, 522-543). With m >= pp, the "
+        f"estimate of stage i minus what it holds, per layer: (pp-1-i) x {n - 1}/{n} x A_tok - {n + 1} x A_kv "
+        "(A_tok: a sequence's token-proportional activations; A_kv = 2 x mbs x seq/cp x n_kv_heads x head_dim/tp "
+        "x 2 B), an upper bound where that is >= 0 (every stage but the last when K/V are a small share, as with "
+        f"grouped-query heads); the last stage is under by {n + 1} x A_kv per layer and its logits are held "
+        f"1/{n} at a time; also uncounted, one A_kv/2 kv_mask per held slice (llama.py:373-376)")

@@ -5,8 +5,9 @@ refuses. Type names are MindFormers' optimizer registry: AdamW, PmaAdamW and Muo
 every class of mindspore.nn.optim, SGD and Momentum among them (core/optim/build_optim.py:101-129).
 AdamW's lines are cited at fd4deebc, where they were first read; the rest at f52743ca.
 
-Not derived: the step temporaries of the composite (non-fused) optimizers other than AdamW,
-counted as the mindspore profile's fitted 8 bytes per parameter with a note; Muon's
+Not derived: the step temporaries of the composite optimizers other than AdamW (Came,
+Muon, the composite PmaAdamW), counted as the mindspore profile's fitted 8 bytes per
+parameter with a note (SGD and Momentum update in place: none); Muon's
 Newton-Schulz scratch (``muon_scratch_note``) and its MLA projections kept out of optimizer
 parallel (``muon_unsharded_note``), each a note with its size.
 """
@@ -101,7 +102,12 @@ def _came(doc: dict, weight_bytes: int, notes: list) -> dict:
 def _sgd(doc: dict, name: str, weight_bytes: int, notes: list) -> dict:
     """mindspore.nn.SGD (registered as SGD and sgd, build_optim.py:101-119): accum and stat, whatever
     the momentum; mindspore.nn.Momentum: moments, and a ``momentum`` it requires as a float >= 0
-    (momentum.py:198-203 at mindspore-ai/mindspore@09fe5b6f). Both in the parameter dtype."""
+    (momentum.py:198-203 at mindspore-ai/mindspore@09fe5b6f). Both in the parameter dtype.
+    No step temporaries: each runs one primitive per parameter, P.SGD or P.ApplyMomentum
+    (mindspore 2.10.0 nn/optim/sgd.py:34, 205-207; momentum.py:34, 187), which write the parameter
+    and its states in place (``side_effect_mem``, ops/operations/nn_ops.py:2296, 2594;
+    ApplyMomentum's variable and accumulation are RW_WRITE with the gradient in their dtype,
+    2280-2286); MindFormers' accumulated gradients already have the parameter's dtype."""
     if name == "Momentum":
         m = get(doc, "optimizer.momentum")
         if isinstance(m, bool) or not isinstance(m, float) or not m >= 0:
@@ -111,8 +117,8 @@ def _sgd(doc: dict, name: str, weight_bytes: int, notes: list) -> dict:
     else:
         opt = O.states("mindspore_sgd")
     notes.append(f"{name}: {opt.states} state(s) per parameter in the parameter dtype ({opt.source.split(' (')[0]}); "
-                 f"step temporaries {STEP_TEMPS}")
-    return O.engine_settings(opt, weight_bytes)
+                 f"no step temporaries (P.{'ApplyMomentum' if name == 'Momentum' else 'SGD'} updates in place)")
+    return O.engine_settings(opt, weight_bytes) | {"optimizer_step_temp_bytes": 0}
 
 
 def _muon(doc: dict, spec, weight_bytes: int, *, mcore: bool, dp: int, zero: int, notes: list) -> dict:

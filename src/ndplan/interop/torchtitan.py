@@ -216,13 +216,18 @@ def _layer_sac(mode: str, option: str, L: int, pp: int, vpp: int, schedule: str,
     return ("full", None) if per_chunk * vpp >= n else ("full", per_chunk) if per_chunk else ("none", None)
 
 
-def _origins(loc: dict, pp: int, gsrc: str, reshard: str) -> tuple[dict, dict]:
-    """(where each strategy field came from, line of each key); ``loc``: key -> 0-based line."""
-    org = {f: (f"line {loc[KEY[k]] + 1}: {KEY[k]}" if KEY[k] in loc else f"torchtitan default ({KEY[k]})")
-           for f, k in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("seq", "seq"), ("recompute", "ac_mode"),
-                        ("gbs", "gbs"), ("schedule", "schedule"))}
+def _origins(loc: dict, pp: int, gsrc: str, reshard: str, given: dict) -> tuple[dict, dict]:
+    """(where each strategy field came from, line of each key); ``loc``: key -> 0-based line;
+    ``given``: key -> where a value the file does not write came from (torchtitan 0.3's registered
+    config), else torchtitan's default."""
+
+    def src(key):
+        return f"line {loc[key] + 1}: {key}" if key in loc else given.get(key, f"torchtitan default ({key})")
+
+    org = {f: src(KEY[k]) for f, k in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("seq", "seq"),
+                                       ("recompute", "ac_mode"), ("gbs", "gbs"), ("schedule", "schedule"))}
     org |= {"gpus": gsrc, "dp": "data_parallel_replicate_degree x data_parallel_shard_degree",
-            "zero": f"{KEY['reshard']} = {reshard}", "mbs": KEY["mbs"] if pp > 1 else KEY["local_batch"]}
+            "zero": f"{KEY['reshard']} = {reshard}", "mbs": src(KEY["mbs"] if pp > 1 else KEY["local_batch"])}
     return org, {k: v + 1 for k, v in loc.items()}
 
 
@@ -232,9 +237,10 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
 
 def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=None, gbs=None, settings=None,
               fmt: str = "torchtitan", notes=(), lines: dict | None = None,
-              gpus_origin: str | None = None) -> CheckInput:
+              gpus_origin: str | None = None, given: dict | None = None, unknown=()) -> CheckInput:
     """``read`` of the dotted keys ``flat`` (a TOML job config, or torchtitan 0.3's registered
-    config with overrides: interop/torchtitan03.py, which gives its engine ``settings``)."""
+    config with overrides: interop/torchtitan03.py, which gives its engine ``settings``, where
+    the values not on the command line came from, ``given``, and the options it does not know)."""
 
     def get(k):
         return flat.get(KEY[k], DEFAULTS.get(k))
@@ -273,9 +279,10 @@ def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=N
                      offload_optimizer=bool(get("offload")),
                      layers_per_stage=lps if lps and len(set(lps)) > 1 else None)
     strat.check(spec, gpus)
-    org, lines = _origins(toml_locate(text) if lines is None else lines, pp, gpus_origin or gsrc, reshard)
+    org, lines = _origins(toml_locate(text) if lines is None else lines, pp, gpus_origin or gsrc, reshard,
+                          given or {})
     return CheckInput(path=path, fmt=fmt, text=text, model=spec, model_origin=origin, strategy=strat,
-                      gpus=gpus, origin=org, lines=lines, notes=tuple(notes))
+                      gpus=gpus, origin=org, lines=lines, unknown=tuple(unknown), notes=tuple(notes))
 
 
 fields = X.fields

@@ -1,0 +1,148 @@
+"""Megatron-DeepSpeed scripts (microsoft/Megatron-DeepSpeed@f4157bea): Megatron-LM's arguments
+plus ``--deepspeed``, which hands the model to DeepSpeed's engine. Read on top of the
+Megatron-LM reader (interop/megatron.py) when the script passes ``--deepspeed``:
+
+* zero <- ``zero_optimization.stage`` of the ``--deepspeed_config`` file when the script
+  writes it as a here-document (``cat <<EOT > $config_json``) or it sits beside the script,
+  else ``--zero-stage`` (default 1, megatron/arguments.py:1487): the scripts write the same
+  stage into both; DeepSpeed's engine takes the file's (training.py:501-506 deletes the
+  section only for inference);
+* recompute full <- ``--checkpoint-activations``: every ``--checkpoint-num-layers`` (1) layers
+  checkpointed in each layer chunk (model/transformer.py:2082-2088, 1888-1921), Megatron's
+  own ``--recompute-*`` flags otherwise;
+* cp <- ``--ds-sequence-parallel-size`` (DeepSpeed-Ulysses; data parallel = world /
+  (tp pp sp), as DeepSpeed's config divides it);
+* pp 1 with ``--no-pipeline-parallel`` (arguments.py:88-90 asserts it);
+* DeepSpeed's pipeline engine refuses ZeRO-2/3 with pipeline stages (deepspeed 0.19.8
+  runtime/pipe/engine.py:76-77): refused in one line;
+* ``--num-experts`` takes one count per expert layer group (nargs '+', arguments.py:608):
+  equal counts are the model's; PR-MoE's pyramid (different counts) is refused.
+
+Not modelled (each a note): ``--enable-zbh1-pipeline`` (Megatron-DeepSpeed's ZB-H1 schedule
+inside DeepSpeed's pipeline engine: estimated as 1F1B, whose bubble bounds it from above);
+DeepSpeed's own optimizer buffers: the estimate runs the megatron profile (Megatron's model
+code and activations) with the ZeRO stage's sharding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ndplan.errors import NdplanError
+
+SWITCHES = {"deepspeed": "--deepspeed", "checkpoint_activations": "--checkpoint-activations",
+            "ds_activation_checkpointing": "--deepspeed-activation-checkpointing",
+            "zbh1": "--enable-zbh1-pipeline", "no_pipeline_parallel": "--no-pipeline-parallel"}
+FLAGS = {"zero_stage": "--zero-stage", "ds_config": "--deepspeed_config", "ds_sp": "--ds-sequence-parallel-size",
+         "checkpoint_num_layers": "--checkpoint-num-layers", "ds_ep": "--moe-expert-parallel-size", "ds_topk": "--topk"}
+TOPK_DEFAULT = "1"
+"""``--topk`` default (megatron/arguments.py:612); Megatron-LM's --moe-router-topk defaults to 2."""
+ZERO_STAGE_DEFAULT = 1
+"""``--zero-stage`` default (megatron/arguments.py:1487: ``default=1.0``)."""
+
+
+def add_arguments(p) -> None:
+    for name, flag in SWITCHES.items():
+        p.add_argument(flag, dest=name, action="store_true")
+    for name, flag in FLAGS.items():
+        p.add_argument(flag, *(["--deepspeed-config"] if name == "ds_config" else []), dest=name, type=str)
+
+
+def _int(args, name: str, lo: int = 1) -> int | None:
+    v = getattr(args, name)
+    if v is None:
+        return None
+    try:
+        n = int(float(v))
+    except ValueError:
+        raise NdplanError(FLAGS[name], v, "not an integer", "give a whole number") from None
+    if n < lo or n != float(v):
+        raise NdplanError(FLAGS[name], v, f"not a whole number >= {lo}", "give a whole number")
+    return n
+
+
+def _config_stage(args, heredocs: dict, folder: Path) -> tuple[int | None, str]:
+    """zero_optimization.stage of the --deepspeed_config file, when the script writes it or it
+    exists beside the script; (None, why not) otherwise."""
+    name = args.ds_config
+    if not name:
+        return None, "no --deepspeed_config"
+    text = heredocs.get(name)
+    where = f"the here-document written to {name}"
+    if text is None and (folder / name).is_file():
+        text, where = (folder / name).read_text(errors="replace"), f"{name} beside the script"
+    if text is None:
+        return None, f"{name} is made when the script runs"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None, f"{where} is not JSON ndplan can read"
+    stage = (doc.get("zero_optimization") or {}).get("stage") if isinstance(doc, dict) else None
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
+        return None, f"{where} has no zero_optimization.stage"
+    return stage, where
+
+
+def experts(args) -> None:
+    """``--num-experts`` as one count (arguments.py:608: nargs '+', one per expert layer group,
+    default [1]: a dense model); under ``--deepspeed`` the expert flags are Megatron-DeepSpeed's:
+    ``--moe-expert-parallel-size`` is ep, ``--topk`` (default 1) the routed experts a token takes."""
+    v = getattr(args, "experts", None)
+    if isinstance(v, list):
+        if len(set(v)) > 1:
+            raise NdplanError("--num-experts", " ".join(v), "different expert counts per layer group "
+                              "(Megatron-DeepSpeed's pyramid MoE) are not modelled", "give one count")
+        args.experts = v[0]
+    if not args.deepspeed:
+        return
+    if args.experts is not None and args.experts.strip() == "1":
+        args.experts = None  # [1]: no MoE layers (arguments.py:608)
+    if args.ds_ep is not None and getattr(args, "ep", None) is None:
+        args.ep = args.ds_ep
+    if getattr(args, "topk", None) is None:
+        args.topk = args.ds_topk or TOPK_DEFAULT
+
+
+def settings(args, heredocs: dict, folder: Path, notes: list) -> dict:
+    """Strategy fields and their sources the DeepSpeed side sets (module docstring); {} without
+    ``--deepspeed``."""
+    if not args.deepspeed:
+        return {}
+    stage, where = _config_stage(args, heredocs, folder)
+    flag = _int(args, "zero_stage", lo=0)
+    if stage is None:
+        stage = flag if flag is not None else ZERO_STAGE_DEFAULT
+        src = f"--zero-stage {stage}" if flag is not None else f"--zero-stage default {ZERO_STAGE_DEFAULT}"
+        notes.append(f"Megatron-DeepSpeed: ZeRO stage {stage} from {src} ({where})")
+    else:
+        src = f"zero_optimization.stage {stage} in {where}"
+        if flag is not None and flag != stage:
+            notes.append(f"--zero-stage {flag} differs from {src}: DeepSpeed's engine takes the file's")
+    if stage not in (0, 1, 2, 3):
+        raise NdplanError("--zero-stage", stage, "not a ZeRO stage", "give 0, 1, 2 or 3")
+    out = {"zero": stage, "zero_src": src}
+    pp_text = str(getattr(args, "pp", None) or "1")
+    pp = int(pp_text) if pp_text.isdigit() else 1  # the reader checks it
+    if args.no_pipeline_parallel and pp != 1:
+        raise NdplanError("--pipeline-model-parallel-size", pp, "Megatron-DeepSpeed asserts 1 with "
+                          "--no-pipeline-parallel (megatron/arguments.py:88-90)", "give 1, or drop --no-pipeline-parallel")
+    if pp > 1 and stage >= 2:
+        raise NdplanError("zero stage", stage, "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 with pipeline "
+                          "stages (deepspeed runtime/pipe/engine.py:76-77)", "use stage 0 or 1, or --no-pipeline-parallel")
+    sp = _int(args, "ds_sp")
+    if sp and sp > 1:
+        out["cp"] = sp
+        notes.append(f"--ds-sequence-parallel-size {sp}: DeepSpeed-Ulysses, estimated as cp={sp} (the sequence split "
+                     "over the group; its all-to-all traffic as context parallelism's)")
+    if args.checkpoint_activations and not getattr(args, "recompute_granularity", None):
+        n = _int(args, "checkpoint_num_layers") or 1
+        out |= {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": str(n)}
+        notes.append(f"--checkpoint-activations: full recompute, {n} layer(s) a checkpoint "
+                     "(model/transformer.py:2082-2088, 1888-1921)")
+    if args.zbh1:
+        notes.append("--enable-zbh1-pipeline: Megatron-DeepSpeed's zero-bubble H1 schedule is estimated as 1F1B "
+                     "(its bubble an upper bound; not modelled)")
+    notes.append("Megatron-DeepSpeed: the megatron profile (Megatron's model code and activations) with ZeRO "
+                 f"stage {stage}'s sharding; DeepSpeed's own optimizer buffers are not modelled")
+    return out
