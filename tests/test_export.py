@@ -23,6 +23,7 @@ from ndplan.catalog import load_model
 from ndplan.cli import main
 from ndplan.errors import NdplanError
 from ndplan.export import EMITTERS, Balance, emit
+from ndplan.export.torchtitan import stage_count, titan_split
 from ndplan.ppb.instance import Instance, Layer, Pipeline
 from ndplan.ppb.plan import Plan
 from ndplan.strategy import Strategy
@@ -254,17 +255,20 @@ def test_torchtitan_parses_back(name):
         assert p["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B",
                                                    "zbv": "ZBVZeroBubble"}[s.schedule]
         # torchtitan (generate_llm_fqn_per_model_part): the embedding and the output weigh
-        # first/last_stage_less_layers (default 1) in the split; 0 makes layers_per_stage exact
-        assert (p["pipeline_parallel_first_stage_less_layers"], p["pipeline_parallel_last_stage_less_layers"]) == (0, 0)
+        # first/last_stage_less_layers (default 1) in the split: (layers + both) // stages each,
+        # the first remainder stages one more, the first and last stage less their weight
+        first = p["pipeline_parallel_first_stage_less_layers"]
+        last = p["pipeline_parallel_last_stage_less_layers"]
         if "module_fqns_per_model_part" in p:
+            assert (first, last) == (0, 0)
             parts = p["module_fqns_per_model_part"]
             got = [sum(m.startswith("layers.") for m in part) for part in parts]
             assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
             names = [m for part in parts for m in part if m.startswith("layers.")]
             assert names == [f"layers.{i}" for i in range(model.num_hidden_layers)]
         else:
-            per = p["pipeline_parallel_layers_per_stage"]
-            got = [per] * (model.num_hidden_layers // per)
+            stages = stage_count(model.num_hidden_layers, p["pipeline_parallel_layers_per_stage"], first, last)
+            got = titan_split(model.num_hidden_layers, stages, first, last)
         assert got == LAYERS[name]  # independent of ndplan's layers_per_chunk: the hand-derived split
     else:  # gradient accumulation: global / (local * dp) micro-batches
         assert t["global_batch_size"] // (t["local_batch_size"] * dp) == s.m
@@ -400,11 +404,13 @@ def test_balance_gives_offsets_and_per_stage_recompute():
     assert (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers) == (1, 1)
     assert megatron_layers(a) == [1, 3, 3, 1]  # Megatron's uneven rule: (8 - 1 - 1) / 2 in the middle
     assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "block", 1)
-    tt = tomllib.loads(emit("torchtitan", model, s, balance=bal))
-    # torchtitan: a stage starts at each split point; cumulative 1, 1+3, 1+3+3
-    parts = tt["parallelism"]["module_fqns_per_model_part"]  # the layers 1, 3, 3, 1 by name, embedding first
-    assert parts == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "layers.3"],
-                     ["layers.4", "layers.5", "layers.6"], ["layers.7", "norm", "output"]]
+    p = tomllib.loads(emit("torchtitan", model, s, balance=bal))["parallelism"]
+    # torchtitan's own split gives 1, 3, 3, 1 with the embedding weighing 2 and the output 1:
+    # 8 + 2 + 1 = 11 = 4 x 2 + 3, so the first three stages take 3 and the last 2; the first less 2
+    # -> 1, the last less 1 -> 1; layers_per_stage 3 = ceil(11 / 4) keeps ceil(11 / 3) = 4 stages
+    assert (p["pipeline_parallel_first_stage_less_layers"], p["pipeline_parallel_last_stage_less_layers"],
+            p["pipeline_parallel_layers_per_stage"]) == (2, 1, 3)
+    assert "module_fqns_per_model_part" not in p
 
 
 # ------------------------------------------------------------------ DeviceMesh

@@ -434,13 +434,14 @@ def test_mindformers_capacity_factor(tmp_path, moe, want):
 
 def test_mindformers_came_keeps_one_state_in_the_parameter_dtype(tmp_path):
     """CAME: exp_avg = clone of the parameters when beta1 > 0 (came.py:352-355), factored second
-    moments; 2 B per parameter with bf16 parameters, 4 with float32 ones."""
+    moments; 2 B per parameter with bf16 parameters, 4 with float32 ones. Its composite step builds
+    exp_avg's new value before its assign (came.py:124-125 at fd4deebc): as many step temporaries."""
     for dtype, want in (("bfloat16", 2), ("float32", 4)):
         ci = _mf(tmp_path, {"optimizer.type": "Came", "moe_config.capacity_factor": -1,
                             "model.model_config.param_init_type": dtype})
-        assert ci.strategy.engine == f"mindspore[optimizer_bytes={want}]"
+        assert ci.strategy.engine == f"mindspore[optimizer_bytes={want},optimizer_step_temp_bytes={want}]"
     ci = _mf(tmp_path, {"optimizer.type": "Came", "optimizer.beta1": 0, "moe_config.capacity_factor": -1})
-    assert ci.strategy.engine == "mindspore[optimizer_bytes=0]"
+    assert ci.strategy.engine == "mindspore[optimizer_bytes=0,optimizer_step_temp_bytes=0]"
 
 
 

@@ -176,7 +176,9 @@ def test_mindformers_muon_states_in_the_parameter_dtype(tmp_path, dtype, wb):
     MindFormers keeps wb x (N - 2Vh - norms) + 2 wb x (2Vh + norms). ndplan counts the norms at
     Muon's rate (the note says so): wb x N + wb x 2Vh, short by wb x NORMS (3e-6 relative)."""
     ci = _read(tmp_path, _mla_mcore(**{f"{MC}.params_dtype": dtype}))
-    assert ci.strategy.engine == f"mindspore[non_matrix_optimizer_bytes={2 * wb},optimizer_bytes={wb}]"
+    # the composite step: each state's new value before its assign (muon.py), one state's bytes
+    assert ci.strategy.engine == (f"mindspore[non_matrix_optimizer_bytes={2 * wb},optimizer_bytes={wb},"
+                                  f"optimizer_step_temp_bytes={wb}]")
     n = HF["deepseek-v2-lite"]
     mindformers = wb * (n - 2 * V * H - NORMS) + 2 * wb * (2 * V * H + NORMS)
     opt = _terms(ci)[0]["mem.optimizer"]
@@ -237,7 +239,7 @@ def test_mindformers_muon_with_optimizer_parallel_says_what_stays_whole(tmp_path
 
 
 @pytest.mark.parametrize("optimizer,want", [
-    ({"type": "PmaAdamW"}, "mindspore[optimizer_bytes=12]"),
+    ({"type": "PmaAdamW"}, "mindspore[optimizer_bytes=12,optimizer_step_temp_bytes=12]"),  # composite: 3 x 4 B
     ({"type": "PmaAdamW", "use_fused": True}, "mindspore[optimizer_bytes=12,optimizer_step_temp_bytes=0]"),
     ({"type": "PmaAdamW", "use_fused": True, "amsgrad": True},
      "mindspore[optimizer_bytes=16,optimizer_step_temp_bytes=0]"),
@@ -313,7 +315,7 @@ def test_mindformers_swap_puts_the_states_on_the_host(tmp_path):
 
 
 @pytest.mark.parametrize("settings", [
-    {"optimizer_bytes": 12}, {"optimizer_bytes": 16, "optimizer_step_temp_bytes": 0},
+    {"optimizer_bytes": 12, "optimizer_step_temp_bytes": 12}, {"optimizer_bytes": 16, "optimizer_step_temp_bytes": 0},
 ], ids=["pma-adamw", "fused-pma-amsgrad"])
 def test_mindformers_emit_reads_back_the_optimizer(tmp_path, settings):
     """The emit writes the optimizer keys the reader derives these settings from (PmaAdamW, with
@@ -425,3 +427,18 @@ def test_mindformers_zero_bubble_v_needs_twice_the_stages_in_micro_batches(tmp_p
     doc = _set(doc, {"parallel_config.micro_batch_num": 8, f"{MC}.pp_interleave_num": 4})
     with pytest.raises(NdplanError, match="^model.model_config.pp_interleave_num=4: zbv places two chunks"):
         _read(tmp_path, doc)
+
+
+def test_hccl_buffers_beside_the_pool_are_said(tmp_path, monkeypatch):
+    """CANN's HCCL_BUFFSIZE reference (envref_07_0080): each communication domain holds
+    2 x HCCL_BUFFSIZE (200 MB by default) outside MindSpore's pool. The Mixtral fixture runs
+    dp, tp and ep groups of more than one rank (and pp when > 1) plus the world group."""
+    monkeypatch.delenv("HCCL_BUFFSIZE", raising=False)
+    ci = _read(tmp_path, _set(_doc("mindformers_mixtral_8x7b.yaml"), {"moe_config.capacity_factor": -1}))
+    s = ci.strategy
+    domains = sum(n > 1 for n in (s.tp, s.dp, s.cp, s.ep, s.pp)) + 1
+    note = next(n for n in ci.notes if n.startswith("HCCL buffers"))
+    assert f"{domains} domains" in note and f"{domains * 2 * 200 / 1024:.2f} GiB" in note
+    monkeypatch.setenv("HCCL_BUFFSIZE", "50")
+    ci = _read(tmp_path, _set(_doc("mindformers_mixtral_8x7b.yaml"), {"moe_config.capacity_factor": -1}))
+    assert f"{domains * 2 * 50 / 1024:.2f} GiB" in next(n for n in ci.notes if n.startswith("HCCL buffers"))

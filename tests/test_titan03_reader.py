@@ -221,10 +221,12 @@ def test_llama3_405b_is_read_with_its_float8_note(tmp_path, env, monkeypatch):
     assert _titan_split(c, 8) == (8, [15] + [16] * 6 + [15])
 
 
-@pytest.mark.parametrize("strat", [  # 126 layers: even splits (the 0.3 emit refuses uneven ones)
+@pytest.mark.parametrize("strat", [  # 126 layers: even splits, and torchtitan's own uneven one at pp 8
     ndplan.Strategy(dp=8, tp=8, pp=2, gbs=128, zero=2, seq=8192, recompute="full", engine="fsdp"),
     ndplan.Strategy(dp=4, tp=8, pp=7, vpp=2, gbs=56, zero=2, seq=8192, recompute="full", schedule="interleaved",
                     engine="fsdp"),
+    ndplan.Strategy(dp=8, tp=8, pp=8, gbs=64, zero=2, seq=8192, recompute="full", engine="fsdp",
+                    layers_per_stage=(15,) + (16,) * 6 + (15,)),
 ])
 def test_llama3_405b_emit_parses_and_reads_back(strat, tmp_path, env, monkeypatch):
     """--emit torchtitan-0.3 writes Llama-3.1-405B as --module llama3 --config llama3_405b: the
@@ -247,9 +249,10 @@ def test_llama3_405b_emit_parses_and_reads_back(strat, tmp_path, env, monkeypatc
     assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, t.global_batch_size, t.seq_len) == (
         strat.tp, strat.pp, strat.gbs, strat.seq)
     assert p.data_parallel_shard_degree == strat.dp and type(c.activation_checkpoint).__qualname__ == "FullAC.Config"
-    stages = stage_count(126, p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_first_stage_less_layers,
-                         p.pipeline_parallel_last_stage_less_layers)
-    assert _titan_split(c, strat.pp) == (stages, titan_split(126, stages, 0, 0)) and stages == strat.pp * strat.vpp
+    first, last = p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers
+    stages = stage_count(126, p.pipeline_parallel_layers_per_stage, first, last)
+    want = list(strat.layers_per_stage) if strat.layers_per_stage else titan_split(126, stages, 0, 0)
+    assert _titan_split(c, strat.pp) == (stages, want) and stages == strat.pp * strat.vpp
 
 
 # --------------------------------------------------------------------------- 3: options torchtitan 0.3.0 lacks

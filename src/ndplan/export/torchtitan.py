@@ -162,6 +162,24 @@ def titan_split(layers: int, stages: int, first_less: int = LESS_LAYERS_DEFAULT,
     return out
 
 
+def less_layers(layers: list[int]) -> tuple[int, int] | None:
+    """(first_less, last_less) for which torchtitan's split of sum(layers) over len(layers)
+    stages (``titan_split``) is ``layers``, with pipeline_parallel_layers_per_stage giving the
+    same stage count (``stage_count``); the smallest such pair, or None (then the stages are
+    written as module_fqns_per_model_part)."""
+    total, n = sum(layers), len(layers)
+    for first_less in range(max(layers) + 1):
+        for last_less in range(max(layers) + 1):
+            try:
+                split = titan_split(total, n, first_less, last_less)
+            except ValueError:
+                continue
+            per = -(-(total + first_less + last_less) // n)
+            if split == layers and stage_count(total, per, first_less, last_less) == n:
+                return first_less, last_less
+    return None
+
+
 def stage_count(layers: int, per_stage: int, first_less: int = LESS_LAYERS_DEFAULT,
                 last_less: int = LESS_LAYERS_DEFAULT) -> int:
     """ceil((layers + first_less + last_less) / pipeline_parallel_layers_per_stage)
@@ -234,12 +252,13 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None, ddp: bool = True)
     notes = []
     if s.pp > 1:
         doc |= {KEY["schedule"]: SCHEDULES[s.schedule], KEY["mbs"]: s.mbs}
-        # the split is ndplan's only when the embedding and output weigh nothing (titan_split)
-        doc |= {KEY["first_less"]: 0, KEY["last_less"]: 0}
-        if len(set(layers)) == 1:
-            doc[KEY["layers_per_stage"]] = layers[0]
+        less = less_layers(list(layers))
+        if less is not None:  # torchtitan's own split gives ndplan's (titan_split)
+            first_less, last_less = less
+            per = -(-(sum(layers) + first_less + last_less) // len(layers))
+            doc |= {KEY["first_less"]: first_less, KEY["last_less"]: last_less, KEY["layers_per_stage"]: per}
         else:
-            doc[KEY["fqns"]] = fqns(layers)
+            doc |= {KEY["first_less"]: 0, KEY["last_less"]: 0, KEY["fqns"]: fqns(layers)}
     if model.is_moe:
         doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
     if s.zero == 1 and s.dp > 1:

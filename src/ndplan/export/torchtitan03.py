@@ -147,8 +147,9 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[list[str
                                                   f"{', '.join(sorted(REGISTRY))}; use --emit torchtitan (0.2.x TOML)")
     doc, notes = T.fields(model, strat, balance=balance, ddp=False)  # 0.3.0: no DDP path (module docstring)
     if T.KEY["fqns"] in doc:
-        raise cannot(TARGET, "layers_per_stage", strat.layers_per_stage, "give uneven layers in the 0.2.x TOML form "
-                                                                          "(--emit torchtitan)")
+        raise cannot(TARGET, "layers_per_stage", strat.layers_per_stage, "torchtitan's own split (first/last_stage_"
+                     "less_layers) does not give these layers and a launch cannot list module_fqns_per_model_part; "
+                     "use first and last stages no larger than the rest, or the 0.2.x TOML form (--emit torchtitan)")
     if doc.get(T.KEY["ac_option"], "op") != "op":
         raise cannot(TARGET, "recompute_layers", strat.recompute_layers, f"torchtitan {VERSION} has no per-layer SAC; "
                                                                           "recompute every layer or none")

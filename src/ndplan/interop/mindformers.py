@@ -56,6 +56,7 @@ named by its yaml key (``_in_yaml``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -65,6 +66,7 @@ from ndplan.catalog.model import model_from_config
 from ndplan import limits
 from ndplan.errors import NdplanError
 from ndplan.export import mindformers as X
+from ndplan.interop import hccl
 from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
 from ndplan.interop.textedit import yaml_edit, yaml_locate
 from ndplan.layouts import virtual_stage
@@ -498,6 +500,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     elif KEY["seq"] not in loc:
         origin_["seq"] = f"MindFormers' mcore default ({KEY['seq']} absent; parallel_core/mf_model_config.py:349)"
     limit = memory_limit(doc)
+    notes.append(hccl.note(strat, os.environ))
     return CheckInput(path=path, fmt="mindformers", text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=world, origin=origin_, lines={k: v for k, v in loc.items()}, notes=tuple(notes),
                       mem_limit_bytes=limit,

@@ -5,9 +5,12 @@ refuses. Type names are MindFormers' optimizer registry: AdamW, PmaAdamW and Muo
 every class of mindspore.nn.optim, SGD and Momentum among them (core/optim/build_optim.py:101-129).
 AdamW's lines are cited at fd4deebc, where they were first read; the rest at f52743ca.
 
-Not derived: the step temporaries of the composite optimizers other than AdamW (Came,
-Muon, the composite PmaAdamW), counted as the mindspore profile's fitted 8 bytes per
-parameter with a note (SGD and Momentum update in place: none); Muon's
+Step temporaries (``optimizer_step_temp_bytes``): the fused kernels and MindSpore's SGD and
+Momentum primitives update in place (none); a composite optimizer (AdamW, PmaAdamW, Came,
+Muon) builds each state's new value out of place before its Assign, one state-sized tensor per
+state (``composite_step_temps``; the rule that gives AdamW's 8 B, the measured flat floor of
+llama3/fullrec in the mindspore profile's sources; for the others it is that rule, not a
+measurement); Muon's
 Newton-Schulz scratch (``muon_scratch_note``) and its MLA projections kept out of optimizer
 parallel (``muon_unsharded_note``), each a note with its size.
 """
@@ -28,8 +31,16 @@ fused_adamw.py:163-193 at fd4deebc), and FP32StateAdamWeightDecay (the profile's
 SWAP_TYPES = (None, "AdamW", "FusedAdamW", "PmaAdamW")
 """Optimizers that take ``swap`` (core/optim/__init__.py:185-215, 345-387 at f52743ca); None: the
 recipe names none (the profile's AdamW)."""
-STEP_TEMPS = ("counted as AdamW's 8 bytes per parameter (the mindspore profile's optimizer_step_temp_bytes, "
-              "fitted on AdamW; not derived)")
+STEP_TEMPS = ("one state-sized tensor per state, each new value built before its Assign (the composite AdamW's "
+              "rule, measured on AdamW only)")
+
+
+def composite_step_temps(opt: O.OptimizerStates, state_bytes: int) -> dict:
+    """Step temporaries of a composite MindFormers optimizer: each state's new value out of place
+    before its F.assign (adamw.py:47-55, came.py:124-125 at fd4deebc; pma_adamw.py, muon.py at f52743ca), all
+    alive at the step: the states' own bytes per parameter. AdamW's two fp32 moments give the
+    profile's 8 B, which llama3/fullrec's flat dynamic floor measured (engines.MINDSPORE sources)."""
+    return {"optimizer_step_temp_bytes": opt.bytes_per_param(state_bytes)}
 
 
 def flag(doc: dict, key: str) -> bool:
@@ -87,6 +98,7 @@ def _pma_adamw(doc: dict, notes: list) -> dict:
         out["optimizer_step_temp_bytes"] = 0
         notes.append(text + "none (the fused in-place AdamW kernel)")
     else:
+        out |= composite_step_temps(opt, 4)
         notes.append(text + STEP_TEMPS)
     return out
 
@@ -94,9 +106,9 @@ def _pma_adamw(doc: dict, notes: list) -> dict:
 def _came(doc: dict, weight_bytes: int, notes: list) -> dict:
     beta1 = _beta(doc, "optimizer.beta1", 0.9)
     opt = O.states("came" if beta1 and beta1 > 0 else "came_no_momentum")
-    notes.append("Came: its step temporaries (the full-size update, its square and the instability matrix, "
-                 "came.py:60-140) are counted as AdamW's 8 bytes per parameter (not derived)")
-    return O.engine_settings(opt, weight_bytes)
+    notes.append(f"Came: step temporaries {STEP_TEMPS}; its full-size intermediates that feed the factored row "
+                 "and column means (the squared update and the instability matrix, came.py:86-133) are not counted")
+    return O.engine_settings(opt, weight_bytes) | composite_step_temps(opt, weight_bytes)
 
 
 def _sgd(doc: dict, name: str, weight_bytes: int, notes: list) -> dict:
@@ -149,7 +161,7 @@ def _muon(doc: dict, spec, weight_bytes: int, *, mcore: bool, dp: int, zero: int
     notes.append(muon_scratch_note(spec))
     if zero:
         notes.append(muon_unsharded_note(spec))
-    return O.engine_settings(opt, weight_bytes)
+    return O.engine_settings(opt, weight_bytes) | composite_step_temps(opt, weight_bytes)
 
 
 def _mla_matrices(spec) -> dict[str, tuple[int, int]]:
