@@ -578,6 +578,8 @@ def _bash_args(text: str) -> list[str]:
     "torchrun pretrain_gpt.py --seq-length 8 # one line, a comment\n",
     "ARGS=(\n    --seq-length 8  # in an array\n)\ntorchrun pretrain_gpt.py ${ARGS[@]}\n",
     "torchrun pretrain_gpt.py \\\n    --seq-length 8 \\\n    --bf16\n",
+    # NVIDIA's sbatch_mfsdp_deepseek_v3.sh: a quoted command over lines that expands an array
+    'ARGS=(\n    --seq-length 8\n)\nCMD="pretrain_gpt.py \\\n    ${ARGS[@]}"\ntorchrun $CMD\n',
 ])
 def test_megatron_added_flag_reaches_the_command(script):
     """A flag added by a proposal's edit is an argument of the command as bash runs it,
@@ -613,6 +615,18 @@ BASH_SCRIPTS = {
                     'torchrun pretrain_gpt.py $A\n',
     "nested-numeric": 'N=4\nif [ $N -ge 2 ]; then\n  if [ "$N" -lt 4 ]; then TP=2; else TP=4; fi\nelse\n  TP=1\nfi\n'
                       'torchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n',
+    "then-if-on-one-line": 'A=1\nif [ $A = 2 ]; then\n  for i in 1; do if [ $i = 1 ]; then Y=1; fi; done\n'
+                           '  X="--seq-length 5"\nfi\ntorchrun pretrain_gpt.py $X --micro-batch-size 1\n',
+    "else-if-on-one-line": 'A=3\nif [ $A = 1 ]; then X="--seq-length 1"\nelse if [ $A = 3 ]; then X="--seq-length 3"; '
+                           'else X="--seq-length 2"; fi\nfi\ntorchrun pretrain_gpt.py $X\n',
+    "quoted-pattern-is-literal": 'M=llama3\nif [[ $M == "llama*" ]]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'
+                                 'torchrun pretrain_gpt.py $X\n',
+    "unquoted-pattern-is-a-glob": 'M=llama3\nif [[ $M == llama* ]]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'
+                                  'torchrun pretrain_gpt.py $X\n',
+    "value-array-where-used": 'S=4096\nB=($S)\ntorchrun pretrain_gpt.py --seq-length ${B[@]}\n',
+    "heredoc-redirect-first-and-shift": 'cat > /dev/null <<EOT\n{"x": 1}\nEOT\nN=$(( 1 << 2 ))\n'
+                                        'torchrun pretrain_gpt.py --seq-length 8\n',
+    "unset-array-of-flags": 'A=(--seq-length 4)\nunset A\ntorchrun pretrain_gpt.py ${A[@]} --micro-batch-size 1\n',
     "heredoc-and-loop-arithmetic": 'Z=1\ncat <<EOT > /dev/null\n{"train_batch_size": 8, "zero_optimization": {"stage": $Z}}\n'
                                    'EOT\nfor i in 1 2; do\n  x=$(( i > 1 ? 1 : 0 ))\ndone\n'
                                    'torchrun pretrain_gpt.py --seq-length 8 --deepspeed_config ds.json\n',
@@ -628,6 +642,36 @@ def test_megatron_reader_reads_what_bash_passes(name):
     ours, _ = mg.parser().parse_known_args([w for w, _ in mg.words(text)])
     theirs, _ = mg.parser().parse_known_args(_bash_args(text))
     assert vars(ours) == vars(theirs)
+
+
+def test_shell_leaves_undecided_what_bash_decides_at_run_time():
+    """Values made when the script runs (a loop's variable, read, $( )) and operands bash splits
+    ([ $X ] with X unset or holding spaces) are not decided: every branch is read, with a
+    warning, instead of a branch bash might not run."""
+    from ndplan.interop import shell
+    for script in ('for m in a; do\n  if [ "$m" = a ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\ndone\n',
+                   'm=$(echo a)\nif [ "$m" = a ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n',
+                   'if [ -n $UNSET_FOR_NDPLAN ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'):
+        with pytest.warns(NdplanWarning, match="does not decide"):
+            words = [w.text for w in shell.read_words(script + "torchrun pretrain_gpt.py $X\n", {})]
+        assert words.count("--seq-length") == 2, script
+
+
+def test_shell_warns_on_an_if_without_fi_and_an_open_quote():
+    from ndplan.interop import shell
+    with pytest.warns(NdplanWarning, match="has no fi"):
+        shell.read_words('if [ 1 = 1 ]; then\n  X="--seq-length 1"\ntorchrun pretrain_gpt.py $X\n', {})
+    with pytest.warns(NdplanWarning, match="never closes"):
+        shell.read_words('X="--seq-length 1\n' + "A=1\n" * 3000, {})
+
+
+def test_shell_notes_the_environment_values_a_decision_used():
+    """DTYPE from the environment picks the branch: the decision says so."""
+    from ndplan.interop import shell
+    got = shell.read_script('DTYPE=${DTYPE:-fp8}\nX=()\nif [[ "$DTYPE" == "fp8" ]]; then\n  X+=(--fp8-format hybrid)\nfi\n'
+                            'torchrun pretrain_gpt.py ${X[@]}\n', {"DTYPE": "bf16"})
+    assert "--fp8-format" not in [w.text for w in got.words]
+    assert any("DTYPE=bf16 from the environment" in d for d in got.decisions)
 
 
 def test_shell_keeps_here_documents_by_their_file_and_warns_on_undecided_conditions():

@@ -31,12 +31,12 @@ FSDP2 = f"torchrun --nproc_per_node 8 pretrain_gpt.py {ARCH} --vocab-size 32000 
 
 
 @pytest.mark.parametrize("extra,field,says", [
-    ("--use-distributed-optimizer --no-gradient-accumulation-fusion", "--use-torch-fsdp2", "arguments.py:1037-1038"),
+    ("--use-distributed-optimizer --no-gradient-accumulation-fusion", "--use-torch-fsdp2", "arguments.py:1038-1039"),
     ("", "--use-torch-fsdp2", "--no-gradient-accumulation-fusion"),
-    ("--no-gradient-accumulation-fusion --pipeline-model-parallel-size 2", "--use-torch-fsdp2", "1033-1034"),
+    ("--no-gradient-accumulation-fusion --pipeline-model-parallel-size 2", "--use-torch-fsdp2", "1034-1035"),
 ], ids=["distributed-optimizer", "grad-fusion-on-by-default", "pipeline"])
 def test_fsdp2_is_refused_where_megatron_asserts(tmp_path, extra, field, says):
-    """validate_args under --use-torch-fsdp2 (arguments.py:1031-1048): no distributed optimizer,
+    """validate_args under --use-torch-fsdp2 (arguments.py:1031-1049): no distributed optimizer,
     no gradient accumulation fusion (its flag is --no-gradient-accumulation-fusion: on unless
     given), no pipeline parallelism."""
     with pytest.raises(NdplanError) as e:
@@ -45,7 +45,7 @@ def test_fsdp2_is_refused_where_megatron_asserts(tmp_path, extra, field, says):
 
 
 def test_fsdp2_under_max_connections_1_is_refused_unless_the_script_unsets_it(tmp_path, monkeypatch):
-    """arguments.py:1047-1048 asserts CUDA_DEVICE_MAX_CONNECTIONS != "1" under FSDP2; NVIDIA's
+    """arguments.py:1048-1049 asserts CUDA_DEVICE_MAX_CONNECTIONS != "1" under FSDP2; NVIDIA's
     FSDP script runs `unset CUDA_DEVICE_MAX_CONNECTIONS` first (train_llama3_8b_fsdp_h100_fp8.sh)."""
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     run = FSDP2 + "--no-gradient-accumulation-fusion\n"
@@ -57,7 +57,7 @@ def test_fsdp2_under_max_connections_1_is_refused_unless_the_script_unsets_it(tm
 
 
 def test_fp8_param_gather_is_off_under_fsdp2(tmp_path, monkeypatch):
-    """arguments.py:1050-1056: with Transformer Engine >= 2.0 Megatron sets fp8_param_gather
+    """arguments.py:1051-1057: with Transformer Engine >= 2.0 Megatron sets fp8_param_gather
     False under FSDP2 (bf16 gather): the weights are not fp8."""
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     ci = _read(tmp_path, FSDP2 + "--no-gradient-accumulation-fusion --bf16 --fp8-format hybrid --fp8-param-gather\n")
@@ -77,8 +77,8 @@ def _bash_env(text: str, name: str) -> str:
 
 def test_a_fsdp2_proposal_unsets_max_connections_and_drops_the_distributed_optimizer(tmp_path, monkeypatch):
     """A proposal that turns FSDP2 on edits what Megatron would refuse: the distributed optimizer
-    and --overlap-param-gather go (arguments.py:1025-1027, 1037-1038), gradient accumulation
-    fusion goes off, and the script unsets CUDA_DEVICE_MAX_CONNECTIONS (1047-1048), as bash sees."""
+    and --overlap-param-gather go (arguments.py:1025-1027, 1038-1039), gradient accumulation
+    fusion goes off, and the script unsets CUDA_DEVICE_MAX_CONNECTIONS (1048-1049), as bash sees."""
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     text = ("#!/bin/bash\nexport CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}\n"
             "DDP=(\n  --use-distributed-optimizer\n  --overlap-grad-reduce\n  --overlap-param-gather\n)\n"
@@ -122,7 +122,7 @@ def test_the_deepspeed_launcher_states_the_devices(tmp_path):
     assert ci.gpus == 16 and ci.strategy.dp == 16
 
 
-@pytest.mark.parametrize("flags,zero", [("--zero-stage 2", 2), ("", 1)], ids=["flag", "default"])
+@pytest.mark.parametrize("flags,zero", [("--zero-stage 2 --no-pipeline-parallel", 2), ("", 1)], ids=["flag", "default"])
 def test_megatron_deepspeed_zero_stage_from_its_flag(tmp_path, flags, zero):
     """--zero-stage (megatron/arguments.py:1487, default 1) when the config file is not readable."""
     assert _read(tmp_path, MDS + flags + "\n").strategy.zero == zero
@@ -132,10 +132,13 @@ def test_megatron_deepspeed_zero_stage_from_the_config_the_script_writes(tmp_pat
     """The scripts write ds_config with a here-document; DeepSpeed's engine takes its
     zero_optimization.stage (training.py:501-506 hands the dict to deepspeed.initialize)."""
     text = ("Z=3\ncfg=ds_z$Z.json\ncat <<EOT > $cfg\n{\"train_batch_size\": 64, \"zero_optimization\": "
-            "{\"stage\": $Z}}\nEOT\n" + MDS + "--zero-stage 1 --deepspeed_config $cfg\n")
+            "{\"stage\": $Z}}\nEOT\n" + MDS + "--zero-stage 1 --no-pipeline-parallel --deepspeed_config $cfg\n")
     ci = _read(tmp_path, text)
     assert ci.strategy.zero == 3
     assert any("--zero-stage 1 differs" in n for n in ci.notes)
+    # no zero_optimization section: DeepSpeed's default stage 0 (runtime/zero/config.py:95)
+    text = "cat <<EOT > ds.json\n{\"train_batch_size\": 64}\nEOT\n" + MDS + "--zero-stage 1 --deepspeed_config ds.json\n"
+    assert _read(tmp_path, text).strategy.zero == 0
 
 
 def test_megatron_deepspeed_checkpoint_activations_and_ulysses(tmp_path):
@@ -149,9 +152,10 @@ def test_megatron_deepspeed_checkpoint_activations_and_ulysses(tmp_path):
 def test_megatron_deepspeed_refusals(tmp_path):
     """DeepSpeed's pipeline engine refuses ZeRO-2/3 with stages (runtime/pipe/engine.py:76-77);
     --num-experts takes one count per layer group (arguments.py:608): a pyramid is not modelled."""
-    with pytest.raises(NdplanError) as e:
-        _read(tmp_path, MDS + "--zero-stage 2 --pipeline-model-parallel-size 2\n")
-    assert "engine.py:76-77" in e.value.problem
+    for extra in ("--pipeline-model-parallel-size 2", ""):  # pretrain_gpt.py:51-52: the pipeline model at pp 1 too
+        with pytest.raises(NdplanError) as e:
+            _read(tmp_path, MDS + f"--zero-stage 2 {extra}\n")
+        assert "engine.py:76-77" in e.value.problem
     with pytest.raises(NdplanError) as e:
         _read(tmp_path, MDS + "--zero-stage 1 --num-experts 32 32 64 64\n")
     assert e.value.field == "--num-experts"

@@ -40,7 +40,7 @@ from __future__ import annotations
 import shlex
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import cannot, layers_per_chunk, header, recompute_counts
+from ndplan.export.common import cannot, layers_per_chunk, header, recompute_counts, refuse_engine_rules
 from ndplan.strategy import Strategy
 
 TARGET = "Megatron-LM"
@@ -68,10 +68,11 @@ SWITCHES = ("sp", "distributed_optimizer", "fsdp2", "offload_optimizer", "bf16",
 
 
 def _check_schedule(p) -> None:
-    """``p``: anything with pp and schedule (a Strategy, a PPB Pipeline)."""
-    if p.pp > 1 and p.schedule not in ("1f1b", "interleaved"):
-        raise cannot(TARGET, "schedule", p.schedule, "it runs 1f1b (vpp=1) or interleaved (vpp>1); "
-                                                     "use --schedule 1f1b/interleaved or --emit torchtitan")
+    """rules.py's megatron schedule rule (1F1B or interleaved 1F1B) for ``p``: anything with pp,
+    vpp, m and schedule (a Strategy, a PPB Pipeline)."""
+    from types import SimpleNamespace
+    c = SimpleNamespace(engine="megatron", pp=p.pp, vpp=p.vpp, m=p.m, schedule=p.schedule)
+    refuse_engine_rules(TARGET, c, ("schedule",))
 
 
 def _megatron_fsdp(strat: Strategy) -> bool:
@@ -96,7 +97,7 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
                                              "(arguments.py validate_args); use zero<=2 or ep=1")
     if strat.weight_dtype == "fp8" and strat.zero == 3:
         raise cannot(TARGET, "weight_dtype", "fp8", "Megatron turns --fp8-param-gather off under --use-torch-fsdp2 "
-                                                   "(Transformer Engine >= 2.0, arguments.py:1050-1056); use zero<=2, "
+                                                   "(Transformer Engine >= 2.0, arguments.py:1051-1057); use zero<=2, "
                                                    "or Megatron-FSDP (--use-megatron-fsdp)")
     if strat.weight_dtype == "fp8" and strat.zero == 0:
         raise cannot(TARGET, "weight_dtype", "fp8", "--fp8-param-gather needs the distributed optimizer or FSDP "
@@ -188,7 +189,7 @@ def _memory_flags(model: ModelSpec, s: Strategy) -> dict:
     --grad-reduce-in-bf16 (L1213-1217); gradient reduce overlapped with backward and, with
     the distributed optimizer, the parameter all-gather with forward (--overlap-param-gather
     requires it, L1024-1027); FSDP2 asserts no gradient-accumulation fusion and untied
-    embeddings (L1031-1048); fp8 weights as --fp8-format hybrid --fp8-param-gather
+    embeddings (L1031-1049); fp8 weights as --fp8-format hybrid --fp8-param-gather
     (L2016-2018, which needs the distributed optimizer or FSDP, L1095-1097)."""
     out = {FLAG["bf16"]: True}
     if s.grad_dtype == "bf16":

@@ -3,7 +3,8 @@ its flag table ``FLAG``).
 
 Input: an argument file (flags one per line or on one line) or a bash launch script,
 read into words by interop.shell (arrays, ``${VAR:-default}`` with the environment or the
-default, said in a note, ``$(( ))``; not run: if/case/loops). The words are parsed with
+default, said in a note, ``$(( ))``, the ``if`` branches bash runs when their conditions are
+known; not run: case, loops, functions). The words are parsed with
 argparse (``parse_known_args``): unknown flags are ignored and listed.
 
 Mapping (Megatron-LM defaults where a flag is absent; arguments.py at
@@ -45,7 +46,7 @@ from pathlib import Path
 from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
 from ndplan.interop import launcher, megatron_deepspeed as MDS, megatron_fsdp as MF, megatron_memory as MX, \
-    megatron_model as MM, shell
+    megatron_model as MM, megatron_validate as MV, shell
 from ndplan.interop.base import CheckInput, choice_arg, int_arg, positive, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
@@ -189,41 +190,10 @@ def _missing_model(args, name: str) -> str:
     return f"{name} lacks {', '.join(lacks)} to define the architecture"
 
 
-GPT2_DEFAULT_ENTRIES = {"pretrain_gpt.py": "Megatron-LM@d98e8a64 pretrain_gpt.py:527; Megatron-DeepSpeed :364",
-                        "pretrain_hybrid.py": "pretrain_hybrid.py:544", "pretrain_vlm.py": "pretrain_vlm.py:498",
-                        "pretrain_gpt_core.py": "Megatron-DeepSpeed pretrain_gpt_core.py:126"}
-"""Entry scripts that default --tokenizer-type to GPT2BPETokenizer (their args_defaults)."""
-
-
-def _fsdp2_refusals(args, max_connections: str | None) -> None:
-    """What validate_args asserts for --use-torch-fsdp2 (Megatron-LM@d98e8a64 training/
-    arguments.py:1031-1048) and the reader can see: no distributed optimizer, no gradient
-    accumulation fusion (on by default: --no-gradient-accumulation-fusion turns it off), no
-    pipeline or expert parallelism, CUDA_DEVICE_MAX_CONNECTIONS not 1. The untied embedding
-    (1043-1044) is the exporter's check, which knows the model."""
-    fix = "FSDP2 runs alone; or use --use-megatron-fsdp, which takes them (arguments.py:1118-1135)"
-    if args.distributed_optimizer:
-        raise NdplanError(FLAG["fsdp2"], True, "Megatron asserts it is not supported with "
-                          f"{FLAG['distributed_optimizer']} (arguments.py:1037-1038)", "drop one of the two; " + fix)
-    if not args.no_grad_fusion:
-        raise NdplanError(FLAG["fsdp2"], True, "Megatron asserts it is not supported with gradient accumulation "
-                          "fusion, which is on by default (arguments.py:1039-1040)",
-                          f"add {FLAG['no_grad_fusion']}")
-    for name, line in (("pp", "1033-1034"), ("ep", "1035-1036")):
-        v = getattr(args, name, None)
-        if v is not None and str(v) not in ("1",):
-            raise NdplanError(FLAG["fsdp2"], True, f"Megatron asserts it is not supported with {FLAG[name]} {v} "
-                              f"(arguments.py:{line})", fix)
-    if max_connections == "1":
-        raise NdplanError("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron asserts FSDP2 needs a value other than 1 "
-                          "(arguments.py:1047-1048)", "export CUDA_DEVICE_MAX_CONNECTIONS=8, or drop "
-                          f"{FLAG['fsdp2']}")
-
-
 def _zero(args, max_connections: str | None = None) -> tuple[int, str]:
     """(ZeRO stage, the flags it came from)."""
     if args.fsdp2:
-        _fsdp2_refusals(args, max_connections)
+        MV.fsdp2_refusals(args, max_connections)
         return 3, FLAG["fsdp2"]
     if args.megatron_fsdp:
         strategy = args.sharding or "optim_grads_params"
@@ -275,7 +245,7 @@ def _fp8(args, notes: list) -> str:
                  + _FP8_RECIPE_NOTE.get(recipe, "") + ")")
     if args.fp8_param_gather and args.fsdp2:
         notes.append("--fp8-param-gather under --use-torch-fsdp2: Megatron turns it off (Transformer Engine >= 2.0, "
-                     "arguments.py:1050-1056): bf16 weights, gathered in bf16")
+                     "arguments.py:1051-1057): bf16 weights, gathered in bf16")
         return "auto"
     if args.fp8_param_gather:
         notes.append("--fp8-param-gather: the decoder layers' weights held in fp8, the embedding and output layer in "
@@ -308,7 +278,7 @@ def _expansions(ws, notes: list) -> None:
             continue
         val = w if "=" in w.text else (ws[k + 1] if k + 1 < len(ws) else None)
         why = [s for s in (val.sources if val is not None else ()) if "not evaluated" in s]
-        if why and "$((" in val.text:
+        if why and "$((" in val.text and flag not in MDS.NAME_FLAGS:
             raise NdplanError(flag, val.text.split("=", 1)[-1], why[0], "write the number, or use + - * / % ** on "
                               "integers and variables the script sets")
         for src in (val.sources if val is not None else ()):
@@ -328,10 +298,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     MDS.experts(args)
     _expansions(ws, notes)
     notes += [f"read the branch bash runs: {why}" for why in script.decisions]
-    entry = next((w.text.rsplit("/", 1)[-1] for w in ws if w.text.rsplit("/", 1)[-1] in GPT2_DEFAULT_ENTRIES), None)
-    if args.tokenizer is None and entry:
-        args.tokenizer = "GPT2BPETokenizer"
-        notes.append(f"--tokenizer-type not given: {entry}'s default GPT2BPETokenizer ({GPT2_DEFAULT_ENTRIES[entry]})")
+    MM.default_tokenizer(args, [w.text for w in ws], notes)
     get = _getter(args)
     ds = MDS.settings(args, script.heredocs, path.parent, notes)
     for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
@@ -422,7 +389,7 @@ def current(ci: CheckInput) -> dict:
 MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 UNSET_MAX_CONNECTIONS = f"unset {MAX_CONNECTIONS}"
 """An edit key: the line NVIDIA's FSDP scripts run before launching (train_llama3_8b_fsdp_h100_fp8.sh),
-for FSDP2, which Megatron refuses under CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py:1047-1048)."""
+for FSDP2, which Megatron refuses under CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py:1048-1049)."""
 
 
 def follow_up(ci: CheckInput, strat) -> dict:
@@ -452,7 +419,7 @@ def edit(text: str, changes: dict) -> str:
     if changes.pop(UNSET_MAX_CONNECTIONS, None):
         at = max((k for k, ln in enumerate(lines) if re.match(rf"\s*(?:export\s+)?{MAX_CONNECTIONS}=", ln)),
                  default=0 if lines and lines[0].startswith("#!") else -1)
-        lines.insert(at + 1, f"{UNSET_MAX_CONNECTIONS}  # FSDP2: Megatron asserts it is not 1 (arguments.py:1047-1048)")
+        lines.insert(at + 1, f"{UNSET_MAX_CONNECTIONS}  # FSDP2: Megatron asserts it is not 1 (arguments.py:1048-1049)")
     for flag, value in changes.items():
         loc = locate("\n".join(lines))
         switch = value is True or (value is REMOVE and flag in {FLAG[s] for s in SWITCHES})

@@ -12,9 +12,10 @@ Megatron-LM reader (interop/megatron.py) when the script passes ``--deepspeed``:
   own ``--recompute-*`` flags otherwise;
 * cp <- ``--ds-sequence-parallel-size`` (DeepSpeed-Ulysses; data parallel = world /
   (tp pp sp), as DeepSpeed's config divides it);
-* pp 1 with ``--no-pipeline-parallel`` (arguments.py:88-90 asserts it);
-* DeepSpeed's pipeline engine refuses ZeRO-2/3 with pipeline stages (deepspeed 0.19.8
-  runtime/pipe/engine.py:76-77): refused in one line;
+* pp 1 with ``--no-pipeline-parallel`` (arguments.py:94-96 asserts it);
+* DeepSpeed's pipeline engine refuses ZeRO-2/3 (deepspeed 0.19.8 runtime/pipe/engine.py:76-77),
+  and pretrain_gpt.py builds the pipeline model unless ``--no-pipeline-parallel``
+  (pretrain_gpt.py:51-52): refused in one line;
 * ``--num-experts`` takes one count per expert layer group (nargs '+', arguments.py:608):
   equal counts are the model's; PR-MoE's pyramid (different counts) is refused.
 
@@ -36,6 +37,8 @@ SWITCHES = {"deepspeed": "--deepspeed", "checkpoint_activations": "--checkpoint-
             "zbh1": "--enable-zbh1-pipeline", "no_pipeline_parallel": "--no-pipeline-parallel"}
 FLAGS = {"zero_stage": "--zero-stage", "ds_config": "--deepspeed_config", "ds_sp": "--ds-sequence-parallel-size",
          "checkpoint_num_layers": "--checkpoint-num-layers", "ds_ep": "--moe-expert-parallel-size", "ds_topk": "--topk"}
+NAME_FLAGS = ("--deepspeed_config", "--deepspeed-config")
+"""Flags whose value is a file name: read when it can be, never required to be a number."""
 TOPK_DEFAULT = "1"
 """``--topk`` default (megatron/arguments.py:612); Megatron-LM's --moe-router-topk defaults to 2."""
 ZERO_STAGE_DEFAULT = 1
@@ -78,9 +81,14 @@ def _config_stage(args, heredocs: dict, folder: Path) -> tuple[int | None, str]:
         doc = json.loads(text)
     except ValueError:
         return None, f"{where} is not JSON ndplan can read"
-    stage = (doc.get("zero_optimization") or {}).get("stage") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None, f"{where} is not a JSON object"
+    section = doc.get("zero_optimization")
+    if section is None or (isinstance(section, dict) and "stage" not in section):
+        return 0, f"{where}, which sets no zero_optimization.stage: DeepSpeed's default 0 (zero/config.py:95)"
+    stage = section.get("stage") if isinstance(section, dict) else None
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
-        return None, f"{where} has no zero_optimization.stage"
+        return None, f"{where} has no zero_optimization.stage ndplan reads"
     return stage, where
 
 
@@ -126,10 +134,14 @@ def settings(args, heredocs: dict, folder: Path, notes: list) -> dict:
     pp = int(pp_text) if pp_text.isdigit() else 1  # the reader checks it
     if args.no_pipeline_parallel and pp != 1:
         raise NdplanError("--pipeline-model-parallel-size", pp, "Megatron-DeepSpeed asserts 1 with "
-                          "--no-pipeline-parallel (megatron/arguments.py:88-90)", "give 1, or drop --no-pipeline-parallel")
-    if pp > 1 and stage >= 2:
-        raise NdplanError("zero stage", stage, "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 with pipeline "
-                          "stages (deepspeed runtime/pipe/engine.py:76-77)", "use stage 0 or 1, or --no-pipeline-parallel")
+                          "--no-pipeline-parallel (megatron/arguments.py:94-96)", "give 1, or drop --no-pipeline-parallel")
+    if stage >= 2 and not args.no_pipeline_parallel:
+        # pretrain_gpt.py builds GPTModelPipe, a PipelineModule, unless --no-pipeline-parallel
+        # (pretrain_gpt.py:51-52), even at one stage: DeepSpeed's PipelineEngine runs it
+        raise NdplanError("zero stage", stage, "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (deepspeed "
+                          "runtime/pipe/engine.py:76-77), and Megatron-DeepSpeed's pretrain_gpt.py builds its pipeline "
+                          "model unless --no-pipeline-parallel (pretrain_gpt.py:51-52)",
+                          "use stage 0 or 1, or add --no-pipeline-parallel with pp 1")
     sp = _int(args, "ds_sp")
     if sp and sp > 1:
         out["cp"] = sp

@@ -120,6 +120,21 @@ def moe_pattern(text: str, layers: int) -> list[int]:
     return pattern
 
 
+GPT2_DEFAULT_ENTRIES = {"pretrain_gpt.py": "Megatron-LM@d98e8a64 pretrain_gpt.py:527; Megatron-DeepSpeed :364",
+                        "pretrain_hybrid.py": "pretrain_hybrid.py:544", "pretrain_vlm.py": "pretrain_vlm.py:498",
+                        "pretrain_gpt_core.py": "Megatron-DeepSpeed pretrain_gpt_core.py:126"}
+"""Entry scripts that default --tokenizer-type to GPT2BPETokenizer (their args_defaults)."""
+
+
+def default_tokenizer(args, words: list[str], notes: list) -> None:
+    """``--tokenizer-type`` when the script gives none: the entry script's default
+    (``GPT2_DEFAULT_ENTRIES``), said in a note."""
+    entry = next((w.rsplit("/", 1)[-1] for w in words if w.rsplit("/", 1)[-1] in GPT2_DEFAULT_ENTRIES), None)
+    if args.tokenizer is None and entry:
+        args.tokenizer = "GPT2BPETokenizer"
+        notes.append(f"--tokenizer-type not given: {entry}'s default GPT2BPETokenizer ({GPT2_DEFAULT_ENTRIES[entry]})")
+
+
 def _catalog_vocab(repo_id: str) -> tuple[int, str] | None:
     """(vocab_size, catalog name) of the catalog model whose source is ``HF <repo_id> ...``."""
     for m in list_models():

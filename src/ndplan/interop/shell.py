@@ -18,13 +18,15 @@ bash's rules kept (tests/test_check.py holds the words to what bash itself passe
 * a quoted string may span lines (``OPTS=" ... \n ... "``); a here-document's body is not
   read as commands (``cat <<EOT > ds_config.json``): ``heredocs`` of the result keeps each
   body by its redirect target, variables expanded unless the delimiter is quoted;
-* ``if``/``elif``/``else``/``fi``: a condition made of ``[ ]``, ``[[ ]]`` or ``test`` with
-  ``= == != -eq -ne -lt -le -gt -ge -z -n`` (and ``!``, ``&&``, ``||`` between them) on known
-  values is decided, and only the branch bash runs is read (an unset variable is empty, as
-  in bash); any other condition (file tests, commands) reads every branch, with a warning.
+* ``if``/``elif``/``else``/``fi``: a condition bash's rules decide on the values known here
+  (interop.shell_test) reads only the branch bash runs, and the condition, with the
+  environment values or defaults it used, is a note; any other condition (file tests,
+  commands, values made at run time) reads every branch, with a warning when they hold flags;
+* a variable that holds flags (``ARGS=(--a 1)``, ``OPTS="--b 2"``) passes them from the lines
+  they are written on (edits go there); one that holds a value passes it where it is used.
 
-Not run: ``case``/loops (their bodies are read once), functions and ``$( )`` command
-substitution; ``$(( ))`` that ndplan cannot evaluate stays as written, with a note on the
+Not run: ``case``/loops (their bodies are read once; a loop's variable, like ``read``'s and
+``$( )``'s values, is known only at run time), functions and ``$( )`` command substitution; ``$(( ))`` that ndplan cannot evaluate stays as written, with a note on the
 word; the script is read top to bottom, so a variable assigned twice takes its last value,
 with a warning.
 """
@@ -37,15 +39,20 @@ from dataclasses import dataclass
 
 from ndplan.errors import NdplanError, warn
 from ndplan.interop import arith
+from ndplan.interop.shell_lex import heredoc_at, heredoc_target, logical_lines, split_comment, statements
+from ndplan.interop.shell_test import RUNTIME, decide
+
+__all__ = ["Word", "Script", "read_script", "read_words", "split_comment", "statements"]
 
 VAR = re.compile(r"\$\{(\w+)(?:\[@\])?(?:(:?[-=])([^}]*))?\}|\$(\w+)")
 """``${NAME}``, ``${NAME[@]}``, ``${NAME:-default}`` / ``${NAME:=default}`` (and without
 the colon), ``$NAME``."""
 ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
 KEYWORDS = ("export", "then", "else", "fi", "do", "done", "if", "unset")
-HEREDOC = re.compile(r"(?<![\w)])<<(-?)\s*(['\"]?)([A-Za-z_]\w*)\2")
-"""``<<EOT``, ``<<-EOT``, ``<<'EOT'`` (not ``<<<``, a here-string, nor a shift ``$((1<<N))``)."""
-REDIRECT = re.compile(r">\s*(\S+)")
+LEADING = ("then", "do", "else", "{")
+"""Words after which a statement starts again (``then if ...``, ``do if ...``)."""
+RUNTIME_VALUE = "$(runtime {})"
+"""The value of a variable only the running script knows (a loop's, ``read``'s)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,11 @@ class _Var:
     sources: tuple[str, ...] = ()
     words: tuple[Word, ...] = ()
     """An array's elements, each with the line it was written on."""
+
+    @property
+    def holds_flags(self) -> bool:
+        """Its words were passed where they are written (``_Reader.emit``), not where it is used."""
+        return "--" in self.value
 
 
 class _Env:
@@ -86,40 +98,10 @@ class _Env:
         return None
 
 
-def split_comment(line: str) -> tuple[str, str]:
-    """(code, comment) of a shell line: a ``#`` outside quotes, at the start or after
-    blank space, starts a comment (bash's rule)."""
-    quote = None
-    for k, ch in enumerate(line):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == "#" and (k == 0 or line[k - 1] in " \t"):
-            return line[:k].rstrip(), line[k:]
-    return line, ""
-
-
-def statements(line: str) -> list[str]:
-    """A shell line split at ``;`` outside quotes (comments removed first)."""
-    code, _ = split_comment(line)
-    out, cur, quote = [], "", None
-    for ch in code:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == ";":
-            out.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    return out + [cur]
-
-
-def _substitute(word: str, env: _Env, line: int, sources: list) -> str:
+def _substitute(word: str, env: _Env, line: int, sources: list, unset_empty: bool = False) -> str:
     """Variables replaced (the script's, else the environment's); an unset one with a
-    default takes the default (``:=`` also assigns it); other unset ones stay as written."""
+    default takes the default (``:=`` also assigns it); other unset ones stay as written
+    (empty with ``unset_empty``, as bash gives them)."""
     def sub(m: re.Match) -> str:
         name, op = m.group(1) or m.group(4), m.group(2)
         found = env.lookup(name)
@@ -134,7 +116,7 @@ def _substitute(word: str, env: _Env, line: int, sources: list) -> str:
             if op.endswith("="):
                 env.vars[name] = _Var(default, line, (sources[-1],))
             return default
-        return m.group(0)
+        return "" if unset_empty else m.group(0)
     return VAR.sub(sub, word)
 
 
@@ -156,92 +138,22 @@ def _expand(word: str, env: _Env, line: int, sources: list) -> str:
     return _substitute(_arith(word, env, line, sources), env, line, sources)
 
 
-def _quote_open(text: str) -> bool:
-    """Whether ``text`` ends inside a quoted string (comments outside quotes skipped)."""
-    quote, k = None, 0
-    while k < len(text):
-        ch = text[k]
-        if quote == "'":
-            quote = None if ch == "'" else quote
-        elif quote == '"':
-            if ch == "\\":
-                k += 1
-            elif ch == '"':
-                quote = None
-        elif ch == "\\":
-            k += 1
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == "#" and (k == 0 or text[k - 1] in " \t\n"):
-            nl = text.find("\n", k)
-            if nl < 0:
-                return False
-            k = nl
-        k += 1
-    return quote is not None
-
-
-def logical_lines(lines: list[str]):
-    """(first line index, text, here-document body or None, its delimiter quoted) per logical
-    line: physical lines joined while a quote is open; a here-document's body follows the line
-    that opens it and is not a line of its own."""
-    i = 0
-    while i < len(lines):
-        first, text = i, lines[i]
-        while _quote_open(text) and i + 1 < len(lines):
-            i += 1
-            text += "\n" + lines[i]
-        i += 1
-        m = HEREDOC.search(split_comment(text)[0]) if "<<" in text and "<<<" not in text else None
-        body = None
-        if m:
-            body, strip = [], m.group(1) == "-"
-            while i < len(lines) and (lines[i].lstrip("\t") if strip else lines[i]).rstrip() != m.group(3):
-                body.append(lines[i].lstrip("\t") if strip else lines[i])
-                i += 1
-            i += 1  # the delimiter
-        yield first, text, (None if body is None else "\n".join(body)), bool(m and m.group(2))
-
-
-_COND_OPS = ("=", "==", "!=", "-eq", "-ne", "-lt", "-le", "-gt", "-ge")
-
-
-def _test(args: list[str], glob: bool) -> bool | None:
-    """``[ args ]`` / ``[[ args ]]`` on expanded words; None: not a form ndplan decides."""
-    import fnmatch
-    if args[:1] == ["!"]:
-        r = _test(args[1:], glob)
-        return None if r is None else not r
-    if len(args) == 1:
-        return args[0] != ""
-    if len(args) == 2 and args[0] in ("-z", "-n"):
-        return (args[1] == "") == (args[0] == "-z")
-    if len(args) == 3 and args[1] in _COND_OPS:
-        a, op, b = args
-        if op in ("=", "==", "!="):
-            same = fnmatch.fnmatchcase(a, b) if glob else a == b
-            return same if op != "!=" else not same
-        if not (re.fullmatch(r"-?\d+", a) and re.fullmatch(r"-?\d+", b)):
-            return None
-        x, y = int(a), int(b)
-        return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
-    return None
-
-
 class _Block:
     """One ``if`` ... ``fi``: whether the branch being read is read, whether a branch was
     taken (the rest are skipped), whether the conditions could not be decided."""
 
-    def __init__(self, outer_active: bool):
+    def __init__(self, outer_active: bool, line: int):
         self.outer = outer_active
+        self.line = line
         self.active = False
         self.taken = not outer_active
         self.undecided = False
         self.why = ""
-        """The condition that chose the branch being read (a source of its words)."""
-        self.opened = ""
-        """Where the first undecided condition is (warned at ``fi`` if its branches held flags)."""
+        """The condition that chose the branch being read, with the values it used."""
+        self.opened = ("", "")
+        """(where, what) of the first undecided condition (warned at ``fi`` if its branches held flags)."""
         self.flags = 0
+        """Flags passed inside this block (decisions and warnings name only blocks that hold some)."""
 
 
 class _Reader:
@@ -250,170 +162,178 @@ class _Reader:
         self.out: list[Word] = []
         self.array: str | None = None
         self.array_words: list[Word] = []
+        self.array_new: list[Word] = []
+        """The elements the open array's own lines write (not those of arrays it includes)."""
         self.reassigned: set[str] = set()
         self.blocks: list[_Block] = []
         self.heredocs: dict[str, str] = {}
         self.decisions: list[str] = []
-        """Decided conditions whose branch bash runs held flags (``Script.decisions``)."""
+        """Decided conditions whose branches held flags (``Script.decisions``)."""
 
     @property
     def reading(self) -> bool:
         return all(b.active for b in self.blocks)
 
-
-    def condition(self, toks: list[str], i: int) -> bool | None:
-        """An ``if``/``elif`` condition decided (module docstring), else None."""
-        result, op, k = None, None, 0
-        while k < len(toks):
-            neg = toks[k] == "!"
-            k += neg
-            if k >= len(toks):
-                return None
-            if toks[k] in ("[", "[["):
-                close = "]" if toks[k] == "[" else "]]"
-                if close not in toks[k + 1:]:
-                    return None
-                end = toks.index(close, k + 1)
-                args, glob, k = toks[k + 1:end], toks[k] == "[[", end + 1
-            elif toks[k] == "test":
-                end = next((j for j in range(k + 1, len(toks)) if toks[j] in ("&&", "||")), len(toks))
-                args, glob, k = toks[k + 1:end], False, end
-            else:
-                return None
-            if any("$(" in a or "`" in a for a in args):
-                return None
-            src: list[str] = []
-            words = [VAR.sub("", _expand(a, self.env, i, src)) for a in args]  # unset: empty, as bash
-            r = _test(words, glob)
-            if r is None:
-                return None
-            r = r != neg
-            result = r if op is None else (result and r if op == "&&" else result or r)
-            if k < len(toks):
-                if toks[k] not in ("&&", "||"):
-                    return None
-                op, k = toks[k], k + 1
-        return result
+    # ----------------------------------------------------------------- if / elif / else / fi
 
     def keyword(self, toks: list[str], i: int, text: str) -> list[str]:
-        """``if``/``elif``/``else``/``fi``/``then`` at the start of a statement: the block
-        state updated; returns the tokens left to read as words."""
+        """``if``/``elif``/``else``/``fi`` (after any ``then``/``do``/``else``/``{``) at the start
+        of a statement: the block state updated; returns the tokens left to read as words."""
+        while toks and toks[0] in LEADING and toks[0] != "else":
+            toks = toks[1:]
+        if not toks:
+            return []
         head = toks[0]
         if head == "if":
-            b = _Block(self.reading)
+            b = _Block(self.reading, i)
             self.blocks.append(b)
-            self._branch(b, toks[1:], i, text)
+            self._branch(b, text, i)
             return []
         if head in ("elif", "else", "fi") and not self.blocks:
+            warn(f"line {i + 1}", head, "closes no if (bash refuses the script)", "remove it or add the if")
             return toks[1:]
         if head == "elif":
-            self._branch(self.blocks[-1], toks[1:], i, text)
+            self._branch(self.blocks[-1], text, i)
             return []
         if head == "else":
             b = self.blocks[-1]
             b.active = b.outer and (b.undecided or not b.taken)
-            b.why = f"line {i + 1}: else" if b.active else ""
+            b.why = f"line {i + 1}: else" if b.active and not b.undecided else b.why
             b.taken = True
-            return toks[1:]
+            return self.keyword(toks[1:], i, text.strip().split(None, 1)[1]) if toks[1:2] == ["if"] else toks[1:]
         if head == "fi":
-            b = self.blocks.pop()
-            if not b.undecided and b.flags and b.why:
-                self.decisions.append(b.why)
-            if b.undecided and b.flags:
-                warn(*b.opened.split("\0"), "a condition ndplan does not decide (a file test, a command or a form it "
-                     "does not read): the flags of every branch of this if are read",
-                     "set the variables it tests, or edit the script to the branch you launch")
+            self._close(self.blocks.pop())
             return toks[1:]
-        return toks[1:]  # then
+        return toks
 
-    def _branch(self, b: _Block, cond: list[str], i: int, text: str) -> None:
+    def _close(self, b: _Block) -> None:
+        if self.blocks:
+            self.blocks[-1].flags += b.flags
+        if not b.flags or not b.outer:
+            return
+        if b.undecided:
+            warn(*b.opened, "a condition ndplan does not decide (a file test, a command, a value made at run time "
+                 "or a form it does not read): the flags of every branch of this if are read",
+                 "set the variables it tests, or edit the script to the branch you launch")
+        else:
+            self.decisions.append(b.why)
+
+    def _branch(self, b: _Block, text: str, i: int) -> None:
         if not b.outer or (b.taken and not b.undecided):
             b.active = False
             return
-        r = None if b.undecided else self.condition(cond, i)
+        cond = text.strip()
+        cond = cond.split(None, 1)[1] if " " in cond else ""  # after if / elif
+        r, used = (None, []) if b.undecided else decide(cond, lambda w, src: _expand(w, self.env, i, src))
         if r is None:
             if not b.undecided:
-                b.opened = f"line {i + 1}\0{text.strip()[:60]}"
+                b.opened = (f"line {i + 1}", text.strip()[:60])
             b.undecided = b.active = True
             return
         b.active, b.taken = r, r
-        b.why = f"line {i + 1}: {text.strip()[:60]}" if r else ""
+        used = list(dict.fromkeys(used))
+        b.why = f"line {i + 1}: {'' if r else 'not '}{text.strip()[:60]}" + (f" ({'; '.join(used)})" if used else "")
 
-    def array_word(self, tok: str, i: int) -> None:
-        close = tok.endswith(")")
-        tok = tok[:-1] if close else tok
-        m = VAR.fullmatch(tok)
-        old = self.env.vars.get(m.group(1) or m.group(4)) if tok and m else None
-        if old is not None and (old.words or not old.value):
-            # ARGS=( "${ARGS[@]}" --more ), ALL+=( "${DDP_ARGS[@]}" ): the elements keep the lines
-            # they were written on, and were recorded there
-            self.array_words += list(old.words)
-        elif tok and m and (m.group(1) or m.group(4)) == self.array:
-            self.array_words += [Word(w, old.line, old.sources) for w in old.value.split()] if old else []
-        elif tok:
-            src: list[str] = []
-            w = _expand(tok, self.env, i, src)
-            for part in w.split():  # an unquoted ${ARGS[@]} splits each element again
-                word = Word(part, i, tuple(src))
-                self.array_words.append(word)
-                self.emit(word)
-        if close:
-            value = " ".join(w.text for w in self.array_words)
-            srcs = tuple(dict.fromkeys(s for w in self.array_words for s in w.sources))
-            self.env.vars[self.array] = _Var(value, self.array_words[0].line if self.array_words else i, srcs,
-                                             tuple(self.array_words))
-            self.array, self.array_words = None, []
-
-    def assign(self, name: str, append: bool, val: str, i: int) -> None:
-        if val.startswith("("):  # NAME=( ... ) / NAME+=( ... ), on one line or several
-            old = self.env.vars.get(name)
-            self.array = name
-            self.array_words = (list(old.words) or [Word(w, old.line, old.sources) for w in old.value.split()]) \
-                if append and old else []
-            if val[1:]:
-                self.array_word(val[1:], i)
-            return
-        src: list[str] = []
-        parts = [_expand(part, self.env, i + k, src) for k, part in enumerate(val.split("\n"))]
-        new = " ".join(p for p in parts if p.strip()) if len(parts) > 1 else parts[0]
-        if "--" in new:  # ARGS="--num-layers 32 ...": its flags sit on these lines
-            for word in [Word(w, i + k, tuple(src)) for k, p in enumerate(parts) for w in p.split()]:
-                self.emit(word)
-        old = self.env.vars.get(name)
-        if append and old:
-            new, src = (old.value + " " + new).strip(), list(old.sources) + src
-        elif old and old.value != new and old.value and name not in self.reassigned \
-                and (not self.blocks or self.blocks[-1].undecided):
-            self.reassigned.add(name)
-            warn(name, new, f"assigned again on line {i + 1} (first on line {old.line + 1}); "
-                 "ndplan reads this part without deciding it (a loop, or an if it cannot decide), so the last value counts",
-                 "check that it is the one your launch uses")
-        self.env.vars[name] = _Var(new, i, tuple(src))
-        self.env.unset.discard(name)
-
-    def token(self, tok: str, i: int) -> None:
-        if self.array is not None:
-            self.array_word(tok, i)
-            return
-        m = ASSIGN.match(tok)
-        if m and not tok.startswith("-"):
-            self.assign(m.group(1), m.group(2) == "+", m.group(3), i)
-            return
-        if tok in KEYWORDS:
-            return
-        m = VAR.fullmatch(tok)
-        name = m and (m.group(1) or m.group(4))
-        var = self.env.vars.get(name) if name else None
-        if var is not None and (var.words or " " in var.value or not var.value):
-            return  # $ARGS: its words were recorded at the assignment (an empty one passes none)
-        src: list[str] = []
-        self.emit(Word(_expand(tok, self.env, i, src), i, tuple(src)))
+    # ----------------------------------------------------------------- words
 
     def emit(self, word: Word) -> None:
         self.out.append(word)
         if word.text.startswith("-"):
             for b in self.blocks:
                 b.flags += 1
+
+    def array_word(self, tok: str, i: int, sources: list) -> None:
+        close = tok.endswith(")")
+        tok = tok[:-1] if close else tok
+        m = VAR.fullmatch(tok)
+        old = self.env.vars.get(m.group(1) or m.group(4)) if tok and m else None
+        if old is not None and old.words:
+            self.array_words += list(old.words)  # ALL+=( "${DDP[@]}" ): DDP's elements, from their lines
+        elif old is not None and not old.value:
+            pass  # an empty array or value: no element
+        elif tok:
+            src: list[str] = list(sources)
+            for part in _expand(tok, self.env, i, src).split():  # an unquoted ${ARGS[@]} splits each element again
+                word = Word(part, i, tuple(src))
+                self.array_words.append(word)
+                self.array_new.append(word)
+        if close:
+            value = " ".join(w.text for w in self.array_words)
+            srcs = tuple(dict.fromkeys(s for w in self.array_words for s in w.sources))
+            var = _Var(value, self.array_words[0].line if self.array_words else i, srcs, tuple(self.array_words))
+            if var.holds_flags:
+                for word in self.array_new:
+                    self.emit(word)
+            self.env.vars[self.array] = var
+            self.env.unset.discard(self.array)
+            self.array, self.array_words, self.array_new = None, [], []
+
+    def assign(self, name: str, append: bool, val: str, i: int, sources: list) -> None:
+        if val.startswith("("):  # NAME=( ... ) / NAME+=( ... ), on one line or several
+            old = self.env.vars.get(name)
+            self.array = name
+            self.array_words = (list(old.words) or [Word(w, old.line, old.sources) for w in old.value.split()]) \
+                if append and old else []
+            self.array_new = []
+            if val[1:]:
+                self.array_word(val[1:], i, sources)
+            return
+        parts, srcs, emitted = [], [], []
+        for k, part in enumerate(val.split("\n")):
+            src: list[str] = list(sources)
+            parts.append(_expand(part, self.env, i + k, src))
+            srcs.append(src)
+            # words of variables that hold flags were passed where those are written
+            own = VAR.sub(lambda m: "" if (v := self.env.vars.get(m.group(1) or m.group(4))) is not None
+                          and (v.holds_flags or v.words) else m.group(0), part)
+            emitted.append(_expand(own, self.env, i + k, []))
+        new = " ".join(p for p in parts if p.strip()) if len(parts) > 1 else parts[0]
+        old = self.env.vars.get(name)
+        if "--" in new:  # ARGS="--num-layers 32 ...": its flags sit on these lines
+            for k, p in enumerate(emitted):
+                for w in p.split():
+                    self.emit(Word(w, i + k, tuple(srcs[k])))
+        all_src = [s for src in srcs for s in src]
+        if append and old:
+            new, all_src = (old.value + " " + new).strip(), list(old.sources) + all_src
+        elif old and old.value != new and old.value and old.value not in new and name not in self.reassigned \
+                and (not self.blocks or self.blocks[-1].undecided):
+            self.reassigned.add(name)
+            warn(name, new, f"assigned again on line {i + 1} (first on line {old.line + 1}); "
+                 "ndplan reads this part without deciding it (a loop, or an if it cannot decide), so the last "
+                 "value counts", "check that it is the one your launch uses")
+        self.env.vars[name] = _Var(new, i, tuple(all_src))
+        self.env.unset.discard(name)
+
+    def token(self, tok: str, i: int, sources: list) -> None:
+        if self.array is not None:
+            self.array_word(tok, i, sources)
+            return
+        m = ASSIGN.match(tok)
+        if m and not tok.startswith("-"):
+            self.assign(m.group(1), m.group(2) == "+", m.group(3), i, sources)
+            return
+        if tok in KEYWORDS:
+            return
+        m = VAR.fullmatch(tok)
+        var = self.env.vars.get(m.group(1) or m.group(4)) if m else None
+        if var is not None and var.holds_flags:
+            return  # $ARGS: its words were passed where they are written
+        if var is not None and var.words:
+            for w in var.words:  # a value array: its elements here
+                self.emit(Word(w.text, i, w.sources))
+            return
+        if var is not None and not var.value and "[@]" in tok:
+            return  # an empty array passes no word
+        src: list[str] = list(sources)
+        self.emit(Word(_expand(tok, self.env, i, src), i, tuple(src)))
+
+    def runtime(self, toks: list[str], i: int) -> None:
+        """``for NAME in`` / ``select NAME in`` / ``read NAME ...``: values only the run knows."""
+        names = toks[1:2] if toks[0] in ("for", "select") else [t for t in toks[1:] if not t.startswith("-")]
+        for name in names:
+            if re.fullmatch(r"[A-Za-z_]\w*", name):
+                self.env.vars[name] = _Var(RUNTIME_VALUE.format(name), i)
 
     def statement(self, stmt: str, i: int) -> None:
         src: list[str] = []
@@ -422,36 +342,62 @@ class _Reader:
             toks = shlex.split(stmt, comments=True)
         except ValueError:
             toks = stmt.split()
-        if toks and toks[0] in ("if", "elif", "else", "fi", "then") and self.array is None:
-            toks = self.keyword(toks, i, stmt)
+        if toks and self.array is None:
+            lead = [t for t in toks if t not in LEADING or t == "else"]
+            if lead and lead[0] in ("if", "elif", "else", "fi"):
+                body = stmt.strip()
+                while body.split(None, 1)[0] in LEADING and body.split(None, 1)[0] != "else":
+                    body = body.split(None, 1)[1]
+                toks = self.keyword(toks, i, body)
         if not self.reading:
+            for blk in self.blocks:  # flags a branch bash does not run would pass
+                blk.flags += len(re.findall(r"(?<![\w-])--[A-Za-z]", stmt))
             return
-        if toks and toks[0] == "unset" and self.array is None:
+        if not toks:
+            return
+        if toks[0] == "unset" and self.array is None:
             for name in toks[1:]:
-                self.env.vars.pop(name, None)
+                var = self.env.vars.pop(name, None)
+                if var is not None and var.words and var.holds_flags:  # its words go with it
+                    gone = {id(w) for w in var.words}
+                    self.out = [w for w in self.out if id(w) not in gone]
                 self.env.unset.add(name)
             return
+        if toks[0] in ("for", "select", "read") and self.array is None:
+            self.runtime(toks, i)
+            return
         for tok in toks:
-            self.token(tok, i)
+            self.token(tok, i, src)
 
     def line(self, text: str, i: int) -> None:
         """A logical line (physical lines joined inside a quote) starting on line ``i``."""
-        offset = 0
         text = text.replace("\\\n", " \n")  # backslash-newline inside a quote continues the line
-        for raw in text.split("\n") if not _quote_open(text.split("\n")[0]) else [text]:
+        lines = text.split("\n")
+        for offset, raw in enumerate(lines if len(lines) == 1 else [text]):
             line = raw.rstrip()
             if line.endswith("\\"):
                 line = line[:-1]
             for stmt in statements(line):
                 self.statement(stmt, i + offset)
-            offset += 1
 
     def heredoc(self, opener: str, body: str, quoted: bool, i: int) -> None:
-        """A here-document written to a file (``cat <<EOT > path``): kept by that path."""
-        m = REDIRECT.search(split_comment(opener)[0].split("<<", 1)[1])
-        if m and self.reading:
-            target = _expand(m.group(1).strip("'\""), self.env, i, [])
-            self.heredocs[target] = body if quoted else _substitute(body, self.env, i, [])
+        """A here-document written to a file (``cat <<EOT > path``): kept by that path, its body
+        expanded as bash does when the delimiter is not quoted (``\\$`` a dollar sign)."""
+        code = split_comment(opener)[0]
+        m = heredoc_at(code)
+        target = heredoc_target(code, m) if m else None
+        if target is None or not self.reading:
+            return
+        target = _expand(target, self.env, i, [])
+        if not quoted:
+            keep = "\0"
+            body = _substitute(_arith(body.replace("\\$", keep), self.env, i, []), self.env, i, [],
+                               unset_empty=True).replace(keep, "$")
+        self.heredocs[target] = body
+
+    def finish(self, lines: int) -> None:
+        for b in self.blocks:
+            warn(f"line {b.line + 1}", "if", "has no fi (bash refuses the script)", "close it with fi")
 
 
 @dataclass(frozen=True)
@@ -464,7 +410,7 @@ class Script:
     unset: frozenset[str] = frozenset()
     """Names the script unsets."""
     decisions: tuple[str, ...] = ()
-    """The ``if`` conditions ndplan decided whose branch (the one bash runs) passed flags."""
+    """The ``if`` conditions ndplan decided whose branches held flags, with the values used."""
 
     def value(self, name: str, environ: dict) -> str | None:
         """``name`` as the launched program sees it: the script's value, else the environment's
@@ -474,13 +420,15 @@ class Script:
 
 def read_script(text: str, environ: dict | None = None) -> Script:
     """The script's words after variable expansion (a word that comes from a variable carries
-    the line of its assignment and the environment values / defaults / branches used) and its
-    here-documents."""
+    the line of its assignment and the environment values / defaults used), its
+    here-documents and the conditions decided."""
     r = _Reader({} if environ is None else dict(environ))
-    for i, joined, body, quoted in logical_lines(text.splitlines()):
+    lines = text.splitlines()
+    for i, joined, body, quoted in logical_lines(lines):
         r.line(joined, i)
         if body is not None:
             r.heredoc(joined, body, quoted, i)
+    r.finish(len(lines))
     return Script(r.out, r.heredocs, {k: v.value for k, v in r.env.vars.items()}, frozenset(r.env.unset),
                   tuple(dict.fromkeys(r.decisions)))
 
