@@ -170,3 +170,21 @@ def test_megatron_deepspeed_expert_flags(tmp_path):
     ci = _read(tmp_path, MDS + "--zero-stage 1 --num-experts 8 --topk 2\n")
     assert ci.model.experts_per_token == 2
     assert not _read(tmp_path, MDS + "--zero-stage 1 --num-experts 1 --topk 2\n").model.is_moe
+
+
+def test_megatron_deepspeed_stage_from_the_template_edit(tmp_path):
+    """examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_MoE128.sh writes its config with
+    sed "s/ZERO_STAGE/0/" TEMPLATE > $config_json: DeepSpeed runs that stage, not --zero-stage's."""
+    text = ('template_json="ds_config_gpt_TEMPLATE.json"\nconfig_json="ds_config.json"\n'
+            'sed "s/CONFIG_BATCH_SIZE/64/" ${template_json} \\\n    | sed "s/ZERO_STAGE/0/" \\\n      > ${config_json}\n'
+            + MDS + "--zero-stage 1 --deepspeed_config ${config_json}\n")
+    ci = _read(tmp_path, text)
+    assert ci.strategy.zero == 0 and any("s/ZERO_STAGE/0/" in n for n in ci.notes)
+
+
+def test_megatron_lm_checkpoint_activations_is_full_recompute(tmp_path):
+    """Megatron-LM v2.5 (examples/pretrain_gpt3_175B.sh): --checkpoint-activations checkpoints
+    every --checkpoint-num-layers (1) layers (v2.5 arguments.py:393, model/transformer.py:661)."""
+    ci = _read(tmp_path, f"torchrun --nproc_per_node 8 pretrain_gpt.py {ARCH} --vocab-size 32000 "
+                         "--checkpoint-activations\n")
+    assert ci.strategy.recompute == "full"

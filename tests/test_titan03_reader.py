@@ -23,6 +23,7 @@ from ndplan.cli import main
 from ndplan.export import emit
 from ndplan.export import torchtitan03 as X
 from ndplan.export.torchtitan import stage_count, titan_split
+from ndplan.errors import NdplanError
 from ndplan.interop import read_config
 from ndplan.interop import torchtitan03 as R
 from ndplan.interop.torchtitan import KEY
@@ -364,3 +365,14 @@ def test_bad_chunks_and_optimizer_are_one_line(tmp_path, env):
         r = CliRunner().invoke(main, ["check", str(f)])
         lines = [x for x in r.output.splitlines() if x.startswith("error:")]
         assert r.exit_code == 2 and len(lines) == 1 and f"error: {field}=" in lines[0], r.output
+
+
+def test_a_torchtitan_0_2_launcher_points_to_its_toml(tmp_path):
+    """torchtitan 0.2.x's run_train.sh passes --job.config_file (CONFIG_FILE, default
+    debug_model.toml): the job is that TOML, which `check` reads; one line says so."""
+    f = tmp_path / "run_train.sh"
+    f.write_text('CONFIG_FILE=${CONFIG_FILE:-"./torchtitan/models/llama3/train_configs/debug_model.toml"}\n'
+                 'torchrun --nproc_per_node=8 -m torchtitan.train --job.config_file ${CONFIG_FILE} "$@"\n')
+    with pytest.raises(NdplanError) as e:
+        read_config(f, fmt="torchtitan-0.3")
+    assert "debug_model.toml" in e.value.problem and "TOML" in e.value.fix

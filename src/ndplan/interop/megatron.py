@@ -300,7 +300,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     notes += [f"read the branch bash runs: {why}" for why in script.decisions]
     MM.default_tokenizer(args, [w.text for w in ws], notes)
     get = _getter(args)
-    ds = MDS.settings(args, script.heredocs, path.parent, notes)
+    ds = MDS.settings(args, script.heredocs, path.parent, notes, [w.text for w in ws]) | MDS.recompute(args, notes)
     for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         if name in ds:
             setattr(args, name, ds[name])

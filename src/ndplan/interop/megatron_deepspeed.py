@@ -28,6 +28,7 @@ code and activations) with the ZeRO stage's sharding.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ndplan.errors import NdplanError
@@ -112,13 +113,38 @@ def experts(args) -> None:
         args.topk = args.ds_topk or TOPK_DEFAULT
 
 
-def settings(args, heredocs: dict, folder: Path, notes: list) -> dict:
+SED_STAGE = re.compile(r"^s(.)ZERO_STAGE\1(\d)\1g?$")
+"""The Megatron-DeepSpeed examples' template edit, ``sed "s/ZERO_STAGE/N/" TEMPLATE > $config_json``
+(e.g. examples_deepspeed/MoE/ds_pretrain_gpt_1.3B_MoE128.sh): the stage written into the config."""
+
+
+def _sed_stage(words: list[str]) -> int | None:
+    found = [int(m.group(2)) for w in words if (m := SED_STAGE.match(w))]
+    return found[-1] if found else None
+
+
+def recompute(args, notes: list) -> dict:
+    """``--checkpoint-activations`` (Megatron-LM before --recompute-granularity, v2.5 arguments.py:393,
+    and Megatron-DeepSpeed): every ``--checkpoint-num-layers`` (1) layers checkpointed in each
+    chunk (Megatron-DeepSpeed model/transformer.py:2082-2088, 1888-1921): full recompute."""
+    if not args.checkpoint_activations or getattr(args, "recompute_granularity", None):
+        return {}
+    n = _int(args, "checkpoint_num_layers") or 1
+    notes.append(f"--checkpoint-activations: full recompute, {n} layer(s) a checkpoint "
+                 "(model/transformer.py:2082-2088, 1888-1921)")
+    return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": str(n)}
+
+
+def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] = ()) -> dict:
     """Strategy fields and their sources the DeepSpeed side sets (module docstring); {} without
     ``--deepspeed``."""
     if not args.deepspeed:
         return {}
     stage, where = _config_stage(args, heredocs, folder)
     flag = _int(args, "zero_stage", lo=0)
+    sed = _sed_stage(list(words))
+    if stage is None and sed is not None:
+        stage, where = sed, f"the script's sed s/ZERO_STAGE/{sed}/ into its config template"
     if stage is None:
         stage = flag if flag is not None else ZERO_STAGE_DEFAULT
         src = f"--zero-stage {stage}" if flag is not None else f"--zero-stage default {ZERO_STAGE_DEFAULT}"
@@ -147,11 +173,6 @@ def settings(args, heredocs: dict, folder: Path, notes: list) -> dict:
         out["cp"] = sp
         notes.append(f"--ds-sequence-parallel-size {sp}: DeepSpeed-Ulysses, estimated as cp={sp} (the sequence split "
                      "over the group; its all-to-all traffic as context parallelism's)")
-    if args.checkpoint_activations and not getattr(args, "recompute_granularity", None):
-        n = _int(args, "checkpoint_num_layers") or 1
-        out |= {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": str(n)}
-        notes.append(f"--checkpoint-activations: full recompute, {n} layer(s) a checkpoint "
-                     "(model/transformer.py:2082-2088, 1888-1921)")
     if args.zbh1:
         notes.append("--enable-zbh1-pipeline: Megatron-DeepSpeed's zero-bubble H1 schedule is estimated as 1F1B "
                      "(its bubble an upper bound; not modelled)")

@@ -159,10 +159,14 @@ def _mtp_depth(mc: dict) -> int:
 
 
 def _whole(table: dict, key: str, default: int, where: str = MOE) -> int:
-    """A whole number >= 0 of the yaml table at ``where``, or NdplanError naming the key."""
+    """A whole number >= 0 of the yaml table at ``where`` (an integral float too: MindFormers
+    1.3.0's Qwen2-57B writes shared_expert_num: 8.0 and takes int() of it, llama_layer.py:587),
+    or NdplanError naming the key."""
     v = table.get(key)
     if v is None:
         return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise NdplanError(f"{where}.{key}", v, "not a whole number", "write an integer >= 0")
     return v

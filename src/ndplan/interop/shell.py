@@ -238,7 +238,7 @@ class _Reader:
 
     def emit(self, word: Word) -> None:
         self.out.append(word)
-        if word.text.startswith("-"):
+        if word.text.startswith("--"):
             for b in self.blocks:
                 b.flags += 1
 
@@ -338,9 +338,12 @@ class _Reader:
     def statement(self, stmt: str, i: int) -> None:
         src: list[str] = []
         stmt = _arith(stmt, self.env, i, src)  # before splitting: $(( 16 * N )) holds spaces
-        try:
-            toks = shlex.split(stmt, comments=True)
-        except ValueError:
+        if any(c in stmt for c in "'\"\\#"):
+            try:
+                toks = shlex.split(stmt, comments=True)
+            except ValueError:
+                toks = stmt.split()
+        else:  # nothing to unquote: bash's word splitting is str.split's
             toks = stmt.split()
         if toks and self.array is None:
             lead = [t for t in toks if t not in LEADING or t == "else"]
@@ -421,8 +424,24 @@ class Script:
 def read_script(text: str, environ: dict | None = None) -> Script:
     """The script's words after variable expansion (a word that comes from a variable carries
     the line of its assignment and the environment values / defaults used), its
-    here-documents and the conditions decided."""
-    r = _Reader({} if environ is None else dict(environ))
+    here-documents and the conditions decided. The last reads are kept (``check`` reads one
+    script again for every edit it tries)."""
+    env = {} if environ is None else dict(environ)
+    key = (text, tuple(sorted(env.items())))
+    if key not in _READ:
+        if len(_READ) >= READ_CACHE:
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = _read(text, env)
+    got = _READ[key]
+    return Script(list(got.words), dict(got.heredocs), dict(got.variables), got.unset, got.decisions)
+
+
+READ_CACHE = 64
+_READ: dict[tuple, Script] = {}
+
+
+def _read(text: str, environ: dict) -> Script:
+    r = _Reader(environ)
     lines = text.splitlines()
     for i, joined, body, quoted in logical_lines(lines):
         r.line(joined, i)

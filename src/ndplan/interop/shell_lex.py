@@ -52,6 +52,8 @@ def _scan(text: str, quote: str | None = None, final: list | None = None):
 
 def end_quote(text: str, quote: str | None = None) -> str | None:
     """The quote ``text`` leaves open (None: none), starting in ``quote``."""
+    if quote is None and "'" not in text and '"' not in text:
+        return None
     final: list = []
     for _ in _scan(text, quote, final):
         pass
@@ -61,6 +63,8 @@ def end_quote(text: str, quote: str | None = None) -> str | None:
 def split_comment(line: str) -> tuple[str, str]:
     """(code, comment) of a shell line: a ``#`` outside quotes, at the start or after
     blank space, starts a comment (bash's rule)."""
+    if "#" not in line:
+        return line, ""
     for k, ch, quote, comment in _scan(line):
         if comment:
             return line[:k].rstrip(), line[k:]
@@ -70,6 +74,8 @@ def split_comment(line: str) -> tuple[str, str]:
 def statements(line: str) -> list[str]:
     """A shell line split at ``;`` outside quotes (comments removed first)."""
     code, _ = split_comment(line)
+    if ";" not in code:
+        return [code]
     out, start = [], 0
     for k, ch, quote, _ in _scan(code):
         if ch == ";" and quote is None:

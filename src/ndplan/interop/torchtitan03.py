@@ -223,6 +223,12 @@ def _launched(words: list[shell.Word]) -> int | None:
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
     words = shell.read_words(text, os.environ)
+    toml = next((words[k + 1].text for k, w in enumerate(words[:-1]) if w.text in ("--job.config_file",
+                                                                                   "--job.config-file")), None)
+    module_less = not any(w.text.startswith("--module") for w in words)
+    if toml is not None or module_less and any("CONFIG_FILE" in w.text or w.text.endswith(".toml") for w in words):
+        raise NdplanError("FILE", path.name, "a torchtitan 0.2.x launcher: its job is the TOML file it passes "
+                          f"(--job.config_file {toml or 'CONFIG_FILE'})", "ndplan check that TOML file instead")
     module, config, over, lines, unknown = _overrides(words)
     if (module, config) not in X.REGISTERED:
         known = ", ".join(f"--module {m} --config {c}" for m, c in X.REGISTERED)
