@@ -647,14 +647,45 @@ def test_megatron_reader_reads_what_bash_passes(name):
 def test_shell_leaves_undecided_what_bash_decides_at_run_time():
     """Values made when the script runs (a loop's variable, read, $( )) and operands bash splits
     ([ $X ] with X unset or holding spaces) are not decided: every branch is read, with a
-    warning, instead of a branch bash might not run."""
+    warning, instead of a branch bash might not run (the variable keeps its last value)."""
     from ndplan.interop import shell
     for script in ('for m in a; do\n  if [ "$m" = a ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\ndone\n',
                    'm=$(echo a)\nif [ "$m" = a ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n',
                    'if [ -n $UNSET_FOR_NDPLAN ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'):
         with pytest.warns(NdplanWarning, match="does not decide"):
             words = [w.text for w in shell.read_words(script + "torchrun pretrain_gpt.py $X\n", {})]
-        assert words.count("--seq-length") == 2, script
+        assert words[words.index("--seq-length") + 1] == "2" and words.count("--seq-length") == 1, script
+
+
+@pytest.mark.parametrize("script", [
+    'O="--seq-length 1"\nif [ 1 = 1 ]; then O="--seq-length 2"; fi\ntorchrun pretrain_gpt.py $O\n',
+    'A=(--seq-length 1)\nA=(--seq-length 2)\ntorchrun pretrain_gpt.py ${A[@]}\n',
+    'A=(--seq-length 1)\ntorchrun pretrain_gpt.py ${A[@]}\nunset A\n',
+    'G=(0 1)\ntorchrun --nproc_per_node ${#G[@]} pretrain_gpt.py --run-id job#3 --seq-length 8\n',
+    'D=/data/x--y\ntorchrun pretrain_gpt.py --data-path $D --seq-length 8\n',
+], ids=["flags-reassigned-in-a-branch", "array-reassigned", "unset-after-use", "hash-inside-words",
+        "double-dash-inside-a-value"])
+def test_shell_passes_the_flags_bash_passes(script):
+    """The flags (with repeats) and their values, as bash passes them."""
+    from collections import Counter
+    from ndplan.interop import shell
+    ours = [w.text for w in shell.read_words(script, {})]
+    theirs = _bash_args(script)
+    assert Counter(w for w in ours if w.startswith("--")) == Counter(w for w in theirs if w.startswith("--"))
+    for k, w in enumerate(theirs):
+        if w.startswith("--") and k + 1 < len(theirs) and w != "--nproc_per_node":
+            assert ours[ours.index(w) + 1] == theirs[k + 1], w
+
+
+def test_shell_leaves_conditions_on_loop_values_and_continued_lists_undecided():
+    """V set in a loop and a condition continued on the next line are decided only by the
+    running script: every branch is read, with a warning."""
+    from ndplan.interop import shell
+    for script in ('V=0\nfor i in 1 2; do V=$((V+1)); done\nif [ $V -eq 2 ]; then X="--seq-length 1"; '
+                   'else X="--seq-length 2"; fi\n',
+                   'if [ 1 = 1 ] && \\\n   [ 1 = 2 ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'):
+        with pytest.warns(NdplanWarning, match="does not decide"):
+            shell.read_words(script + "torchrun pretrain_gpt.py $X\n", {})
 
 
 def test_shell_warns_on_an_if_without_fi_and_an_open_quote():
@@ -672,6 +703,9 @@ def test_shell_notes_the_environment_values_a_decision_used():
                             'torchrun pretrain_gpt.py ${X[@]}\n', {"DTYPE": "bf16"})
     assert "--fp8-format" not in [w.text for w in got.words]
     assert any("DTYPE=bf16 from the environment" in d for d in got.decisions)
+    got = shell.read_script('DTYPE=${DTYPE:-fp8}\nif [[ "$DTYPE" == "fp8" ]]; then\n  X=(--fp8-format hybrid)\nelse\n'
+                            '  X=(--bf16)\nfi\ntorchrun pretrain_gpt.py ${X[@]}\n', {"DTYPE": "bf16"})
+    assert any(d.endswith("else (DTYPE=bf16 from the environment)") for d in got.decisions)
 
 
 def test_shell_keeps_here_documents_by_their_file_and_warns_on_undecided_conditions():
@@ -686,7 +720,7 @@ def test_shell_keeps_here_documents_by_their_file_and_warns_on_undecided_conditi
     assert [w.text for w in got.words if w.text.startswith("{")] == []
     with pytest.warns(NdplanWarning, match="line 1=.*the flags of every branch of this if are read"):
         words = shell.read_words('if [ -f x.sh ]; then\n  A="--seq-length 1"\nelse\n  A="--seq-length 2"\nfi\n', {})
-    assert [w.text for w in words].count("--seq-length") == 2
+    assert [w.text for w in words] == ["--seq-length", "2"]  # both read, the last value kept
 
 
 def test_mindformers_pp_change_switches_off_stale_comm_recompute_list(vp2_check):

@@ -468,3 +468,13 @@ def test_no_batch_key_without_gbs_is_one_line(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["check", str(path), "-m", "llama3-8b", "--gpus", "8", "--seq", "4096"])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
     assert "train_micro_batch_size_per_gpu" in r.output and "--gbs" in r.output
+
+
+def test_auto_micro_batch_without_train_batch_size_takes_gbs(tmp_path):
+    """DeepSpeedExamples training/autotuning/hf/dsconfigs/ds_config_z3.json: only the micro
+    batch ("auto", the Trainer's --per_device_train_batch_size) and stage 3. With --gbs 32 on
+    8 ranks DeepSpeed's rule gives micro = 32 / (1 x 8) = 4 (runtime/config.py:625-629,
+    gradient_accumulation_steps 1 by default)."""
+    path = _write(tmp_path, {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}})
+    s = read_config(path, model="llama3-8b", gpus=8, seq=2048, gbs=32).strategy
+    assert (s.mbs, s.gbs, s.m, s.zero) == (4, 32, 1, 3)

@@ -79,6 +79,8 @@ def _auto(flat: dict, dp: int, gbs: int | None, name: str, notes: list) -> dict:
             notes.append(f"{KEY['m']} 'auto': the Trainer's default {HF_GAS_DEFAULT} "
                          "(pass --gbs if your --gradient_accumulation_steps differs)")
     if vals["mbs"] == "auto":
+        if vals["gbs"] is None and gbs is not None:  # no train_batch_size key: DeepSpeed derives it
+            vals["gbs"] = gbs
         if vals["gbs"] is None:
             raise NdplanError(KEY["mbs"], "auto", f"is filled in by the Hugging Face Trainer from "
                               f"--per_device_train_batch_size (in {name})",

@@ -277,14 +277,15 @@ def _expansions(ws, notes: list) -> None:
         if flag not in known:
             continue
         val = w if "=" in w.text else (ws[k + 1] if k + 1 < len(ws) else None)
+        text = (val.text.split("=", 1)[-1] if val is w else val.text) if val is not None else ""
         why = [s for s in (val.sources if val is not None else ()) if "not evaluated" in s]
         if why and "$((" in val.text and flag not in MDS.NAME_FLAGS:
-            raise NdplanError(flag, val.text.split("=", 1)[-1], why[0], "write the number, or use + - * / % ** on "
+            raise NdplanError(flag, text, why[0], "write the number, or use + - * / % ** on "
                               "integers and variables the script sets")
         for src in (val.sources if val is not None else ()):
             if (flag, src) not in seen:
                 seen.add((flag, src))
-                notes.append(f"{flag} {val.text.split('=', 1)[-1]}: {src}")
+                notes.append(f"{flag} {text}: {src}")
 
 
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import warnings
 from dataclasses import dataclass
 
 from ndplan.errors import NdplanError, warn
@@ -51,6 +52,7 @@ ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
 KEYWORDS = ("export", "then", "else", "fi", "do", "done", "if", "unset")
 LEADING = ("then", "do", "else", "{")
 """Words after which a statement starts again (``then if ...``, ``do if ...``)."""
+FLAG_WORD = re.compile(r"(?:^|\s)--[A-Za-z]")
 RUNTIME_VALUE = "$(runtime {})"
 """The value of a variable only the running script knows (a loop's, ``read``'s)."""
 
@@ -71,11 +73,15 @@ class _Var:
     sources: tuple[str, ...] = ()
     words: tuple[Word, ...] = ()
     """An array's elements, each with the line it was written on."""
+    emitted: tuple[Word, ...] = ()
+    """The words its own assignment passed (``_Reader.emit``)."""
+    used: bool = False
+    """Expanded since it was assigned (a reassignment or unset before that takes its words back)."""
 
     @property
     def holds_flags(self) -> bool:
         """Its words were passed where they are written (``_Reader.emit``), not where it is used."""
-        return "--" in self.value
+        return FLAG_WORD.search(self.value) is not None
 
 
 class _Env:
@@ -130,7 +136,28 @@ def _arith(text: str, env: _Env, line: int, sources: list) -> str:
         return arith.expand(text, lambda name: (env.lookup(name) or (None,))[0])
     except NdplanError as e:
         sources.append(f"line {line + 1}: {e.value} not evaluated ({e.problem})")
-        return text
+        return _one_word(text)
+
+
+def _one_word(text: str) -> str:
+    """``text`` with the blank space inside each ``$(( ))`` (and the ``$( )`` it holds) removed:
+    an expression left as written stays one word."""
+    out, k = [], 0
+    while k < len(text):
+        start = text.find("$((", k)
+        if start < 0:
+            out.append(text[k:])
+            break
+        out.append(text[k:start])
+        depth, j = 0, start + 1
+        while j < len(text):
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+            if depth == 0:
+                break
+        out.append(re.sub(r"\s+", "", text[start:j]))
+        k = j
+    return "".join(out)
 
 
 def _expand(word: str, env: _Env, line: int, sources: list) -> str:
@@ -154,6 +181,8 @@ class _Block:
         """(where, what) of the first undecided condition (warned at ``fi`` if its branches held flags)."""
         self.flags = 0
         """Flags passed inside this block (decisions and warnings name only blocks that hold some)."""
+        self.used: list[str] = []
+        """The values its conditions used (environment, defaults, unset)."""
 
 
 class _Reader:
@@ -164,11 +193,16 @@ class _Reader:
         self.array_words: list[Word] = []
         self.array_new: list[Word] = []
         """The elements the open array's own lines write (not those of arrays it includes)."""
+        self.array_append = False
         self.reassigned: set[str] = set()
         self.blocks: list[_Block] = []
         self.heredocs: dict[str, str] = {}
         self.decisions: list[str] = []
         """Decided conditions whose branches held flags (``Script.decisions``)."""
+        self.loops = 0
+        """Open ``do ... done`` bodies (read once; what they assign is known only at run time)."""
+        self.uncertain: set[str] = set()
+        """Names assigned inside a loop or a branch not decided: a condition on them is not decided."""
 
     @property
     def reading(self) -> bool:
@@ -198,7 +232,8 @@ class _Reader:
         if head == "else":
             b = self.blocks[-1]
             b.active = b.outer and (b.undecided or not b.taken)
-            b.why = f"line {i + 1}: else" if b.active and not b.undecided else b.why
+            b.why = f"line {i + 1}: else" + (f" ({'; '.join(b.used)})" if b.used else "") \
+                if b.active and not b.undecided else b.why
             b.taken = True
             return self.keyword(toks[1:], i, text.strip().split(None, 1)[1]) if toks[1:2] == ["if"] else toks[1:]
         if head == "fi":
@@ -224,7 +259,8 @@ class _Reader:
             return
         cond = text.strip()
         cond = cond.split(None, 1)[1] if " " in cond else ""  # after if / elif
-        r, used = (None, []) if b.undecided else decide(cond, lambda w, src: _expand(w, self.env, i, src))
+        known = not any((m.group(1) or m.group(4)) in self.uncertain for m in VAR.finditer(cond))
+        r, used = (None, []) if b.undecided or not known else decide(cond, lambda w, src: _expand(w, self.env, i, src))
         if r is None:
             if not b.undecided:
                 b.opened = (f"line {i + 1}", text.strip()[:60])
@@ -232,6 +268,7 @@ class _Reader:
             return
         b.active, b.taken = r, r
         used = list(dict.fromkeys(used))
+        b.used = list(dict.fromkeys(b.used + used))
         b.why = f"line {i + 1}: {'' if r else 'not '}{text.strip()[:60]}" + (f" ({'; '.join(used)})" if used else "")
 
     # ----------------------------------------------------------------- words
@@ -247,6 +284,7 @@ class _Reader:
         tok = tok[:-1] if close else tok
         m = VAR.fullmatch(tok)
         old = self.env.vars.get(m.group(1) or m.group(4)) if tok and m else None
+        self._use(tok)
         if old is not None and old.words:
             self.array_words += list(old.words)  # ALL+=( "${DDP[@]}" ): DDP's elements, from their lines
         elif old is not None and not old.value:
@@ -264,20 +302,22 @@ class _Reader:
             if var.holds_flags:
                 for word in self.array_new:
                     self.emit(word)
-            self.env.vars[self.array] = var
+                var.emitted = tuple(self.array_new)
+            self._replace(self.array, var, append=self.array_append)
             self.env.unset.discard(self.array)
             self.array, self.array_words, self.array_new = None, [], []
 
     def assign(self, name: str, append: bool, val: str, i: int, sources: list) -> None:
         if val.startswith("("):  # NAME=( ... ) / NAME+=( ... ), on one line or several
             old = self.env.vars.get(name)
-            self.array = name
+            self.array, self.array_append = name, append
             self.array_words = (list(old.words) or [Word(w, old.line, old.sources) for w in old.value.split()]) \
                 if append and old else []
             self.array_new = []
             if val[1:]:
                 self.array_word(val[1:], i, sources)
             return
+        self._use(val)
         parts, srcs, emitted = [], [], []
         for k, part in enumerate(val.split("\n")):
             src: list[str] = list(sources)
@@ -289,10 +329,12 @@ class _Reader:
             emitted.append(_expand(own, self.env, i + k, []))
         new = " ".join(p for p in parts if p.strip()) if len(parts) > 1 else parts[0]
         old = self.env.vars.get(name)
-        if "--" in new:  # ARGS="--num-layers 32 ...": its flags sit on these lines
+        own: list[Word] = []
+        if FLAG_WORD.search(new):  # ARGS="--num-layers 32 ...": its flags sit on these lines
             for k, p in enumerate(emitted):
                 for w in p.split():
-                    self.emit(Word(w, i + k, tuple(srcs[k])))
+                    own.append(Word(w, i + k, tuple(srcs[k])))
+                    self.emit(own[-1])
         all_src = [s for src in srcs for s in src]
         if append and old:
             new, all_src = (old.value + " " + new).strip(), list(old.sources) + all_src
@@ -302,8 +344,30 @@ class _Reader:
             warn(name, new, f"assigned again on line {i + 1} (first on line {old.line + 1}); "
                  "ndplan reads this part without deciding it (a loop, or an if it cannot decide), so the last "
                  "value counts", "check that it is the one your launch uses")
-        self.env.vars[name] = _Var(new, i, tuple(all_src))
+        self._replace(name, _Var(new, i, tuple(all_src), emitted=tuple(own)), append)
+
+    def _replace(self, name: str, var: _Var, append: bool) -> None:
+        """``name`` set to ``var``: a value assigned before and never expanded takes its passed words
+        back (``O="--a 1"; O="--b 2"; torchrun $O`` passes ``--b 2``), unless ``var`` appends to it."""
+        old = self.env.vars.get(name)
+        if old is not None and append:
+            var.emitted = old.emitted + var.emitted
+        elif old is not None and old.emitted and not old.used:
+            self._drop(old.emitted)
+        if self.loops or any(b.undecided for b in self.blocks):
+            self.uncertain.add(name)
+        self.env.vars[name] = var
         self.env.unset.discard(name)
+
+    def _use(self, text: str) -> None:
+        """Mark the variables ``text`` expands as used (their passed words stay)."""
+        for ref in VAR.finditer(text):
+            if (v := self.env.vars.get(ref.group(1) or ref.group(4))) is not None:
+                v.used = True
+
+    def _drop(self, words) -> None:
+        gone = {id(w) for w in words}
+        self.out = [w for w in self.out if id(w) not in gone]
 
     def token(self, tok: str, i: int, sources: list) -> None:
         if self.array is not None:
@@ -315,6 +379,7 @@ class _Reader:
             return
         if tok in KEYWORDS:
             return
+        self._use(tok)
         m = VAR.fullmatch(tok)
         var = self.env.vars.get(m.group(1) or m.group(4)) if m else None
         if var is not None and var.holds_flags:
@@ -340,7 +405,7 @@ class _Reader:
         stmt = _arith(stmt, self.env, i, src)  # before splitting: $(( 16 * N )) holds spaces
         if any(c in stmt for c in "'\"\\#"):
             try:
-                toks = shlex.split(stmt, comments=True)
+                toks = shlex.split(stmt)  # statements() cut the comments: a # inside a word stays
             except ValueError:
                 toks = stmt.split()
         else:  # nothing to unquote: bash's word splitting is str.split's
@@ -361,11 +426,11 @@ class _Reader:
         if toks[0] == "unset" and self.array is None:
             for name in toks[1:]:
                 var = self.env.vars.pop(name, None)
-                if var is not None and var.words and var.holds_flags:  # its words go with it
-                    gone = {id(w) for w in var.words}
-                    self.out = [w for w in self.out if id(w) not in gone]
+                if var is not None and var.emitted and not var.used:  # never expanded: its words go with it
+                    self._drop(var.emitted)
                 self.env.unset.add(name)
             return
+        self.loops += toks.count("do") - toks.count("done")
         if toks[0] in ("for", "select", "read") and self.array is None:
             self.runtime(toks, i)
             return
@@ -426,18 +491,23 @@ def read_script(text: str, environ: dict | None = None) -> Script:
     the line of its assignment and the environment values / defaults used), its
     here-documents and the conditions decided. The last reads are kept (``check`` reads one
     script again for every edit it tries)."""
-    env = {} if environ is None else dict(environ)
+    env = {} if environ is None else {str(k): str(v) for k, v in environ.items()}
     key = (text, tuple(sorted(env.items())))
     if key not in _READ:
         if len(_READ) >= READ_CACHE:
             _READ.pop(next(iter(_READ)))
-        _READ[key] = _read(text, env)
-    got = _READ[key]
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            script = _read(text, env)
+        _READ[key] = (script, [w.message for w in said])
+    got, said = _READ[key]
+    for message in said:  # a read from the cache says what the first read said
+        warnings.warn(message, stacklevel=2)
     return Script(list(got.words), dict(got.heredocs), dict(got.variables), got.unset, got.decisions)
 
 
 READ_CACHE = 64
-_READ: dict[tuple, Script] = {}
+_READ: dict[tuple, tuple[Script, list]] = {}
 
 
 def _read(text: str, environ: dict) -> Script:

@@ -12,7 +12,7 @@ import re
 
 from ndplan.errors import warn
 
-HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_]\w*)\2")
+HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][^\s'\"<>|;&()]*)\2(?=[\s;&|)<>]|$)")
 """``<<EOT``, ``<<-EOT``, ``<<'EOT'``; ``<<<`` (a here-string) and ``<<`` inside quotes or
 ``$(( ))`` are not here-documents (``heredoc_at``)."""
 REDIRECT = re.compile(r"(?<![0-9&>])>>?\s*([^\s<>|;&]+)")
@@ -90,7 +90,7 @@ def heredoc_at(code: str) -> re.Match | None:
         if code[m.start():m.start() + 3] == "<<<" or (m.start() > 0 and code[m.start() - 1] == "<"):
             continue
         before = code[:m.start()]
-        if end_quote(before) is not None or before.count("$((") > before.count("))"):
+        if end_quote(before) is not None or before.count("((") > before.count("))"):
             continue
         return m
     return None
@@ -128,5 +128,8 @@ def logical_lines(lines: list[str]):
             while i < len(lines) and (lines[i].lstrip("\t") if strip else lines[i]).rstrip() != m.group(3):
                 body.append(lines[i].lstrip("\t") if strip else lines[i])
                 i += 1
+            if i >= len(lines):
+                warn(f"line {first + 1}", m.group(0), f"a here-document whose end line {m.group(3)} never comes",
+                     "add the delimiter line; bash reads the rest of the file into it, as ndplan does")
             i += 1  # the delimiter
         yield first, text, (None if body is None else "\n".join(body)), bool(m and m.group(2))

@@ -6,8 +6,10 @@ or one operand, ``!`` before an expression or inside it, and ``&&`` / ``||`` bet
 variable is empty; ``[[ a == b ]]`` matches ``b`` as a glob unless it is quoted (bash manual,
 Conditional Constructs); ``[`` splits an unquoted expansion into words, so an unquoted operand
 that expands to nothing or to several words is left undecided, as is an operand whose value the
-script computes at run time (``$( )``, a loop variable, ``read``), a leading-zero number under
-``[[`` (octal), a backslash in a pattern, and every other test (files, regexes, commands).
+script computes at run time (``$( )``, a loop variable, ``read``, a value set in a loop or a
+branch not decided), a ``${...}`` form other than a default, a leading-zero number under ``[[``
+(octal), a pattern with brackets, escapes or extglobs, single-quoted text, a list continued on
+the next line, and every other test (files, regexes, commands).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import shlex
 from typing import Callable
 
 OPS = ("=", "==", "!=", "-eq", "-ne", "-lt", "-le", "-gt", "-ge")
+MAX_OPERAND = 256
+"""Longest operand decided (a launch script compares names and small numbers)."""
 RUNTIME = ("$(", "`")
 """Text in a value that only the running script knows."""
 
@@ -60,10 +64,15 @@ Expand = Callable[[str, list], str]
 def _operand(raw: str, expand: Expand, single: bool, sources: list) -> str | None:
     """The value of one operand, or None when bash's value cannot be known here."""
     quoted = _fully_quoted(raw)
+    if raw.startswith("'") or len(raw) > MAX_OPERAND:
+        return None  # single quotes keep $ literal; a huge operand is not a launch setting
     value = expand(_unquoted(raw), sources)
-    if any(r in value for r in RUNTIME) or "$((" in value:
-        return None
-    value = re.sub(r"\$\{?\w+\}?", "", value)  # unset: empty, as in bash
+    if any(r in value for r in RUNTIME) or "$((" in value or "${" in value:
+        return None  # run-time values, and ${...} forms ndplan does not expand (${A,,}, ${A%x}, ...)
+    unset = re.findall(r"\$(\w+)", value)
+    if unset:
+        sources.append(f"{', '.join(dict.fromkeys(unset))} unset: empty, as in bash")
+    value = re.sub(r"\$\w+", "", value)
     if single and not quoted and ("$" in raw or "`" in raw) and (value == "" or re.search(r"\s", value)):
         return None  # [ ]: the unquoted expansion is split into 0 or several words
     return value
@@ -81,15 +90,15 @@ def _test(words: list[str], raws: list[str], double: bool) -> bool | None:
         a, op, b = words
         if op in ("=", "==", "!="):
             if double and not _fully_quoted(raws[2]):
-                if "\\" in raws[2]:
-                    return None
+                if re.search(r"[\\\[\]]|[@!+*?]\(", raws[2]):
+                    return None  # bracket classes, escapes and extglobs: bash's matching, not fnmatch's
                 same = fnmatch.fnmatchcase(a, b)
             else:
                 same = a == b
             return same if op != "!=" else not same
-        if not (re.fullmatch(r"-?\d+", a) and re.fullmatch(r"-?\d+", b)):
+        if not (re.fullmatch(r"-?[0-9]{1,18}", a) and re.fullmatch(r"-?[0-9]{1,18}", b)):
             return None
-        if double and any(re.fullmatch(r"-?0\d+", v) for v in (a, b)):
+        if double and any(re.fullmatch(r"-?0[0-9]+", v) for v in (a, b)):
             return None  # [[ ]] reads a leading zero as octal
         x, y = int(a), int(b)
         return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
@@ -101,8 +110,8 @@ def decide(text: str, expand: Expand) -> tuple[bool | None, list[str]]:
     for ``text``, what follows ``if`` / ``elif`` in one statement."""
     raws = _raw_words(text)
     sources: list[str] = []
-    if not raws:
-        return None, sources
+    if not raws or raws[-1] in ("&&", "||", "\\"):
+        return None, sources  # nothing, or a list continued on the next line
     result, op, k = None, None, 0
     while k < len(raws):
         neg = raws[k] == "!"
