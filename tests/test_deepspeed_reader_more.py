@@ -59,7 +59,9 @@ def _autoep_deepspeed(doc: dict, gpus: int, num_experts: int, moe: bool, monkeyp
     (:843-864) with the ZeRO stage, offload sections and presets, then, after detecting ``moe`` layers,
     validate_autoep_post_detection (:889-890); at ZeRO-3 the engine's _validate_zero3_moe_compatibility
     (:2197-2232, called at :2710) refuses what AutoEP cannot partition."""
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep_config import validate_autoep_config, validate_autoep_post_detection
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep_folding import build_folding_spec, validate_folding_global
     pp = doc.get("pipeline", {}).get("stages", 1)
     sp = doc.get("sequence_parallel_size", 1)
@@ -120,6 +122,7 @@ def test_audit_autoep_file_sets_ep(tmp_path, monkeypatch):
     """The audit's file on 64 GPUs: AutoEP on, ep_size = autoep_size = 8 (runtime/engine.py:828); the
     expert groups are 8 consecutive ranks of the stage and the experts' ZeRO group the 64 / 8 = 8 ranks
     at the same place in each (module_inject/auto_ep_folding.py:118-158), ndplan's edp = dp*cp*tp/(ep*etp)."""
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep_folding import build_folding_spec, expected_folding_group_tables
     doc = json.loads(AUDIT_AUTOEP)
     assert _autoep_deepspeed(doc, 64, 8, True, monkeypatch) == 8
@@ -241,7 +244,9 @@ def test_autoep_replaces_the_layers_deepspeed_finds(tmp_path, name):
     """AutoEP's ep_parser (module_inject/auto_ep.py:417-629) on a tiny model of the catalog model's type:
     the blocks it finds get ep = autoep_size; none found is a warning and ep 1 (auto_ep.py:625), or, with a
     preset or pattern named, its ValueError (:622-624), which ndplan's reader raises too."""
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep import AutoEP
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep_config import parse_autoep_config
     kind, catalog, extra, stages = DETECTION[name]
     block = {k: v for k, v in ({"enabled": True, "autoep_size": 2, "preset_model": "mixtral"} | extra).items()
@@ -270,6 +275,7 @@ def test_autoep_replaces_the_layers_deepspeed_finds(tmp_path, name):
 def test_autoep_tables_are_deepspeeds():
     """The keys parse_autoep_config reads (module_inject/auto_ep_config.py:42-101, the fields of
     AutoEPConfig) and the model types of each preset (auto_ep_presets/registry.py:20-29)."""
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep_config import PRESET_MODELS, AutoEPConfig
     fields = {f.name for f in dataclasses.fields(AutoEPConfig) if not f.name.startswith("_")}
     assert set(R.AUTOEP_KEYS) == fields and len(R.AUTOEP_KEYS) == len(fields)
@@ -308,6 +314,7 @@ def test_enabled_must_be_a_switch(tmp_path):
     """DeepSpeed tests ``enabled`` by its truth (runtime/engine.py:821, parse_autoep_config takes it as
     written, module_inject/auto_ep_config.py:48), so even "false" would switch AutoEP on: anything but
     true/false is a one-line error."""
+    pytest.importorskip("deepspeed")  # the oracle: DeepSpeed 0.19.8, a CI extra
     from deepspeed.module_inject.auto_ep_config import parse_autoep_config
     assert parse_autoep_config({"enabled": "false"}).enabled == "false"  # truthy
     path = _write(tmp_path, _doc({"expert_parallel.enabled": "yes"}))
