@@ -188,3 +188,13 @@ def test_megatron_lm_checkpoint_activations_is_full_recompute(tmp_path):
     ci = _read(tmp_path, f"torchrun --nproc_per_node 8 pretrain_gpt.py {ARCH} --vocab-size 32000 "
                          "--checkpoint-activations\n")
     assert ci.strategy.recompute == "full"
+
+
+def test_a_hugging_face_trainer_launch_points_to_its_deepspeed_json(tmp_path):
+    """DeepSpeedExamples training/tensor_parallel/hf_integration/run.sh: a Trainer script
+    (TrainingArguments' --per_device_train_batch_size, --model_name_or_path) whose layout is the
+    JSON it passes with --deepspeed; its --bf16 True is not a Megatron run."""
+    with pytest.raises(NdplanError) as e:
+        _read(tmp_path, "deepspeed --num_gpus 4 train.py --model_name_or_path m --bf16 True "
+                        "--per_device_train_batch_size 8 --deepspeed ./configs/ds_config.json\n", model="llama3-8b")
+    assert "Hugging Face Trainer" in e.value.problem and "./configs/ds_config.json" in e.value.fix

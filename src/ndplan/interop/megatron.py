@@ -288,10 +288,29 @@ def _expansions(ws, notes: list) -> None:
                 notes.append(f"{flag} {text}: {src}")
 
 
+HF_TRAINER_FLAGS = ("--per_device_train_batch_size", "--per-device-train-batch-size", "--model_name_or_path")
+"""Flags of a Hugging Face Trainer script (TrainingArguments), which a Megatron script does not take."""
+
+
+def _hf_trainer(ws, name: str) -> None:
+    """A Hugging Face Trainer launch (DeepSpeedExamples training/*, DeepSpeed-Chat): its layout is
+    the DeepSpeed JSON it passes with --deepspeed; say so in one line."""
+    texts = [w.text for w in ws]
+    if not any(t.split("=", 1)[0] in HF_TRAINER_FLAGS for t in texts):
+        return
+    cfg = next((texts[k + 1] for k, t in enumerate(texts[:-1]) if t == "--deepspeed" and texts[k + 1].endswith(".json")),
+               None)
+    raise NdplanError("FILE", name, "a Hugging Face Trainer launch (--per_device_train_batch_size / "
+                      "--model_name_or_path), not a Megatron-LM one", f"check its DeepSpeed JSON"
+                      + (f" ({cfg})" if cfg else "") + " with -m MODEL --gpus N --seq N --gbs N (per-device batch x "
+                      "accumulation steps x ranks)")
+
+
 def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
     script = shell.read_script(text, os.environ)
     ws = script.words
     args, unknown = parser().parse_known_args([w.text for w in ws])
+    _hf_trainer(ws, path.name)
     if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
         raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
                           "--tensor-model-parallel-size)", "give a Megatron launch script, or --format for another framework")
