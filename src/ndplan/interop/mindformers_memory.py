@@ -13,7 +13,8 @@ from ndplan.errors import NdplanError
 from ndplan.interop import mindformers_optim as MFO
 from ndplan.interop.base import positive
 # mindformers imports this module inside read_doc
-from ndplan.interop.mindformers import KEY, MC, get, is_deepseek, is_mcore, model_config
+from ndplan.interop.mindformers import KEY
+from ndplan.interop.mindformers_model import MC, get, is_deepseek, is_mcore, model_config
 
 SHARD_SIZE = MFO.SHARD_SIZE
 OPTIMIZER = MFO.OPTIMIZER

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ndplan import limits
 from ndplan import optimizers as O
 from ndplan.errors import NdplanError
-from ndplan.interop.mindformers import get
+from ndplan.interop.mindformers_model import get
 
 OPTIMIZER = "optimizer.type"
 SHARD_SIZE = "parallel.parallel_optimizer_config.optimizer_weight_shard_size"
