@@ -198,3 +198,16 @@ def test_a_hugging_face_trainer_launch_points_to_its_deepspeed_json(tmp_path):
         _read(tmp_path, "deepspeed --num_gpus 4 train.py --model_name_or_path m --bf16 True "
                         "--per_device_train_batch_size 8 --deepspeed ./configs/ds_config.json\n", model="llama3-8b")
     assert "Hugging Face Trainer" in e.value.problem and "./configs/ds_config.json" in e.value.fix
+
+
+@pytest.mark.parametrize("config", ['{"zero_optimization": {"stage": 5}}', '{"zero_optimization": [1]}'])
+def test_megatron_deepspeed_config_stage_is_read_as_deepspeed_reads_it(tmp_path, config):
+    """The config's stage goes through the DeepSpeed reader's own rule (one source): a stage
+    DeepSpeed has not (0-3) or a section that is not an object is a one-line error, not the
+    --zero-stage fallback; true is the deprecated stage 1 (runtime/zero/config.py:60-78)."""
+    with pytest.raises(NdplanError):
+        _read(tmp_path, f"cat <<EOT > ds.json\n{config}\nEOT\n" + MDS + "--deepspeed_config ds.json\n")
+    ci = _read(tmp_path, 'cat <<EOT > ds.json\n{"zero_optimization": true}\nEOT\n' + MDS + "--deepspeed_config ds.json\n")
+    assert ci.strategy.zero == 1
+    with pytest.raises(NdplanError):
+        _read(tmp_path, MDS + "--zero-stage inf\n")

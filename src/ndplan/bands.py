@@ -54,7 +54,10 @@ PRIORS: dict[str, tuple[float, str]] = {
                                     "rate, by message size and topology, ln(0.95 / 0.6) / 2 = 0.23"),
 }
 UNFIXED = 1.0
-"""Log-scale deviation of a constant whose calibrated interval reaches 0 (a factor e either way)."""
+"""Log-scale deviation of a constant whose calibrated interval reaches 0 (a factor e either way):
+a named assumption, not a fit. An efficiency the runs do not fix can sit anywhere in (0, 1];
+one unit of ln spans the widest prior range above (HBM 0.20 x 2 = 0.4) more than twice, so the
+band says "unknown" rather than borrowing a prior the runs contradicted."""
 _FITTED = re.compile(r"fitted by ndplan calibrate.*?95 % interval "
                      r"(?:([0-9.eE+-]+) to ([0-9.eE+-]+)|([0-9.]+)-([0-9.]+))")
 

@@ -110,8 +110,11 @@ def gemm_efficiency(doc: dict, peak_flops: float, model=None, seq: int | None = 
     else:
         from ndplan.profile_run import gemm_shapes
         meta = doc.get("meta", {})
-        shapes = [s[1:] for s in gemm_shapes(model, int(seq or meta.get("seq") or 4096),
-                                             int(mbs or meta.get("mbs") or 1), tp, cp)]
+        seq, mbs = seq or meta.get("seq"), mbs or meta.get("mbs") or 1
+        if not seq:
+            raise NdplanError("meta.seq", None, "the profile records no sequence length and none was given",
+                              "give --seq N")
+        shapes = [s[1:] for s in gemm_shapes(model, int(seq), int(mbs), tp, cp)]
     flops = [(2.0 * m * k * n, count) for m, k, n, count in shapes]
     seconds = sum(count * f / interpolate_rate(rows, f) for f, count in flops)
     return sum(count * f for f, count in flops) / seconds / peak_flops
@@ -165,7 +168,7 @@ def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, wh
     if doc.get("hbm"):
         r = max(doc["hbm"], key=lambda x: x["bytes"])
         eff("hbm_efficiency", 2 * r["bytes"] / r["seconds"] / (hw.hbm_gb_per_s * 1e9), "copy read + write bytes/s")
-    one_node = int(meta.get("nodes", 1)) <= 1
+    one_node = int(meta.get("nodes") or 1) <= 1
     for field, group, nominal in (("intra_node", "world" if one_node else "intra", hw.intra_node_gb_per_s),
                                   ("inter_node", "inter", hw.inter_node_gb_per_s)):
         link = _link(doc, group)

@@ -81,6 +81,9 @@ def environment(env=None) -> Dist:
         raise NdplanError("MASTER_ADDR", env.get("MASTER_ADDR"), "needed by a multi-rank run",
                           "torchrun sets it; under srun export MASTER_ADDR and MASTER_PORT")
     rank = _env_int(env, "RANK", 0)
+    if not 0 <= rank < world:
+        raise NdplanError("RANK", rank, f"outside 0..{world - 1} (WORLD_SIZE={world})",
+                          "launch with torchrun or srun, which set both")
     return Dist(rank=rank, world=world, local_rank=rank % local_world, local_world=local_world)
 
 

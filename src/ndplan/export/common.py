@@ -23,11 +23,9 @@ def layers_per_chunk(model: ModelSpec, strat: Strategy, balance=None) -> tuple[i
         return balance.decoder_layers()
     if strat.layers_per_stage is not None:
         return tuple(strat.layers_per_stage)
+    from ndplan import rules
+    rules.check(rules.WithModel(strat, model), ("model",))  # the even-split rule among them: one source
     chunks = strat.pp * strat.vpp
-    if model.num_hidden_layers % chunks:
-        raise NdplanError("pp", strat.pp, f"pp*vpp = {chunks} does not divide {model.name}'s "
-                          f"{model.num_hidden_layers} layers and the strategy gives no layers_per_stage",
-                          "give an uneven layout (--layers-per-stage, or --uneven in a sweep), or another pp/vpp")
     return (model.num_hidden_layers // chunks,) * chunks
 
 

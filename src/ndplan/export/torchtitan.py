@@ -162,8 +162,8 @@ def titan_split(layers: int, stages: int, first_less: int = LESS_LAYERS_DEFAULT,
     return out
 
 
-def less_layers(layers: list[int]) -> tuple[int, int] | None:
-    """(first_less, last_less) for which torchtitan's split of sum(layers) over len(layers)
+def less_layers(layers: list[int]) -> tuple[int, int, int] | None:
+    """(first_less, last_less, pipeline_parallel_layers_per_stage) for which torchtitan's split of sum(layers) over len(layers)
     stages (``titan_split``) is ``layers``, with pipeline_parallel_layers_per_stage giving the
     same stage count (``stage_count``); the smallest such pair, or None (then the stages are
     written as module_fqns_per_model_part)."""
@@ -176,7 +176,7 @@ def less_layers(layers: list[int]) -> tuple[int, int] | None:
                 continue
             per = -(-(total + first_less + last_less) // n)
             if split == layers and stage_count(total, per, first_less, last_less) == n:
-                return first_less, last_less
+                return first_less, last_less, per
     return None
 
 
@@ -254,8 +254,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None, ddp: bool = True)
         doc |= {KEY["schedule"]: SCHEDULES[s.schedule], KEY["mbs"]: s.mbs}
         less = less_layers(list(layers))
         if less is not None:  # torchtitan's own split gives ndplan's (titan_split)
-            first_less, last_less = less
-            per = -(-(sum(layers) + first_less + last_less) // len(layers))
+            first_less, last_less, per = less
             doc |= {KEY["first_less"]: first_less, KEY["last_less"]: last_less, KEY["layers_per_stage"]: per}
         else:
             doc |= {KEY["first_less"]: 0, KEY["last_less"]: 0, KEY["fqns"]: fqns(layers)}

@@ -52,6 +52,24 @@ HF_GAS_DEFAULT = 1
 """transformers TrainingArguments.gradient_accumulation_steps default."""
 
 
+def zero_stage(flat: dict, notes: list) -> int:
+    """``zero_optimization.stage`` of a flattened config as DeepSpeed reads it: 0 without the
+    section (runtime/zero/config.py:95), the deprecated true/false form as stage 1/0
+    (config.py:60-78 read_zero_config_deprecated); anything else not a stage is a one-line error."""
+    zero = flat.get(KEY["zero"], 0)
+    section = flat.get("zero_optimization")
+    if section is not None and not isinstance(section, (bool, dict)):
+        raise NdplanError("zero_optimization", section, "neither an object nor true/false",
+                          'write "zero_optimization": {"stage": N}')
+    if isinstance(section, bool):
+        zero = int(section)
+        notes.append(f"zero_optimization {str(bool(zero)).lower()}: DeepSpeed's deprecated form, stage {zero} "
+                     "(runtime/zero/config.py:60-78)")
+    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+        raise NdplanError(KEY["zero"], zero, "not a ZeRO stage", "give 0, 1, 2 or 3")
+    return zero
+
+
 def _auto(flat: dict, dp: int, gbs: int | None, name: str, notes: list) -> dict:
     """The batch keys with ``"auto"`` resolved as the Hugging Face Trainer resolves them
     (transformers integrations/deepspeed.py ``trainer_config_process``: micro batch <-
@@ -415,18 +433,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     cp = positive(KEY["cp"], flat.get(KEY["cp"], 1), path.name)
     gpus, dp = world_dp(gpus, tp, pp, cp, "autotp_size x pipeline.stages x sequence_parallel_size", path.name)
     mbs, gbs_, _ = _batch(_auto(flat, dp, gbs, path.name, notes), dp, path.name)
-    zero = flat.get(KEY["zero"], 0)
-    section = flat.get("zero_optimization")
-    if section is not None and not isinstance(section, (bool, dict)):
-        raise NdplanError("zero_optimization", section, "neither an object nor true/false",
-                          'write "zero_optimization": {"stage": N}')
-    if isinstance(flat.get("zero_optimization"), bool):
-        # the deprecated form: stage 1 when true (runtime/zero/config.py:60-78 read_zero_config_deprecated)
-        zero = int(flat["zero_optimization"])
-        notes.append(f"zero_optimization {str(bool(zero)).lower()}: DeepSpeed's deprecated form, stage {zero} "
-                     "(runtime/zero/config.py:60-78)")
-    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
-        raise NdplanError(KEY["zero"], zero, "not a ZeRO stage", "give 0, 1, 2 or 3")
+    zero = zero_stage(flat, notes)
     if pp > 1 and zero >= 2:
         raise NdplanError(KEY["zero"], zero, "with pipeline stages is refused by DeepSpeed's pipeline engine "
                           "(\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\", runtime/pipe/engine.py:"

@@ -127,7 +127,7 @@ def _dtype(flat: dict, key: str):
 
 
 COMM_DTYPE = "communication_data_type"
-COMM_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+COMM_DTYPES = {d: DTYPE_BYTES[d] for d in ("fp32", "fp16", "bf16")}
 """``communication_data_type`` (runtime/config.py:216-230: fp16, bf16 or fp32, any case) in bytes."""
 
 

@@ -12,6 +12,7 @@ in a note, not a Term of the peak.
 
 from __future__ import annotations
 
+from ndplan.errors import warn
 from ndplan.units import MIB
 
 BUFFSIZE_DEFAULT_MB = 200
@@ -30,9 +31,12 @@ def groups(strat) -> list[str]:
 def note(strat, environ: dict) -> str:
     """One line: the HCCL buffers beside MindSpore's pool for ``strat``."""
     raw = environ.get("HCCL_BUFFSIZE")
-    size = int(raw) if raw and raw.isdigit() and int(raw) > 0 else BUFFSIZE_DEFAULT_MB
-    src = f"HCCL_BUFFSIZE={raw} from the environment" if raw and size == int(raw) else \
-        f"HCCL_BUFFSIZE default {BUFFSIZE_DEFAULT_MB} MB"
+    ok = raw is not None and raw.isascii() and raw.isdigit() and int(raw) >= 1  # CANN: an integer >= 1
+    if raw is not None and not ok:
+        warn("HCCL_BUFFSIZE", raw, "not an integer >= 1 (MB), which HCCL requires (CANN envref_07_0080)",
+             f"the note counts HCCL's default {BUFFSIZE_DEFAULT_MB} MB")
+    size = int(raw) if ok else BUFFSIZE_DEFAULT_MB
+    src = f"HCCL_BUFFSIZE={raw} from the environment" if ok else f"HCCL_BUFFSIZE default {BUFFSIZE_DEFAULT_MB} MB"
     g = groups(strat)
     total = len(g) * BUFFERS_PER_GROUP * size * MIB
     return (f"HCCL buffers outside MindSpore's pool (not in the peak): {BUFFERS_PER_GROUP} x {size} MB ({src}) per "

@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 
 from ndplan.errors import NdplanError
+from ndplan.interop.base import int_arg
 
 SWITCHES = {"deepspeed": "--deepspeed", "checkpoint_activations": "--checkpoint-activations",
             "ds_activation_checkpointing": "--deepspeed-activation-checkpointing",
@@ -54,19 +55,10 @@ def add_arguments(p) -> None:
 
 
 def _int(args, name: str, lo: int = 1) -> int | None:
-    v = getattr(args, name)
-    if v is None:
-        return None
-    try:
-        n = int(float(v))
-    except ValueError:
-        raise NdplanError(FLAGS[name], v, "not an integer", "give a whole number") from None
-    if n < lo or n != float(v):
-        raise NdplanError(FLAGS[name], v, f"not a whole number >= {lo}", "give a whole number")
-    return n
+    return int_arg(args, name, FLAGS[name], lo=lo)
 
 
-def _config_stage(args, heredocs: dict, folder: Path) -> tuple[int | None, str]:
+def _config_stage(args, heredocs: dict, folder: Path, notes: list) -> tuple[int | None, str]:
     """zero_optimization.stage of the --deepspeed_config file, when the script writes it or it
     exists beside the script; (None, why not) otherwise."""
     name = args.ds_config
@@ -83,13 +75,13 @@ def _config_stage(args, heredocs: dict, folder: Path) -> tuple[int | None, str]:
     except ValueError:
         return None, f"{where} is not JSON ndplan can read"
     if not isinstance(doc, dict):
-        return None, f"{where} is not a JSON object"
-    section = doc.get("zero_optimization")
-    if section is None or (isinstance(section, dict) and "stage" not in section):
-        return 0, f"{where}, which sets no zero_optimization.stage: DeepSpeed's default 0 (zero/config.py:95)"
-    stage = section.get("stage") if isinstance(section, dict) else None
-    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
-        return None, f"{where} has no zero_optimization.stage ndplan reads"
+        raise NdplanError(args.ds_config, type(doc).__name__, f"{where} is not a JSON object",
+                          "write the DeepSpeed config as an object")
+    from ndplan.export.common import flatten
+    from ndplan.interop.deepspeed import zero_stage  # DeepSpeed's own reading of the stage, one source
+    stage = zero_stage(flatten(doc), notes)
+    if "zero_optimization" not in doc:
+        where += ", which sets no zero_optimization: DeepSpeed's default stage 0 (zero/config.py:95)"
     return stage, where
 
 
@@ -140,7 +132,7 @@ def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] =
     ``--deepspeed``."""
     if not args.deepspeed:
         return {}
-    stage, where = _config_stage(args, heredocs, folder)
+    stage, where = _config_stage(args, heredocs, folder, notes)
     flag = _int(args, "zero_stage", lo=0)
     sed = _sed_stage(list(words))
     if stage is None and sed is not None:

@@ -31,5 +31,6 @@ def fsdp2_refusals(args, max_connections: str | None) -> None:
                           "(arguments.py:1046-1047)", "use --bf16")
     if max_connections == "1":
         raise NdplanError("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron asserts FSDP2 needs a value other than 1 "
-                          "(arguments.py:1048-1049)", "export CUDA_DEVICE_MAX_CONNECTIONS=8, or drop "
+                          "(arguments.py:1048-1049)", "unset CUDA_DEVICE_MAX_CONNECTIONS (as NVIDIA's train_llama3_8b_fsdp_h100_fp8.sh "
+                          "does) or give it a value other than 1, or drop "
                           f"{X.FLAG['fsdp2']}")

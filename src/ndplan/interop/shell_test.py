@@ -21,7 +21,8 @@ from typing import Callable
 
 OPS = ("=", "==", "!=", "-eq", "-ne", "-lt", "-le", "-gt", "-ge")
 MAX_OPERAND = 256
-"""Longest operand decided (a launch script compares names and small numbers)."""
+"""Longest operand decided: a guard, not a bash rule (a launch script compares names and small
+numbers; a longer operand is left undecided)."""
 RUNTIME = ("$(", "`")
 """Text in a value that only the running script knows."""
 
