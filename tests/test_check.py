@@ -382,15 +382,19 @@ F8 = 'converters = ["float8"]'
     ("", "", "[compile]\nenable = true\n", {"compiled_blocks", "compiled_loss"}),  # Compile default: model, loss
     ("", "", '[compile]\nenable = true\ncomponents = ["model"]\n', {"compiled_blocks"}),
     ("", "compile = true", "", {"compiled_blocks", "compiled_loss"}),  # 2025: one switch, both (bbb1b616)
-    (F8, "", "[float8]\nenable_fsdp_float8_all_gather = true\n", {"float8_all_gather"}),
-    (F8, "", "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n", {"float8_all_gather"}),
-    (F8, "", "", set()),  # float8 with the bf16 all-gather: memory as bf16
+    (F8, "", "[float8]\nenable_fsdp_float8_all_gather = true\n", {"float8_all_gather", "fp8_gemm_compute"}),
+    (F8, "", "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n",
+     {"float8_all_gather", "fp8_gemm_compute"}),
+    (F8, "", "", {"fp8_gemm_compute"}),  # float8 GEMMs with the bf16 all-gather: memory as bf16
+    ('converters = ["quantize.grouped_mm.float8"]', "", "", set()),  # MoE grouped GEMMs: not the linears
     ("", "", "[float8]\nenable_fsdp_float8_all_gather = true\n", set()),  # no float8 converter
 ])
 def test_torchtitan_compile_and_float8_keys_set_engine_settings(tmp_path, model, training, tables, settings):
     """torchtitan's job_config: [compile] enable / components (default ["model", "loss"]), the older
     training.compile, and the float8 all-gather only with a float8 converter and FSDP sharding
-    (float8.py: enable_fsdp_float8_all_gather is taken when parallel_dims.dp_shard_enabled)."""
+    (float8.py: enable_fsdp_float8_all_gather is taken when parallel_dims.dp_shard_enabled); the
+    float8 linear converter (torchao Float8Linear: fp8 GEMMs on bf16 weights) sets fp8_gemm_compute,
+    which times the GEMMs at the FP8 peak (engines.fp8_gemms)."""
     f = tmp_path / "llama3_8b.toml"
     f.write_text(_titan_toml(model, training, tables))
     engine = read_config(f, gpus=16).strategy.engine
@@ -398,6 +402,8 @@ def test_torchtitan_compile_and_float8_keys_set_engine_settings(tmp_path, model,
     assert got == settings, engine
     f.write_text(_titan_toml(model, training, tables, shard=1, replicate=8))  # DDP: no FSDP all-gather
     assert "float8_all_gather" not in read_config(f, gpus=16).strategy.engine
+    from ndplan.engines import fp8_gemms, profile
+    assert fp8_gemms("auto", profile(engine)) == ("fp8_gemm_compute" in settings)
 
 
 def test_torchtitan_oom_proposals_apply(tmp_path):
@@ -580,6 +586,9 @@ def _bash_args(text: str) -> list[str]:
     "torchrun pretrain_gpt.py \\\n    --seq-length 8 \\\n    --bf16\n",
     # NVIDIA's sbatch_mfsdp_deepseek_v3.sh: a quoted command over lines that expands an array
     'ARGS=(\n    --seq-length 8\n)\nCMD="pretrain_gpt.py \\\n    ${ARGS[@]}"\ntorchrun $CMD\n',
+    'A=(\n    --micro-batch-size 1\n    --seq-length $((2*2048))\n)\ntorchrun pretrain_gpt.py ${A[@]}\n',
+    # NVIDIA's train_llama3_8b_h100_fp8.sh: arrays of one flag per line beside continued commands
+    'A=(\n    --seq-length 8\n    --bf16\n)\ntorchrun pretrain_gpt.py \\\n    ${A[@]}\n',
 ])
 def test_megatron_added_flag_reaches_the_command(script):
     """A flag added by a proposal's edit is an argument of the command as bash runs it,
@@ -590,6 +599,20 @@ def test_megatron_added_flag_reaches_the_command(script):
     assert args[args.index("--recompute-granularity") + 1] == "full" and "--use-distributed-optimizer" in args
     assert [w for w in _bash_args(script) if w not in args] == []  # nothing lost
     assert [w for w, _ in mg.words(out)].count("--recompute-granularity") == 1  # the reader agrees
+
+
+def test_megatron_added_flag_lands_outside_a_branch():
+    """NVIDIA's train_llama3_8b_h100_fp8.sh ends its arguments in an if on the data source: a flag
+    a proposal adds goes after the last known flag that bash passes in every branch, so it reaches
+    the command whichever branch runs (bash is the oracle, with the branch not taken by the reader)."""
+    from ndplan.interop import megatron as mg
+    script = ('ARGS=(\n    --micro-batch-size 1\n    --seq-length 4096\n)\nif [[ "$DATA" == "MOCK" ]]; then\n'
+              '  ARGS+=(\n    --mock-data --bf16\n  )\nelse\n  ARGS+=(\n    --data-path /x --bf16\n  )\nfi\n'
+              'torchrun pretrain_gpt.py ${ARGS[@]}\n')
+    out = mg.edit(script, {"--recompute-granularity": "full"})
+    for data in ("MOCK", "real"):
+        args = _bash_args(f"DATA={data}\n" + out)
+        assert args[args.index("--recompute-granularity") + 1] == "full", data
 
 
 BASH_SCRIPTS = {
@@ -627,6 +650,36 @@ BASH_SCRIPTS = {
     "heredoc-redirect-first-and-shift": 'cat > /dev/null <<EOT\n{"x": 1}\nEOT\nN=$(( 1 << 2 ))\n'
                                         'torchrun pretrain_gpt.py --seq-length 8\n',
     "unset-array-of-flags": 'A=(--seq-length 4)\nunset A\ntorchrun pretrain_gpt.py ${A[@]} --micro-batch-size 1\n',
+    # NVIDIA's examples/mamba/train.sh (core_v0.17.0): MODEL_SCALE picks the sizes in a case block
+    "case-literal": 'MODEL_SCALE="800M"\ncase "${MODEL_SCALE}" in\n    "800M")\n        TP=1\n        GBS=32\n        ;;\n'
+                    '    "8B")\n        TP=4\n        GBS=8\n        ;;\n    *)\n        echo bad; exit 1\n        ;;\nesac\n'
+                    'torchrun pretrain_gpt.py --tensor-model-parallel-size $TP --global-batch-size $GBS\n',
+    "case-glob-alternatives-one-line": 'M=qwen3-8b\ncase $M in llama*|mistral) A="--seq-length 1";; qwen3-*) A="--seq-length 2";; '
+                                       '*) A="--seq-length 3";; esac\ntorchrun pretrain_gpt.py $A\n',
+    "case-default-branch": 'M=${M:-other}\ncase $M in\n  a) A="--seq-length 1" ;;\n  *) A="--seq-length 3" ;;\nesac\n'
+                           'torchrun pretrain_gpt.py $A --micro-batch-size 1\n',
+    "case-one-line-first-branch": 'M=llama3; case $M in llama*|mistral) A="--seq-length 1";; *) A="--seq-length 3";; esac\n'
+                                  'torchrun pretrain_gpt.py $A\n',
+    "case-partly-quoted-and-negated-patterns": 'M=abc\ncase $M in\n  [^a]*) X=1 ;;\n  "a"*) X=2 ;;\n  *) X=3 ;;\nesac\n'
+                                               'torchrun pretrain_gpt.py --seq-length $X\n',
+    "case-unset-word": 'case $UNSET_FOR_NDPLAN in\n  "") X=1 ;;\n  *) X=2 ;;\nesac\ntorchrun pretrain_gpt.py --seq-length $X\n',
+    "case-pattern-from-variable": 'Y=b\nM=b\ncase $M in\n  "$Y") X=1 ;;\n  *) X=2 ;;\nesac\n'
+                                  'torchrun pretrain_gpt.py --seq-length $X\n',
+    "case-fallthrough-and-test-on": 'M=a\ncase $M in\n  a) X=1 ;&\n  b) Y="--micro-batch-size 2" ;;\n'
+                                    '  *) Y="--micro-batch-size 3" ;;\nesac\ncase $M in\n  a) Z=1 ;;&\n  c) Z=2 ;;\n'
+                                    '  *) W="--global-batch-size 8" ;;\nesac\ntorchrun pretrain_gpt.py --seq-length $X $Y $W\n',
+    "case-first-match-wins": 'M=ab\ncase $M in\n  a*) X=1 ;;\n  ab) X=2 ;;\nesac\ntorchrun pretrain_gpt.py --seq-length $X\n',
+    # Megatron-DeepSpeed universal_checkpointing/megatron_gpt/run_fp16.sh: an argument parser the
+    # script never enters when run without arguments (bash's $# is 0)
+    "while-args-never-entered": 'Z=1\nwhile [[ $# -gt 0 ]]\ndo\nkey="$1"\ncase $key in\n  -z|--zero-stage)\n  Z=$2;\n'
+                                '  shift\n  ;;\n  *)\n  exit 1\n  ;;\nesac\nfor i in 1; do Y=2; done\ndone\n'
+                                'torchrun pretrain_gpt.py --seq-length $Z\n',
+    # Megatron-DeepSpeed ds_pretrain_bert_336M_base_script.sh: a command's options are not the launch's
+    "command-substitution-options": 'N=$(echo --query-gpu=name --format=csv)\nM=`echo --x 1`\n'
+                                    'K="$(echo --list-gpus | wc -l)"\nO="$(true) --seq-length 4096"\n'
+                                    'torchrun pretrain_gpt.py $O --micro-batch-size 1\n',
+    "until-and-for-after": 'N=3\nuntil [ $N -ge 2 ]; do N=9; done\nfor i in a; do\n  :\ndone\n'
+                           'torchrun pretrain_gpt.py --seq-length $N\n',
     "heredoc-and-loop-arithmetic": 'Z=1\ncat <<EOT > /dev/null\n{"train_batch_size": 8, "zero_optimization": {"stage": $Z}}\n'
                                    'EOT\nfor i in 1 2; do\n  x=$(( i > 1 ? 1 : 0 ))\ndone\n'
                                    'torchrun pretrain_gpt.py --seq-length 8 --deepspeed_config ds.json\n',
@@ -651,10 +704,31 @@ def test_shell_leaves_undecided_what_bash_decides_at_run_time():
     from ndplan.interop import shell
     for script in ('for m in a; do\n  if [ "$m" = a ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\ndone\n',
                    'm=$(echo a)\nif [ "$m" = a ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n',
-                   'if [ -n $UNSET_FOR_NDPLAN ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'):
+                   'if [ -n $UNSET_FOR_NDPLAN ]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n',
+                   'case $(hostname) in\n  a*) X="--seq-length 1" ;;\n  *) X="--seq-length 2" ;;\nesac\n'):
         with pytest.warns(NdplanWarning, match="does not decide"):
             words = [w.text for w in shell.read_words(script + "torchrun pretrain_gpt.py $X\n", {})]
         assert words[words.index("--seq-length") + 1] == "2" and words.count("--seq-length") == 1, script
+
+
+def test_shell_command_substitutions_pass_no_options():
+    """A command substitution's options are its command's (Megatron-DeepSpeed ds_pretrain_bert_336M_base
+    _script.sh: num_gpus=$(... nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)): no word
+    of it reaches the launch (bash: the command's output, known at run time), quoted or not."""
+    from ndplan.interop import shell
+    for script in ('N=$(nvidia-smi --query-gpu=name --format=csv)\n', 'N="$(nvidia-smi --query-gpu=name)"\n',
+                   'N=`nvidia-smi --query-gpu=name`\n'):
+        words = [w.text for w in shell.read_words(script + "torchrun pretrain_gpt.py --seq-length 8\n", {})]
+        assert not any(w.startswith("--query") or w.startswith("--format") for w in words), (script, words)
+
+
+def test_shell_warns_that_a_sourced_file_is_not_read():
+    """NVIDIA's examples/rl/model_configs/*.sh source common.sh for TP and --bf16: a warning says
+    that file is not read (its values are missing), instead of silent defaults."""
+    from ndplan.interop import shell
+    with pytest.warns(NdplanWarning, match=r"line 2='source \$DIR/common.sh': is not read"):
+        words = [w.text for w in shell.read_words('DIR=.\nsource $DIR/common.sh\ntorchrun pretrain_gpt.py $X\n', {})]
+    assert "source" not in words and words[:2] == ["torchrun", "pretrain_gpt.py"]
 
 
 @pytest.mark.parametrize("script", [

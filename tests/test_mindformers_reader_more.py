@@ -90,22 +90,28 @@ def test_legacy_seq_length_absent_names_seq(tmp_path):
 
 # --- MoE, tensor parallelism without sequence parallelism --------------------------------------
 
-def test_legacy_moe_tp_without_sp_is_refused_as_mindformers_does(tmp_path):
+def test_legacy_moe_tp_without_sp_is_estimated_as_1_5_runs_it(tmp_path):
     """A legacy ``moe_config`` MoE (expert_num 8) with model_parallel 4 and use_seq_parallel False:
     MindFormers >= 1.6.0 refuses it before building the network, in check_rules
     ``_check_moe_parallel_valid`` (tools/check_rules.py:169-176 at f52743ca, :145-152 at v1.7.0;
     added by 8f4f03c1, 2025-06-19, first in v1.6.0), called from ``_check_parallel`` under
     semi_auto_parallel (:215) at train start (trainer/base_trainer.py:1217); the same release set
     use_seq_parallel True in research/mixtral/mixtral_8x7b/pretrain_mixtral-8x7b_32k.yaml (35461d95).
-    v1.5.0 ran it (MoEV2 keeps ``_ffn_forward`` unless use_seq_parallel, modules/transformer/moe.py:680-699 at v1.5.0).
-    The error names the yaml key; with SP the experts split over model_parallel (etp = tp,
-    moe.py:680-684)."""
+    v1.5.0 ran it (MoEV2 keeps ``_ffn_forward`` unless use_seq_parallel, modules/transformer/moe.py:680-699 at v1.5.0;
+    v1.3.0's and v1.5.0's check_rules.py have no MoE check). The yaml names no version (research/deepseek2's
+    236B recipe, 2024, runs so): estimated as 1.5.0 runs it, a note says 1.6.0 refuses it and how to
+    fix it there; the experts split over model_parallel either way (etp = tp, ``mp_moe``, moe.py:680-690).
+    The same strategy under the plain mindspore engine stays refused (rules.py)."""
     doc = _set(_doc(MIXTRAL), {"parallel_config.use_seq_parallel": False})
+    ci = _read(tmp_path, doc)
+    s = ci.strategy
+    assert (s.tp, s.sp, s.ep, s.etp) == (4, False, 2, 4) and "moe_tp_without_sp=1" in s.engine
+    assert any(">= 1.6.0 refuses it" in n and "use_seq_parallel: True" in n for n in ci.notes)
     with pytest.raises(NdplanError) as e:
-        _read(tmp_path, doc)
-    assert (e.value.field, e.value.value) == ("parallel_config.use_seq_parallel", False)
+        dataclasses.replace(s, engine="mindspore").check(ci.model, ci.gpus)
+    assert e.value.field == "sp"
     s = _read(tmp_path, _doc(MIXTRAL)).strategy
-    assert (s.tp, s.sp, s.ep, s.etp) == (4, True, 2, 4)
+    assert (s.tp, s.sp, s.ep, s.etp) == (4, True, 2, 4) and "moe_tp_without_sp" not in s.engine
 
 
 def test_mcore_moe_tp_without_sp_is_refused(tmp_path):

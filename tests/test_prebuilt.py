@@ -57,7 +57,9 @@ def test_the_readme_sweep_compiles_nothing_on_an_empty_cache(empty_cache):
         r = sweep(ndplan.load_model("llama3-70b"), HW, 1024, 8192, 1024, top=1)
     assert r.feasible > 0
     assert built == []
-    assert len(list((empty_cache / "kernels").glob("*.kc"))) >= 200  # their code copied into the disk cache
+    # their code copied into the disk cache: the sweep needs about 120 kernels since megatron sweeps hold
+    # Megatron-LM's ZeRO rules (rules.py: no zero 2, zero 3 only at pp 1), about 260 before
+    assert len(list((empty_cache / "kernels").glob("*.kc"))) >= 100
 
 
 def test_a_warm_lookup_never_opens_the_store(empty_cache, monkeypatch):

@@ -227,6 +227,17 @@ def test_mindformers_mcore_model_config_is_an_hf_config():
     assert ci.strategy.layers_per_stage == (15, 15, 17, 17)
 
 
+def test_mindformers_mcore_qk_layernorm_on_a_model_type_without_it(tmp_path):
+    """qk_layernorm: True on a model_type whose HF config has no q/k norm (TeleChat3's mcore
+    recipes, configs/telechat3/*.yaml at c01149c4): the q and k norms are added (2 x head_dim
+    weights per layer over qwen3-32b's llama-typed twin), no error."""
+    f = tmp_path / "t.yaml"
+    f.write_text((RECIPES / "mindformers_qwen3_32b_mcore.yaml").read_text().replace('model_type: "qwen3"',
+                                                                                    'model_type: "llama"'))
+    ci = read_config(f)
+    assert ci.model.qk_norm and params(ci.model) == HF["qwen3-32b"]
+
+
 def test_mindformers_mcore_moe_expert_parallel_spans_tp():
     """mcore: ep must divide dp x tp (parallel_core/.../moe/ffn.py L189-195); etp None -> 1
     (batched_layers.py L117)."""
@@ -684,6 +695,147 @@ def test_torchtitan_toml_moe_recipes():
     assert "compiled_blocks=1" in s.engine and "compiled_loss=1" in s.engine
 
 
+@pytest.mark.parametrize("flags,grad,note", [
+    ("--bf16", "fp32", None),
+    ("--fp16", "bf16", None),
+    ("--fp16 --accumulate-allreduce-grads-in-fp32", "fp32", None),
+    ("", "fp32", "neither --bf16 nor --fp16"),
+])
+def test_megatron_main_gradient_dtype_follows_the_precision(tmp_path, flags, grad, note):
+    """Megatron-LM@d98e8a64 arguments.py:1193-1219: params_dtype float unless --fp16 (half) or
+    --bf16; only --bf16 (without --grad-reduce-in-bf16) or --accumulate-allreduce-grads-in-fp32
+    makes the main gradients fp32 (param_and_grad_buffer.py:924: else the parameters' dtype, 2 B
+    under --fp16, ndplan's 2-byte grad_dtype "bf16"). No precision flag: fp32 training, which
+    ndplan does not model, said in a note."""
+    f = tmp_path / "run.sh"
+    f.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8 --micro-batch-size 1 "
+                 f"--global-batch-size 64 --seq-length 4096 {flags}\n")
+    ci = read_config(f, model="llama3-8b")
+    assert ci.strategy.grad_dtype == grad
+    assert any(n.startswith(note) for n in ci.notes) if note else not any("nor --fp16" in n for n in ci.notes)
+
+
+def test_megatron_deepspeed_moe_is_deepspeeds_moe_layer():
+    """Megatron-DeepSpeed@f4157bea builds DeepSpeed's MoE in layer i (0-based) when (i + 1) %
+    --expert-interval == 0 (default 2; model/transformer.py:1650-1658), its experts
+    ParallelMLP(moe=True) (:1064-1083): the dense GeLU MLP (h -> 4h -> h, biases), not split over
+    tp without --enable-expert-tensor-parallelism, and a bias-free gate Linear(h, experts)
+    (deepspeed moe/sharded_moe.py TopKGate.wg). Hand count for the 350M x 128 recipe: GPT layers
+    with LayerNorm and biases, learned positions, tied embedding of the padded GPT-2 vocabulary."""
+    ci = read_config(RECIPES / "megatron_deepspeed_gpt_350m_moe128.sh")
+    s, m = ci.strategy, ci.model
+    h, f, L, E, V, P = 1024, 4096, 24, 128, 50304, 2048
+    attn = 4 * h * h + 4 * h                       # fused qkv + dense, with biases
+    mlp = 2 * h * f + f + h                        # h -> 4h -> h, with biases
+    norms = 2 * 2 * h                              # two LayerNorms (weight, bias)
+    dense_layer, moe_layer = attn + mlp + norms, attn + E * mlp + h * E + norms
+    hand = 12 * dense_layer + 12 * moe_layer + V * h + P * h + 2 * h
+    assert params(m) == hand  # about 13.2 B, not the 38.8 B of gated experts in all 24 layers
+    assert (s.dp, s.tp, s.ep, s.etp, s.zero, s.recompute) == (64, 1, 64, 1, 0, "full")
+    assert m.experts_per_token == 1 and not m.gated_mlp
+    assert any(n.startswith("Megatron-DeepSpeed MoE (DeepSpeed's gating") for n in ci.notes)
+    assert not any("allgather" in n for n in ci.notes)
+
+
+def test_torchtitan_cpu_offload_moves_parameters_gradients_and_optimizer_to_host(tmp_path):
+    """training.enable_cpu_offload is FSDP2's CPUOffloadPolicy (torchtitan v0.2.2 job_config.py:270-273,
+    parallelize.py:315-317; torch _fsdp_collectives.py:711-738 copies each sharded gradient to the
+    host): the fsdp profile's 4 B fp32 sharded weights, 4 B gradients and 8 B AdamW moments per
+    parameter leave the device, 16 B x params / dp on the host at tp = pp = 1; without the key
+    they stay. The emit writes the key back only for that estimate. mixed_precision_param float32
+    is named in a note (not modelled)."""
+    from ndplan.catalog import load_hardware
+    from ndplan.estimate import estimate
+    text = (RECIPES / "torchtitan_llama3_70b.toml").read_text().replace(
+        "tensor_parallel_degree = 8", "tensor_parallel_degree = 1").replace(
+        "pipeline_parallel_degree = 4", "pipeline_parallel_degree = 1")
+    f = tmp_path / "t.toml"
+    f.write_text(text.replace("steps = 1000", 'steps = 1000\nenable_cpu_offload = true\nmixed_precision_param = "float32"'))
+    ci = read_config(f, gpus=64)
+    s = ci.strategy
+    assert s.offload_optimizer and "grads_offloaded=1" in s.engine and "weights_offloaded=1" in s.engine
+    assert any(n.startswith("training.mixed_precision_param float32") for n in ci.notes)
+    e = estimate(ci.model, load_hardware("h100-sxm"), s, 64)
+    terms = e.per_stage[0]["terms"]
+    assert all(terms[k] == 0 for k in ("mem.weights", "mem.grads", "mem.master", "mem.optimizer"))
+    assert e.host_bytes == pytest.approx(16 * params(ci.model) / s.dp, rel=1e-9, abs=1)
+    plain = estimate(ci.model, load_hardware("h100-sxm"), dataclasses.replace(s, engine="fsdp", offload_optimizer=False), 64)
+    t0 = plain.per_stage[0]["terms"]
+    assert plain.host_bytes == 0  # (its gradients are built in backward: mem.grads is the part above the dynamic Terms)
+    assert t0["mem.weights"] + t0["mem.optimizer"] == pytest.approx(12 * params(ci.model) / s.dp, rel=1e-9, abs=2)
+    assert "enable_cpu_offload = true" in emit("torchtitan", ci.model, s)
+    with pytest.raises(NdplanError, match="weights_offloaded=1"):
+        emit("torchtitan", ci.model, dataclasses.replace(s, engine="fsdp"))
+
+
+def test_megatron_encoder_seq_length_is_the_sequence(tmp_path):
+    """Megatron-LM@d98e8a64 arguments.py:1346-1351: without --seq-length the sequence is
+    --encoder-seq-length (NVIDIA's examples/mimo run_avlm_train.sh); both given, it asserts."""
+    base = ("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8 --micro-batch-size 1 "
+            "--global-batch-size 64 --bf16 --encoder-seq-length 4096")
+    f = tmp_path / "run.sh"
+    f.write_text(base + "\n")
+    ci = read_config(f, model="llama3-8b")
+    assert ci.strategy.seq == 4096 and ci.origin["seq"] == "line 1: --encoder-seq-length"
+    f.write_text(base + " --seq-length 2048\n")
+    with pytest.raises(NdplanError) as e:
+        read_config(f, model="llama3-8b")
+    assert e.value.field == "--encoder-seq-length"
+
+
+def test_megatron_moe_layer_recompute_is_selective_moe(tmp_path):
+    """--moe-layer-recompute (NVIDIA's modelopt Qwen3-235B-A22B.sh / DeepSeek-R1.sh): TransformerConfig
+    (transformer_config.py:2014-2027 at d98e8a64) makes granularity selective and adds "moe" to the
+    modules (default core_attn); with --recompute-granularity full it raises."""
+    base = ("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 1 --expert-model-parallel-size 8 "
+            "--micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16 --moe-layer-recompute")
+    f = tmp_path / "run.sh"
+    f.write_text(base + "\n")
+    ci = read_config(f, model="mixtral-8x7b")
+    assert ci.strategy.recompute == "selective" and "recompute_moe=1" in ci.strategy.engine
+    assert "keep_core_attn" not in ci.strategy.engine  # core_attn stays in the list
+    assert "--moe-layer-recompute" not in ci.unknown
+    f.write_text(base + " --recompute-granularity full\n")
+    with pytest.raises(NdplanError) as e:
+        read_config(f, model="mixtral-8x7b")
+    assert e.value.field == "--moe-layer-recompute"
+
+
+def test_megatron_multimodal_reads_the_language_model_sequence():
+    """examples/multimodal/model.py (Megatron-LM@d98e8a64) sets --seq-length to the image
+    embeddings (:48-70) and builds the language model at --decoder-seq-length (:81-87, 234);
+    --freeze-LM / --freeze-ViT set requires_grad False (:276-279): the LM is estimated at 1024
+    tokens, and one note says what is not modelled (the vision side, the frozen parameters)."""
+    ci = read_config(RECIPES / "megatron_llava_mistral_clip.sh", model="llama3-8b")
+    assert (ci.strategy.seq, ci.strategy.tp, ci.strategy.dp, ci.strategy.gbs) == (1024, 4, 2, 256)
+    assert ci.origin["seq"] == "line 21: --decoder-seq-length"
+    [note] = [n for n in ci.notes if n.startswith("multimodal")]
+    assert "vision encoder" in note and "--freeze-LM --freeze-ViT" in note
+    assert not {"--decoder-seq-length", "--freeze-LM", "--freeze-ViT"} & set(ci.unknown)
+
+
+def test_torchtitan_experts_over_tp_when_ep_is_1(tmp_path):
+    """torchtitan with ep 1 splits the routed experts over tp whatever etp says (v0.2.0
+    models/llama4/infra/parallelize.py:489-490: ``if ep_mesh is None: experts_mesh = tp_mesh``,
+    TensorParallel; v0.1.0 has no etp option and shards them over tp, parallelize.py:173): the
+    llama4 recipe without its etp line is read as etp = tp = 8, with a note; its emit with
+    etp 1 is refused by the rule, and the fsdp sweep's ep-1 rows carry etp = tp."""
+    text = (RECIPES / "torchtitan_llama4_17bx16e.toml").read_text().replace("expert_tensor_parallel_degree = 8\n", "")
+    f = tmp_path / "llama4.toml"
+    f.write_text(text)
+    ci = read_config(f, gpus=64)
+    assert (ci.strategy.tp, ci.strategy.ep, ci.strategy.etp) == (8, 1, 8)
+    assert any("routed experts over tp=8" in n for n in ci.notes)
+    with pytest.raises(NdplanError) as e:
+        emit("torchtitan", ci.model, dataclasses.replace(ci.strategy, etp=1))
+    assert e.value.field == "etp"
+    from ndplan.space import generate
+    cands = generate(ci.model, 64, 4096, 64, {"tp": [1, 2, 8], "zero": 3, "recompute": "full", "pp": 1}, engine="fsdp")
+    rows = [(t, e_, et) for g in cands.groups for t, e_, et in zip(g.grid["tp"], g.grid["ep"], g.grid["etp"])]
+    assert rows and all(et == (t if e_ == 1 else 1) for t, e_, et in rows)
+    assert {t for t, e_, _ in rows if e_ == 1} == {1, 2, 8}
+
+
 def test_torchtitan_toml_interleaved_layers_per_stage():
     """126 layers + the embedding and output weights (1 + 1) over 8 layers per stage:
     ceil(128 / 8) = 16 stages on pp 8 (vpp 2); each stage 8, the first and last 8 - 1 = 7
@@ -708,6 +860,26 @@ BAD_FILES = {  # file name, text, extra arguments, the field the one-line error 
                        "--outer-dp-sharding-strategy"),
     "nproc-gpu": ("run.sh", RUN.replace("--nproc_per_node 8", "--nproc_per_node gpu") + "\n", ["-m", "llama3-8b"],
                   "--nproc_per_node"),
+    # torchtitan before v0.1.0 (57387af0 train_configs/llama3_405b.toml): degrees under [training]
+    "titan-old-schema": ("old.toml", "[training]\nbatch_size = 2\ntensor_parallel_degree = 8\n"
+                         "[experimental]\npipeline_parallel_degree = 1\n", ["-m", "llama3-8b", "--gpus", "8"], "FILE"),
+    # DeepSpeedExamples benchmarks/deepcompile/run_bench_offload.sh: a value of a loop
+    "loop-value": ("run.sh", "for S in 1024 2048; do\n  " + RUN.replace("--seq-length 4096", "--seq-length ${S}")
+                   + "\ndone\n", ["-m", "llama3-8b"], "--seq-length"),
+    # NVIDIA's examples/mamba/train.sh: a hybrid Mamba model (its pattern sets the layers too)
+    "hybrid-mamba": ("run.sh", RUN + " --hybrid-layer-pattern M-M-*-\n", ["-m", "llama3-8b"], "--hybrid-layer-pattern"),
+    "moe-layer-recompute-full": ("run.sh", RUN + " --moe-layer-recompute --recompute-granularity full\n",
+                                 ["-m", "mixtral-8x7b"], "--moe-layer-recompute"),
+    "encoder-and-seq": ("run.sh", RUN + " --encoder-seq-length 4096\n", ["-m", "llama3-8b"], "--encoder-seq-length"),
+    # NVIDIA's examples/t5/train_t5_220m_distributed.sh: an encoder-decoder model
+    "t5": ("run.sh", RUN.replace("--seq-length 4096", "--encoder-seq-length 512 --decoder-seq-length 128") + "\n",
+           ["-m", "llama3-8b"], "--encoder-seq-length"),
+    "mds-ep-over-dp": ("run.sh", RUN.replace("torchrun --nproc_per_node 8", "deepspeed --num_gpus 8")
+                       + " --deepspeed --no-pipeline-parallel --num-experts 8 --moe-expert-parallel-size 2\n",
+                       ["-m", "mixtral-8x7b"], "--moe-expert-parallel-size"),  # dp 1 (DeepSpeed groups.py:634)
+    "mds-capacity": ("run.sh", RUN.replace("torchrun --nproc_per_node 8", "deepspeed --num_gpus 8")
+                     + " --deepspeed --no-pipeline-parallel --num-experts 8 --moe-train-capacity-factor abc\n",
+                     ["-m", "mixtral-8x7b"], "--moe-train-capacity-factor"),
 }
 
 

@@ -447,3 +447,23 @@ def test_hccl_buffers_beside_the_pool_are_said(tmp_path, monkeypatch):
     with pytest.warns(NdplanWarning, match="HCCL_BUFFSIZE='abc'"):
         ci = _read(tmp_path, _set(_doc("mindformers_mixtral_8x7b.yaml"), {"moe_config.capacity_factor": -1}))
     assert "1.95 GiB" in next(n for n in ci.notes if n.startswith("HCCL buffers"))
+
+
+def test_mcore_moe_without_top_k_names_the_key(tmp_path):
+    """An mcore model_config with experts and no num_experts_per_tok (MindFormers v1.7.0
+    tests/st/.../deepseekv3_train.yaml): MindFormers takes its config class's default, which the
+    yaml does not carry; one line names the key, not a made-up 0."""
+    doc = _set(_doc("mindformers_qwen3_30b_a3b_mcore.yaml"), {f"{MC}.num_experts_per_tok": None})
+    with pytest.raises(NdplanError) as e:
+        _read(tmp_path, doc)
+    assert (e.value.field, e.value.value) == (f"{MC}.num_experts_per_tok", None)
+    assert _read(tmp_path, doc, model="qwen3-30b-a3b").model.experts_per_token == 8  # -m replaces it
+
+
+def test_incomplete_model_config_names_only_the_missing_keys(tmp_path):
+    """MindFormers v1.5.0 research/yizhao writes GLM-style num_attention_heads / padded_vocab_size:
+    the error lists the keys the legacy form lacks (num_heads, vocab_size), not all four."""
+    doc = _set(_doc("mindformers_mixtral_8x7b.yaml"), {f"{MC}.num_heads": None, f"{MC}.vocab_size": None})
+    with pytest.raises(NdplanError) as e:
+        _read(tmp_path, doc)
+    assert "lacks num_heads, vocab_size)" in e.value.problem

@@ -47,6 +47,13 @@ MEGATRON_SCHEDULES = ("1f1b", "interleaved")
 with_interleaving when a virtual size is set, else without_interleaving."""
 
 
+MEGATRON_ZERO = """Megatron-LM@d98e8a64 without Megatron-FSDP: zero 1 is the distributed optimizer (the whole
+gradient buffer kept), zero 3 is --use-torch-fsdp2, which validate_args refuses with
+pipeline_model_parallel_size > 1, expert_model_parallel_size > 1 and without
+--untie-embeddings-and-output-weights (arguments.py:1031-1045): no zero 2, and zero 3 only
+at pp 1, ep 1, untied."""
+
+
 def oracle(model, gpus, seq, gbs, dom, engine="megatron", megatron_schedules=True):
     """Valid candidates by brute force: nested loops building Strategy(...) and calling
     .check(), catching NdplanError, plus the canonical rule (pp == 1 keeps only 1f1b
@@ -63,6 +70,9 @@ def oracle(model, gpus, seq, gbs, dom, engine="megatron", megatron_schedules=Tru
             continue
         if megatron_schedules and engine == "megatron" and pp > 1 and sched not in MEGATRON_SCHEDULES:
             continue
+        if megatron_schedules and engine == "megatron" and (zero == 2 or zero == 3 and (
+                pp > 1 or model.tie_word_embeddings or model.is_moe and ep > 1)):
+            continue  # MEGATRON_ZERO
         try:
             Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=seq,
                      zero=zero, recompute=rec, schedule=sched, sp=sp, engine=engine).check(model, gpus)
@@ -324,7 +334,8 @@ def test_a_deepspeed_sweep_holds_what_deepspeed_runs():
     "deepspeed") refuses what DeepSpeed refuses), and, written out here from DeepSpeed 0.19.8's
     code (runtime/pipe/engine.py:76-77 and 500-501, module_inject/layers.py:215-225): no pipeline
     schedule but 1F1B with one chunk, no ZeRO-2/3 with a pipeline, no sequence parallelism with
-    AutoTP; the megatron sweep of the same space holds all of them and more."""
+    AutoTP; the sweep of the same space under Megatron-FSDP (every ZeRO level with a pipeline,
+    MEGATRON_ZERO) holds all of them and more."""
     model, gpus, seq, gbs = spec("llama3-8b"), 8, 4096, 16
     space = {"mbs": [1, 2], "sp": [True, False], "zero": [0, 1, 2, 3], "recompute": "none", "uneven": False}
     dom = {"etp": [1], "vpp": range(1, 33), "mbs": [1, 2], "zero": [0, 1, 2, 3], "recompute": ["none"],
@@ -336,7 +347,7 @@ def test_a_deepspeed_sweep_holds_what_deepspeed_runs():
     for dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp in rows:
         assert pp == 1 or (sched == "1f1b" and vpp == 1 and zero <= 1)
         assert tp == 1 or not sp
-    megatron = generate(model, gpus, seq, gbs, space)
+    megatron = generate(model, gpus, seq, gbs, space, engine="megatron[megatron_fsdp=1]")
     assert rows < set(rows_of(megatron))
     assert cands.rejected["engine"] - megatron.rejected["engine"] == megatron.valid - cands.valid > 0
 
@@ -379,7 +390,9 @@ def test_why_names_the_engine_rule_and_defaults_sp_off_for_deepspeed_tp():
     assert why(model, gpus, seq, gbs, None, {"tp": 2}, engine="deepspeed") is None  # sp defaults off
     assert why(model, gpus, seq, gbs, None, {"tp": 2, "sp": True}, engine="deepspeed").startswith("engine: sp=True")
     assert why(model, gpus, seq, gbs, None, {"pp": 2, "zero": 3}, engine="deepspeed").startswith("engine: zero=3")
-    assert why(model, gpus, seq, gbs, None, {"pp": 2, "zero": 3}) is None
+    assert "--use-torch-fsdp2 is not supported with pipeline parallelism" in why(
+        model, gpus, seq, gbs, None, {"pp": 2, "zero": 3})  # MEGATRON_ZERO
+    assert why(model, gpus, seq, gbs, None, {"pp": 2, "zero": 3}, engine="megatron[megatron_fsdp=1]") is None
     assert ndplan.strategy_from_point({"tp": 2, "engine": "deepspeed"}, 8).sp is False
     assert ndplan.strategy_from_point({"tp": 2}, 8).sp is True
 
@@ -424,3 +437,32 @@ def test_an_fsdp_sweep_has_no_one_chunk_zero_bubble_pipeline():
     names = set(re.findall(r'"(\w+)": Schedule', body[:body.index("}")]))
     assert names >= {"1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"}
     assert not any("ZeroBubble" in n and n not in ("ZBVZeroBubble", "InterleavedZeroBubble") for n in names)
+
+
+def test_the_sweeps_hold_the_framework_rules_the_exports_hold():
+    """Engine rules of scope engine_sweep, written out here from the frameworks' code: a deepspeed
+    sweep of a MoE model keeps ep > 1 only where DeepSpeed 0.19.8's AutoEP runs it (one stage,
+    module_inject/auto_ep_presets via model.layers.N.mlp; AutoTP folding only at pp 1 without
+    Ulysses, auto_ep_folding.py:206-212; ZeRO-3 without Ulysses, runtime/engine.py:2219-2221); a
+    megatron sweep (no Megatron-FSDP) has no zero 2 and zero 3 only at pp 1 / ep 1 / untied
+    (arguments.py:1031-1045); an fsdp (torchtitan) sweep of a MoE model splits the experts over tp
+    when ep is 1 (v0.2.0 models/llama4/infra/parallelize.py:489-490). Every candidate of each sweep
+    is emitted by that framework's exporter without a refusal."""
+    from ndplan.export import emit
+    model, gpus, seq, gbs = spec("mixtral-8x7b"), 16, 4096, 32
+    space = {"mbs": 1, "zero": [1, 2, 3], "recompute": "full", "uneven": False, "vpp": 1, "schedule": "1f1b"}
+    for engine, fmt in (("deepspeed", "deepspeed"), ("megatron", "megatron"), ("fsdp", "torchtitan")):
+        cands = generate(model, gpus, seq, gbs, space | ({"sp": False} if engine == "deepspeed" else {}), engine=engine)
+        rows = rows_of(cands)
+        assert rows, engine
+        for dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp in rows:
+            if engine == "deepspeed" and ep > 1:
+                assert pp == 1 and etp == 1 and not (tp > 1 and cp > 1) and not (zero == 3 and cp > 1)
+            if engine == "megatron":
+                assert zero != 2 and (zero < 3 or (pp == 1 and ep == 1))
+            if engine == "fsdp":
+                assert etp == (tp if ep == 1 else etp) and etp in (1, tp)
+        for dp, tp, pp, cp, ep, etp, vpp, mbs, zero, rec, sched, sp in rows[::max(1, len(rows) // 40)]:
+            s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs, gbs=gbs, seq=seq, zero=zero,
+                         recompute=rec, schedule=sched, sp=sp, engine=engine)
+            emit(fmt, model, s)  # raises NdplanError if the framework's exporter refuses it

@@ -376,3 +376,19 @@ def test_a_torchtitan_0_2_launcher_points_to_its_toml(tmp_path):
     with pytest.raises(NdplanError) as e:
         read_config(f, fmt="torchtitan-0.3")
     assert "debug_model.toml" in e.value.problem and "TOML" in e.value.fix
+
+
+def test_a_config_ndplan_does_not_know_reads_defaults_and_overrides_with_a_model(tmp_path, monkeypatch):
+    """A launch of a registered config ndplan has no table for (torchtitan HEAD run_train.sh with
+    CONFIG=qwen3_moe_deepep): without -m a one-line error says to give -m; with -m the launch's
+    overrides over torchtitan's defaults are read, and a note says the config's own values are not."""
+    monkeypatch.setenv("MODULE", "qwen3")
+    monkeypatch.setenv("CONFIG", "qwen3_moe_deepep")
+    f = tmp_path / "run_train.sh"
+    f.write_text((Path(__file__).parent / "data/recipes/torchtitan03_run_train.sh").read_text())
+    with pytest.raises(NdplanError) as e:
+        read_config(f)
+    assert e.value.field == "--config" and "-m MODEL" in e.value.fix
+    ci = read_config(f, model="qwen3-30b-a3b")
+    assert (ci.strategy.tp, ci.strategy.gbs, ci.strategy.recompute) == (2, 32, "full")
+    assert any("a config ndplan does not know" in n and "not read" in n for n in ci.notes)

@@ -194,7 +194,8 @@ def _space(ci: CheckInput) -> dict:
              "mbs": sorted({1, 2, 4, 8, u.mbs})}
     if ci.fmt == "deepspeed":
         space |= {"cp": [1], "vpp": [1], "schedule": ["1f1b"]}
-    return space
+    mod = READERS[ci.fmt]
+    return space | (mod.proposal_space(ci) if hasattr(mod, "proposal_space") else {})
 
 
 MAX_TRIED = 200

@@ -474,3 +474,31 @@ class EngineProfile(TimeChoices):
     megatron_fsdp_grad_comm_bytes: int = 0
     """Bytes per element of Megatron-FSDP's unsharded gradient buckets under
     ``--megatron-fsdp-grad-comm-dtype`` (param_and_grad_buffer.py:3107-3111); 0: the main gradients'."""
+    megatron_deepspeed: bool = False
+    """Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed@f4157bea): DeepSpeed's engine, not Megatron-LM's
+    distributed optimizer or torch FSDP2, shards at the ZeRO stage its config sets
+    (interop/megatron_deepspeed.py), so rules.py's megatron ZeRO rules (zero 2 only under
+    Megatron-FSDP; zero 3 without pp, ep or tied embeddings) do not hold; its own (ZeRO-2/3 only
+    with --no-pipeline-parallel) is the reader's. Reads no formula."""
+    moe_tp_without_sp: bool = False
+    """MindFormers up to 1.5.0 runs a legacy ``moe_config`` MoE with tensor parallelism and no
+    sequence parallelism (mindformers@v1.5.0 tools/check_rules.py has no MoE check; the legacy
+    MoEV2's non-SP path, modules/transformer/moe.py:680-699), which 1.6.0 refuses (check_rules.py
+    _check_moe_parallel_valid, :151-157 at v1.6.0); rules.py's mindspore MoE SP rule does not hold.
+    Set by the MindFormers reader for such a recipe, with a note. Reads no formula."""
+    grads_offloaded: bool = False
+    """Gradient offload: FSDP2's ``CPUOffloadPolicy`` (torchtitan ``training.enable_cpu_offload``,
+    parallelize.py ``fsdp_config["offload_policy"]``) copies each sharded gradient to host memory in
+    backward (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py:711-738 foreach_reduce, the
+    device-to-host copy into the CPU ``sharded_param.grad``), beside the sharded parameters
+    (``weights_offloaded``) and the optimizer states (``Strategy.offload_optimizer``), and the
+    optimizer steps on the host: the gradients Term moves to the host at the sharding levels
+    from ``grads_sharded_from``. The host step and the copies are not in the step time."""
+    fp8_gemm_compute: bool = False
+    """The linears' GEMMs run in fp8 on 16-bit weights and saved 16-bit inputs: torchao's
+    ``Float8Linear``, which torchtitan's float8 converter swaps in (``model.converters`` float8 /
+    quantize.linear.float8; 0.3.0 llama3_405b's registered converter): each matmul casts its input
+    and weight to float8 with dynamic scales and saves the high-precision tensors for backward
+    (torchao float8/float8_linear.py matmul_with_hp_or_float8_args). The GEMMs are timed at the FP8
+    peak with their operands quantised (engines.fp8_gemms, Hardware.kernel_values); memory is the
+    16-bit one. Set by the torchtitan readers."""

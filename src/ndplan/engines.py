@@ -328,7 +328,8 @@ def engine_fields() -> set[str]:
 
 
 def fp8_gemms(weight_dtype: str, eng: EngineProfile) -> bool:
-    """The layers' GEMMs run in fp8: fp8 weights (``weight_dtype`` fp8; torchtitan's float8
-    linears) or the engine's fp8 linears (EngineProfile.fp8_linear_inputs: Megatron-LM
-    ``--fp8-format`` with 16-bit primary weights). The one rule for Hardware.kernel_values."""
-    return weight_dtype == "fp8" or bool(eng.fp8_linear_inputs)
+    """The layers' GEMMs run in fp8: fp8 weights (``weight_dtype`` fp8) or the engine's fp8
+    linears (EngineProfile.fp8_linear_inputs: Megatron-LM ``--fp8-format`` with 16-bit primary
+    weights; EngineProfile.fp8_gemm_compute: torchtitan's float8 converter). The one rule for
+    Hardware.kernel_values."""
+    return weight_dtype == "fp8" or bool(eng.fp8_linear_inputs) or bool(eng.fp8_gemm_compute)

@@ -57,10 +57,10 @@ _EXPR_MODULES = ("formulas", "catalog", "argnames.py", "engines.py", "engine_fie
                  "readlog.py")
 """Modules whose sources are in every kernel's key: the builders, what they read, the Breakdowns
 estimate.py asks of them, and the code printer (lambdify.py)."""
-_VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "hooks.py", "kernels.py", "prebuilt.py",
-                       "memo.py")
+_VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "autoep.py", "hooks.py", "kernels.py",
+                       "prebuilt.py", "memo.py")
 """Modules the formulas import that decide no expression: messages, input bounds, catalog paths,
-validity rules (they reject strategies, never change a Term), hooks (each hook is in the key), and
+validity rules and AutoEP's (they reject strategies, never change a Term), hooks (each hook is in the key), and
 the kernel cache, the shipped store and memo.py (they store and look up what lambdify.py prints, under keys
 that name the view, the model's reads and the sources above)."""
 MEMORY_KERNELS = 2048

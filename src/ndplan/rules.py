@@ -68,6 +68,29 @@ def engine_name(engine: str) -> str:
     return engine.partition("[")[0]
 
 
+def _profile(engine: str):
+    from ndplan.engines import profile
+    return profile(engine)
+
+
+def _autoep_refused(c):
+    from ndplan.autoep import autoep_refused
+    return autoep_refused(c)
+
+
+def _autoep_why(c) -> tuple[str, str]:
+    from ndplan.autoep import autoep_why
+    return autoep_why(c)
+
+
+def _megatron_fsdp2(c) -> bool:
+    """The megatron engine without Megatron-FSDP: zero 3 is torch FSDP2 (the rules below)."""
+    if engine_name(c.engine) != "megatron":
+        return False
+    eng = _profile(c.engine)
+    return not (eng.megatron_fsdp or eng.megatron_deepspeed)
+
+
 def _experts_dense(c):
     return (not c.model.is_moe) & ((c.ep != 1) | (c.etp != 1))
 
@@ -196,9 +219,49 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.schedule,
          lambda c: "Megatron-LM runs 1F1B or interleaved 1F1B only (get_forward_backward_func)",
          lambda c: "use --schedule 1f1b, or interleaved with --vpp 2 or more"),
+    # Megatron-LM's data-parallel sharding without Megatron-FSDP (a profile with megatron_fsdp=1 runs
+    # every level, interop/megatron_fsdp.py): zero 1 is the distributed optimizer, which shards the
+    # optimizer states and main weights but keeps the whole gradient buffer (distributed/
+    # param_and_grad_buffer.py; export/megatron.py), so zero 2 is Megatron-FSDP's optim_grads only;
+    # zero 3 is torch FSDP2 (--use-torch-fsdp2), which validate_args refuses with a pipeline, with
+    # expert parallelism and with tied embeddings (arguments.py:1031-1045 at d98e8a64).
+    Rule("engine", "megatron: zero 2 needs Megatron-FSDP (megatron_fsdp=1)", "engine_sweep", "zero",
+         lambda c: _megatron_fsdp2(c) & (c.zero == 2),
+         lambda c: c.zero,
+         lambda c: "Megatron-LM's distributed optimizer keeps the whole gradient buffer (zero 1); sharded "
+                   "gradients alone are Megatron-FSDP's optim_grads",
+         lambda c: "use --zero 1 or 3, or --set megatron_fsdp=1", reads_zero=True),
+    Rule("engine", "megatron: zero 3 (torch FSDP2) needs pp == 1", "engine_sweep", "zero",
+         lambda c: _megatron_fsdp2(c) & (c.zero == 3) & (c.pp > 1),
+         lambda c: c.zero,
+         lambda c: "--use-torch-fsdp2 is not supported with pipeline parallelism (arguments.py:1034-1035)",
+         lambda c: "use --zero 1 with pp > 1, pp=1, or --set megatron_fsdp=1", reads_zero=True),
+    Rule("engine", "megatron: zero 3 (torch FSDP2) needs ep == 1", "engine_sweep", "zero",
+         lambda c: _megatron_fsdp2(c) & (c.zero == 3) & c.model.is_moe & (c.ep > 1),
+         lambda c: c.zero,
+         lambda c: "--use-torch-fsdp2 is not supported with expert parallelism (arguments.py:1036-1037)",
+         lambda c: "use --zero 1 with ep > 1, ep=1, or --set megatron_fsdp=1", reads_zero=True),
+    Rule("engine", "megatron: zero 3 (torch FSDP2) needs untied embeddings", "engine_sweep", "zero",
+         lambda c: _megatron_fsdp2(c) & (c.zero == 3) & bool(c.model.tie_word_embeddings),
+         lambda c: c.zero,
+         lambda c: f"--use-torch-fsdp2 requires --untie-embeddings-and-output-weights (arguments.py:1044-1045), "
+                   f"which {c.model.name}'s tied embedding cannot take",
+         lambda c: "use --zero 1, or --set megatron_fsdp=1", reads_zero=True),
     # torch.distributed.pipelining (torch 2.13, the CI extra), which torchtitan and FSDP2 users
     # run: get_schedule_class knows 1F1B, Interleaved1F1B, GPipe, LoopedBFS, InterleavedZeroBubble,
     # ZBVZeroBubble and DualPipeV (schedules.py:3628-3636): no one-chunk zero-bubble schedule.
+    # torchtitan (the fsdp profile's framework) shards routed experts over tp when ep is 1 (v0.1.0
+    # experiments/llama4/infra/parallelize.py:173; v0.2.0 models/llama4/infra/parallelize.py:489-490,
+    # "experts_mesh = tp_mesh ... TensorParallel()"; 0.3.0 models/common/moe_sharding.py
+    # expert_param_placement_dense, "EP disabled, TP > 1"); with ep > 1 it takes etp 1 or tp
+    # (v0.2.0 distributed/parallel_dims.py:58, "Currently we only support ETP=TP or ETP=1").
+    Rule("engine", "fsdp: MoE experts over tp when ep == 1; etp in {1, tp} when ep > 1", "engine_sweep", "etp",
+         lambda c: (engine_name(c.engine) == "fsdp") & c.model.is_moe
+         & np.where(c.ep == 1, c.etp != c.tp, (c.etp != 1) & (c.etp != c.tp)),
+         lambda c: c.etp,
+         lambda c: (f"torchtitan splits the routed experts over tp={c.tp} when ep=1 (etp = tp)" if np.all(c.ep == 1)
+                    else f"torchtitan takes etp 1 or tp={c.tp} with ep={c.ep}"),
+         lambda c: f"use --etp {c.tp}" if np.all(c.ep == 1) else f"use --etp 1 or {c.tp}"),
     Rule("engine", "fsdp: pp > 1 has no zb-h1 (torch pipelining)", "engine", "schedule",
          lambda c: (engine_name(c.engine) == "fsdp") & (c.pp > 1) & (c.schedule == "zb-h1"),
          lambda c: c.schedule,
@@ -224,16 +287,27 @@ RULES: tuple[Rule, ...] = (
          lambda c: f"zero_bubble_v needs micro-batches m={c.m} >= 2*pp = {2 * c.pp} (MindFormers TransformerConfig)",
          lambda c: "raise gbs, or lower mbs or dp" if hasattr(c, "gbs") else f"give --m {2 * c.pp} or more"),
     Rule("engine", "mindspore: MoE with tp > 1 needs sp", "engine_model", "sp",
-         lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & (c.tp > 1) & ~np.asarray(c.sp, dtype=bool),
+         lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & (c.tp > 1) & ~np.asarray(c.sp, dtype=bool)
+         & (not _profile(c.engine).moe_tp_without_sp),
          lambda c: c.sp,
          lambda c: "MindFormers (>= 1.6.0) refuses MoE with tensor parallelism and no sequence parallelism "
                    "(mcore moe_layer.py; a legacy moe_config: tools/check_rules.py)",
-         lambda c: "turn sp on (use_seq_parallel: True), or tp=1"),
+         lambda c: "turn sp on (use_seq_parallel: True), or tp=1 (MindFormers <= 1.5.0 runs it: "
+                   "--set moe_tp_without_sp=1)"),
     Rule("engine", "mindspore: MoE: (dp*tp) % ep == 0", "engine_model", "ep",
          lambda c: (engine_name(c.engine) == "mindspore") & c.model.is_moe & ((c.dp * c.tp) % c.ep != 0),
          lambda c: c.ep,
          lambda c: f"ep={c.ep} does not divide dp*tp = {c.dp * c.tp} (MindFormers lays the experts over dp x tp)",
          lambda c: "choose an ep that divides dp*tp"),
+    # DeepSpeed AutoEP (0.19.8, module_inject/auto_ep*): the layouts autoep.py AUTOEP_RULES
+    # lists (auto_ep_folding.py:206-250, runtime/engine.py:2219-2227), one pipeline stage and a preset
+    # for the model type (registry.py:20-29); the export and the DeepSpeed reader hold the same table.
+    Rule("engine", "deepspeed: MoE with ep/etp > 1 as AutoEP runs it", "engine_sweep", "ep",
+         lambda c: (engine_name(c.engine) == "deepspeed") & c.model.is_moe & ((c.ep > 1) | (c.etp > 1))
+         & _autoep_refused(c),
+         lambda c: c.ep,
+         lambda c: _autoep_why(c)[0],
+         lambda c: _autoep_why(c)[1], reads_zero=True),
     Rule("engine", "deepspeed: tp > 1 without sp (AutoTP all-reduces)", "engine", "sp",
          lambda c: (engine_name(c.engine) == "deepspeed") & (c.tp > 1) & c.sp,
          lambda c: c.sp,

@@ -10,7 +10,9 @@ dimension   auto values
 dp tp pp cp every ordered factorization dp*tp*pp*cp == gpus (divisors of gpus)
 ep          dense model: 1; MoE: divisors of num_experts that also divide gpus
             (ep*etp must divide dp*cp*tp, a divisor of gpus)
-etp         1 (list values to explore expert tensor parallelism)
+etp         1 (list values to explore expert tensor parallelism); a MoE
+            model under the fsdp engine: tp where ep is 1 (torchtitan
+            splits its experts over tp then, rules.py)
 vpp         1 if no schedule of the space interleaves (interleaved, zbv); else
             the divisors v of num_hidden_layers with v == 1 or 2*v <= L (vpp > 1
             needs pp >= 2 whole chunks per stage)
@@ -259,8 +261,11 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
     cannot divide gpus, or constraints no factorization of gpus meets.
     """
     _check_args(gpus, seq, gbs)
-    dom = _domains(model, gpus, normalize_space(space), engine)
+    cons = normalize_space(space)
+    dom = _domains(model, gpus, cons, engine)
     base = _base_grid(gpus, dom)
+    if cons["etp"] is None and model.is_moe and R.engine_name(engine) == "fsdp":
+        base["etp"] = np.where(base["ep"] == 1, base["tp"], base["etp"])  # torchtitan's experts (rules.py)
     n = len(base["dp"])
     per_zero = len(dom["recompute"])  # a knob in no rule: multiply counts
     per_combo = len(dom["zero"]) * per_zero

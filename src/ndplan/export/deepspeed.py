@@ -35,118 +35,40 @@ import json
 from dataclasses import dataclass
 
 from ndplan import rules
+from ndplan.autoep import (AUTOEP_PRESETS, AUTOEP_RULES, KEY as AUTOEP_KEY, AutoEPLayout,  # noqa: F401 (re-exported)
+                           autoep_preset, autoep_refusal, autoep_refused, autoep_why)
 from ndplan.catalog.model import ModelSpec
 from ndplan.export.common import cannot, layers_per_chunk, nest, recompute_counts, refuse_engine_rules
 from ndplan.strategy import Strategy
 
 TARGET = "DeepSpeed config JSON"
-KEY = {"cp": "sequence_parallel_size", "gbs": "train_batch_size", "mbs": "train_micro_batch_size_per_gpu", "m": "gradient_accumulation_steps",
+KEY = {"cp": AUTOEP_KEY["cp"], "gbs": "train_batch_size", "mbs": "train_micro_batch_size_per_gpu", "m": "gradient_accumulation_steps",
        "bf16": "bf16.enabled", "zero": "zero_optimization.stage",
        "offload_device": "zero_optimization.offload_optimizer.device",
-       "offload_pin": "zero_optimization.offload_optimizer.pin_memory", "tp": "tensor_parallel.autotp_size",
+       "offload_pin": "zero_optimization.offload_optimizer.pin_memory", "tp": AUTOEP_KEY["tp"],
        "pp": "pipeline.stages", "ckpt_interval": "pipeline.activation_checkpoint_interval",
        "ckpt_partition": "activation_checkpointing.partition_activations",
        "ckpt_contiguous": "activation_checkpointing.contiguous_memory_optimization",
        "ckpt_cpu": "activation_checkpointing.cpu_checkpointing", "ep_enabled": "expert_parallel.enabled",
-       "ep": "expert_parallel.autoep_size", "etp": "expert_parallel.expert_tensor_parallel_size",
+       "ep": AUTOEP_KEY["ep"], "etp": AUTOEP_KEY["etp"],
        "ep_preset": "expert_parallel.preset_model"}
 """Strategy knob -> dotted JSON key: the one table the exporter and the reader
 (interop/deepspeed.py) use."""
 
 
-AUTOEP_PRESETS = {"mixtral": ("mixtral",), "qwen3_moe": ("qwen3_moe", "qwen2_moe"),
-                  "qwen3_5_moe": ("qwen3_5_moe_text",), "deepseek_v2": ("deepseek_v2",),
-                  "deepseek_v3": ("deepseek_v3",), "minimax_m3": ("minimax_m3_vl_text",)}
-"""AutoEP's presets -> the Hugging Face model_type values each detects (DeepSpeed 0.19.8
-module_inject/auto_ep_presets/registry.py:20-29 PRESET_MODELS, each preset's ``hf_model_types``).
-Every preset finds its MoE blocks at ``model.layers.N.mlp`` with ``gate`` and ``experts`` children."""
-
-
-def autoep_preset(model_type: str) -> str | None:
-    """The preset AutoEP picks for a model type (registry.py:87-92 preset_name_for_hf_model_type)."""
-    return next((name for name, types in AUTOEP_PRESETS.items() if model_type in types), None)
-
-
-@dataclass(frozen=True)
-class AutoEPLayout:
-    """What AutoEP validates: the degrees (``ep`` = ``autoep_size``, ``etp`` =
-    ``expert_tensor_parallel_size``, ``cp`` = the Ulysses degree), ZeRO stage, whether a ZeRO
-    offload section is set, hpZ and qgZ, and whether MoE layers were replaced (``moe``)."""
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    etp: int
-    zero: int
-    offload: bool
-    hpz: int
-    qgz: bool
-    moe: bool
-
-
-AUTOEP_RULES = (  # (refused?, JSON key, DeepSpeed 0.19.8's refusal and where, fix)
-    (lambda a: a.etp != 1, KEY["etp"],
-     "expert_tensor_parallel_size > 1 is reserved for expert-internal tensor parallelism and refused "
-     "(module_inject/auto_ep_folding.py:214-218)",
-     "use expert_tensor_parallel_size 1 (etp=1)"),
-    (lambda a: a.tp > 1 and a.pp > 1, KEY["tp"],
-     "AutoEP+AutoTP folding supports pp 1 only (auto_ep_folding.py:206-208)", "use autotp_size 1 or one stage"),
-    (lambda a: a.tp > 1 and a.cp > 1, KEY["tp"],
-     "AutoEP folding refuses AutoTP with Ulysses sequence parallelism (auto_ep_folding.py:210-212)",
-     "use autotp_size 1 or sequence_parallel_size 1"),
-    (lambda a: a.tp > 1 and a.ep == 1, KEY["ep"],
-     "AutoEP+AutoTP folding requires autoep_size > 1 (auto_ep_folding.py:240-242)",
-     "raise autoep_size, or autotp_size 1"),
-    (lambda a: a.tp > 1 and a.offload, "zero_optimization.offload_optimizer",
-     "ZeRO offload with AutoEP+AutoTP folding is refused (auto_ep_folding.py:248-250)",
-     "drop offload_optimizer / offload_param, or autotp_size 1"),
-    (lambda a: a.moe and a.zero == 3 and a.cp > 1, KEY["cp"],
-     "AutoEP with ZeRO-3 refuses sequence parallelism (runtime/engine.py:2219-2221)",
-     "use sequence_parallel_size 1 or ZeRO stage 1/2"),
-    (lambda a: a.moe and a.zero == 3 and a.hpz > 1, "zero_optimization.zero_hpz_partition_size",
-     "AutoEP with ZeRO-3 refuses hpZ secondary groups (runtime/engine.py:2225-2227)",
-     "drop zero_hpz_partition_size"),
-    (lambda a: a.moe and a.zero == 3 and a.qgz, "zero_optimization.zero_quantized_gradients",
-     "AutoEP with ZeRO-3 refuses qgZ (runtime/engine.py:2222-2223)", "drop zero_quantized_gradients"),
-)
-"""AutoEP's refusals of a layout, in the order DeepSpeed checks them (validate_folding_global, then
-_validate_zero3_moe_compatibility): the reader raises them naming the key, the exporter naming ep
-(etp for the first). The tiling rule (ep*etp divides the ranks of a stage, auto_ep_folding.py:111-115)
-is rules.py's for a strategy; the reader checks it on autoep_size, which DeepSpeed validates before it
-looks for MoE layers."""
-
-
-def autoep_refusal(a: AutoEPLayout):
-    """The first of AUTOEP_RULES ``a`` breaks, or None."""
-    return next((r for r in AUTOEP_RULES if r[0](a)), None)
-
-
 def _expert_parallel(model: ModelSpec, s: Strategy) -> dict:
     """ep -> AutoEP's block where DeepSpeed 0.19.8 runs it: the model type has a preset (else AutoEP
     finds nothing to replace), one pipeline stage (the presets' module path model.layers.N.mlp is not
-    a PipelineModule's, whose layers are named by index: runtime/pipe/module.py:250-255), AUTOEP_RULES."""
+    a PipelineModule's, whose layers are named by index: runtime/pipe/module.py:250-255), AUTOEP_RULES
+    (``autoep_why``, which rules.py's deepspeed AutoEP rule reads too)."""
     if s.ep == 1 and s.etp == 1:
         return {}
-    from ndplan.engines import profile
-    eng = profile(s.engine)
-    rule = autoep_refusal(AutoEPLayout(tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, zero=s.zero,
-                                       offload=s.offload_optimizer or bool(eng.weights_offloaded),
-                                       hpz=eng.secondary_weight_shard, qgz=False, moe=True))
-    if rule is not None:
-        _, key, problem, fix = rule
-        field = "etp" if key == KEY["etp"] else "ep"
-        raise cannot(TARGET, field, getattr(s, field), f"DeepSpeed AutoEP: {problem}; {fix}"
-                     + ("" if field == "etp" else ", or ep=1"))
-    preset = autoep_preset(model.model_type)
-    if preset is None:
-        raise cannot(TARGET, "ep", s.ep, f"DeepSpeed AutoEP has no preset for model_type {model.model_type} "
-                     f"(presets: {', '.join(AUTOEP_PRESETS)}); name its MoE modules with expert_parallel."
-                     "moe_layer_pattern by hand, or use ep=1")
-    if s.pp > 1:
-        raise cannot(TARGET, "ep", s.ep, "AutoEP's presets find MoE blocks at model.layers.N.mlp, which the "
-                     "pipeline engine's PipelineModule names by index (runtime/pipe/module.py:250-255); use ep=1 "
-                     "or pp=1")
-    return {KEY["ep_enabled"]: True, KEY["ep"]: s.ep, KEY["ep_preset"]: preset}
+    c = rules.WithModel(s, model)
+    if bool(autoep_refused(c)):
+        problem, fix = autoep_why(c)
+        field = "etp" if s.etp != 1 else "ep"
+        raise cannot(TARGET, field, getattr(s, field), f"{problem}; {fix}")
+    return {KEY["ep_enabled"]: True, KEY["ep"]: s.ep, KEY["ep_preset"]: autoep_preset(model.model_type)}
 
 
 def _check(model: ModelSpec, s: Strategy, layers, full, sel) -> dict:

@@ -14,9 +14,10 @@ Pipeline Parallel"); ``_add_moe_args``: ``--expert-model-parallel-size``,
 ``--optimizer-cpu-offload``; ``_add_network_size_args``: ``--num-layers``;
 ``_add_data_args``: ``--seq-length``; ``_add_mtp_args``: ``--mtp-num-layers``).
 
-Mapping: zero 1 and 2 -> the distributed optimizer (it shards optimizer states and
-fp32 master weights over dp and reduce-scatters gradients); zero 3 -> torch FSDP2
-(pp = 1 only). Full recompute of every layer -> ``uniform`` with one layer per group
+Mapping: zero 1 -> the distributed optimizer (it shards optimizer states and fp32
+master weights over dp and reduce-scatters gradients into a whole-model buffer); zero 3
+-> torch FSDP2 (pp = 1, ep = 1, untied embeddings); zero 2, and zero 3 beyond those, only
+under Megatron-FSDP (an engine with megatron_fsdp=1): rules.py's megatron ZeRO rules. Full recompute of every layer -> ``uniform`` with one layer per group
 (only each layer's input is kept, ndplan's ``full``); of the first N layers of each
 chunk -> ``block`` N. Megatron-LM takes one count for every chunk and one granularity:
 a PPB plan with differing counts gets the largest count and a ``# note``. Uneven
@@ -86,15 +87,9 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
     _check_schedule(strat)
     if _megatron_fsdp(strat):
         return
-    if strat.zero == 3 and strat.pp > 1:
-        raise cannot(TARGET, "zero", 3, "FSDP2 (--use-torch-fsdp2) does not run with pipeline parallelism; "
-                                        "use zero<=2 or pp=1")
-    if strat.zero == 3 and model.tie_word_embeddings:
-        raise cannot(TARGET, "zero", 3, "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights "
-                                        "(arguments.py validate_args), which a tied model cannot take; use zero<=2")
-    if strat.zero == 3 and model.is_moe and strat.ep > 1:
-        raise cannot(TARGET, "ep", strat.ep, "--use-torch-fsdp2 is not supported with expert parallelism "
-                                             "(arguments.py validate_args); use zero<=2 or ep=1")
+    from ndplan import rules  # zero 2 is Megatron-FSDP's; zero 3 (torch FSDP2) without pp, ep or tied embeddings
+    engine = strat.engine if rules.engine_name(strat.engine) == "megatron" else "megatron"
+    refuse_engine_rules(TARGET, rules.WithModel(strat, model, engine=engine), ("zero",))
     if strat.weight_dtype == "fp8" and strat.zero == 3:
         raise cannot(TARGET, "weight_dtype", "fp8", "Megatron turns --fp8-param-gather off under --use-torch-fsdp2 "
                                                    "(Transformer Engine >= 2.0, arguments.py:1051-1057); use zero<=2, "
@@ -104,7 +99,7 @@ def _check(model: ModelSpec, strat: Strategy) -> None:
                                                    "(arguments.py validate_args); use zero>=1")
     if strat.offload_optimizer and strat.zero not in (1, 2):
         raise cannot(TARGET, "offload_optimizer", True, "--optimizer-cpu-offload needs the distributed "
-                                                        "optimizer; use zero 1 or 2")
+                                                        "optimizer; use zero 1")
 
 
 def _groups(model: ModelSpec, strat: Strategy, balance=None) -> list[str]:
@@ -288,7 +283,12 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         args[FLAG["mtp_layers"]] = model.mtp_layers
     if s.sp and s.tp > 1:
         args[FLAG["sp"]] = True
-    if s.zero in (1, 2) or _megatron_fsdp(s):  # Megatron-FSDP v1 runs on it (arguments.py:1128-1135)
+    from ndplan.engines import profile
+    zero_notes = []
+    if profile(s.engine).megatron_deepspeed:  # DeepSpeed's engine shards (interop/megatron_deepspeed.py)
+        zero_notes.append(f"zero {s.zero} is DeepSpeed's under Megatron-DeepSpeed: its config's zero_optimization.stage "
+                     f"(or --zero-stage {s.zero}), which these flags do not set")
+    elif s.zero in (1, 2) or _megatron_fsdp(s):  # Megatron-FSDP v1 runs on it (arguments.py:1128-1135)
         args[FLAG["distributed_optimizer"]] = True
     elif s.zero == 3:
         args[FLAG["fsdp2"]] = True
@@ -300,10 +300,7 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
     args |= rec
     engine_args, engine_notes = _engine_flags(model, s)
     args |= engine_args
-    notes += engine_notes
-    if s.zero == 2 and not _megatron_fsdp(s):
-        notes.append("zero 2 is given as the distributed optimizer (sharded optimizer states, "
-                     "reduce-scattered gradients)")
+    notes += engine_notes + zero_notes
     return args, notes
 
 

@@ -225,14 +225,19 @@ def _toml(sections: dict[str, dict]) -> list[str]:
     return lines
 
 
+OFFLOAD_SETTINGS = {"weights_offloaded": 1, "grads_offloaded": 1}
+"""``training.enable_cpu_offload``: FSDP2's CPUOffloadPolicy (v0.2.2 job_config.py:270-273,
+parallelize.py:315-317) keeps the sharded parameters, gradients and optimizer states on the host:
+these engine settings with Strategy.offload_optimizer; the export writes the key only with all three."""
+
+
 def _check(model: ModelSpec, s: Strategy, ddp: bool) -> None:
     """What torchtitan refuses; ``ddp``: the version has a DDP path that runs alone (0.2.x)."""
     from ndplan import rules
-    refuse_engine_rules(TARGET, rules.WithModel(s, model, engine="fsdp"), ("schedule",))  # torch pipelining
+    # torch pipelining's schedules; the routed experts' tp (etp = tp when ep is 1, else 1 or tp)
+    refuse_engine_rules(TARGET, rules.WithModel(s, model, engine="fsdp"), ("schedule", "etp"))
     if ddp and s.zero == 0 and s.dp > 1 and (s.tp > 1 or s.pp > 1 or s.cp > 1):
         raise cannot(TARGET, "zero", 0, "torchtitan runs DDP only without tp/pp/cp; use zero>=1 (FSDP2)")
-    if model.is_moe and s.ep > 1 and s.etp not in (1, s.tp):
-        raise cannot(TARGET, "etp", s.etp, f"expert_tensor_parallel_degree must be 1 or tp={s.tp}")
 
 
 def fields(model: ModelSpec, strat: Strategy, *, balance=None, ddp: bool = True) -> tuple[dict, list[str]]:
@@ -267,8 +272,14 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None, ddp: bool = True)
     doc |= {KEY["local_batch"]: s.gbs // s.dp if s.pp > 1 else s.mbs, KEY["gbs"]: s.gbs, KEY["seq"]: s.seq,
             KEY["param_dtype"]: "bfloat16"}
     if s.offload_optimizer:
+        from ndplan.engines import profile
+        eng = profile(s.engine)
+        if not all(getattr(eng, k) for k in OFFLOAD_SETTINGS):
+            raise cannot(TARGET, "offload_optimizer", True, "torchtitan's enable_cpu_offload (FSDP2 CPUOffloadPolicy) "
+                         "moves the parameters and gradients to the host too; estimate that with --set "
+                         + " --set ".join(f"{k}=1" for k in OFFLOAD_SETTINGS))
         doc[KEY["offload"]] = True
-        notes.append("enable_cpu_offload moves FSDP parameters and gradients to host too, not only the optimizer")
+        notes.append("enable_cpu_offload: the host optimizer step and the host-device copies are not in the step time")
     mode = recompute_mode(full, sel)
     doc[KEY["ac_mode"]] = mode
     if mode == "selective":

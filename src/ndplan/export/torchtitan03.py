@@ -105,8 +105,8 @@ def registered_notes(module: str, config: str, tp: int) -> list[str]:
                      "Float8LinearConverter, rowwise, lm_head left bf16), which no command-line option turns off "
                      "(Trainer.Config.model_spec is tyro.conf.Suppress, trainer.py:77): memory as bf16, as the TOML "
                      "form's float8 converter without the float8 all-gather (Float8Linear saves its bf16 input and "
-                     "weight; 0.3.0 has no enable_fsdp_float8_all_gather); the GEMMs are timed at the bf16 peak "
-                     "(ndplan's fp8 GEMM time goes with weight_dtype fp8, whose fp8 weights this is not)")
+                     "weight; 0.3.0 has no enable_fsdp_float8_all_gather); check on this launch times the GEMMs at "
+                     "the FP8 peak (engine setting fp8_gemm_compute)")
     if got.get(ASYNC_TP, (False,))[0] and tp > 1:
         notes.append(f"--config {config} sets {ASYNC_TP} ({where}:{got[ASYNC_TP][1]}): torchtitan overlaps the TP "
                      "collectives with the GEMMs; ndplan's estimate leaves them exposed")
@@ -153,9 +153,9 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[list[str
     if doc.get(T.KEY["ac_option"], "op") != "op":
         raise cannot(TARGET, "recompute_layers", strat.recompute_layers, f"torchtitan {VERSION} has no per-layer SAC; "
                                                                           "recompute every layer or none")
-    if model.is_moe and strat.etp != 1:
-        raise cannot(TARGET, "etp", strat.etp, f"torchtitan {VERSION} has no expert_tensor_parallel_degree (0.2.x's); "
-                                               "use etp=1")
+    if model.is_moe and strat.ep > 1 and strat.etp != 1:  # with ep 1 the experts are over tp (T._check)
+        raise cannot(TARGET, "etp", strat.etp, f"torchtitan {VERSION} has no expert_tensor_parallel_degree (0.2.x's): "
+                                               "with expert parallelism the experts are not split over tp; use etp=1")
     doc.pop(T.KEY["etp"], None)
     if doc.get(T.KEY["offload"]):
         raise cannot(TARGET, "offload_optimizer", True, "not expressed in this form; use --emit torchtitan")

@@ -9,7 +9,9 @@ Counts follow the Hugging Face transformers module structure of each model type
   ql=0); kv_a_proj_with_mqa h*(kl+dr), kv_a norm kl, kv_b kl*a*(dn+dv), o a*dv*h.
 * dense MLP: gated 3*h*f; GPT 2*h*f + f + h (biases).
 * MoE: router E*h (+E correction bias for DeepSeek-V3), routed experts E*3*h*fe,
-  shared experts 3*h*fs.
+  shared experts 3*h*fs; experts of a non-gated MLP (Megatron and Megatron-DeepSpeed MoE
+  without --swiglu: ParallelMLP / MLP with gated_linear_unit False) 2*h*fe (+ fe + h biases)
+  each, shared experts likewise.
 * norms: RMSNorm h, LayerNorm 2h (weight + bias); two per layer plus the final one.
 * embedding V*h (+ learned positions P*h), head V*h unless tied.
 * MTP module (DeepSeek-V3 Sec. 2.2): enorm h, hnorm h, projection 2h*h, one MoE
@@ -76,11 +78,18 @@ def mlp_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
     return pieces
 
 
+def expert_params(spec: ModelSpec, M: ModelSymbols, width) -> sp.Expr:
+    """One expert MLP of ``width``: gated 3*h*width, else 2*h*width (+ width + h biases)."""
+    if spec.gated_mlp:
+        return 3 * M.h * width
+    return 2 * M.h * width + ((width + M.h) if spec.mlp_bias else 0)
+
+
 def moe_pieces(spec: ModelSpec, M: ModelSymbols) -> list[Piece]:
     pieces = [Piece("moe.router", M.E * M.h + (M.E if spec.router_bias else 0), "rep"),
-              Piece("moe.experts", M.E * 3 * M.h * M.fe, "expert")]
+              Piece("moe.experts", M.E * expert_params(spec, M, M.fe), "expert")]
     if spec.has_shared_experts:
-        pieces.append(Piece("moe.shared", 3 * M.h * M.fs, "tp"))
+        pieces.append(Piece("moe.shared", expert_params(spec, M, M.fs), "tp"))
     return pieces
 
 
@@ -186,5 +195,5 @@ def params_active(spec: ModelSpec, M: ModelSymbols) -> sp.Expr:
     """Parameters a token passes through: routed experts count k of E."""
     n = params_total(spec, M)
     if spec.is_moe:
-        n -= layer_count(spec, M, "moe") * (M.E - M.k) * 3 * M.h * M.fe
+        n -= layer_count(spec, M, "moe") * (M.E - M.k) * expert_params(spec, M, M.fe)
     return sp.expand(n)

@@ -50,26 +50,18 @@ def static_terms(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, ex
     layer export for one layer."""
     shard = _sharding(view, eng, dense, expert, emb)
     weight_b, master_b, grad_b = G.weight_bytes(view, eng), G.master_bytes(view, eng), G.grad_bytes(view, eng)
-    if eng.grads_shard_tp_only:
-        # accumulated gradients take the shape of each parameter's model-parallel slice: the
-        # layers' TP slice, and the input embedding's (tp*cp) slice when it is not ZeRO-sharded
-        grads = dense + expert - (0 if eng.embedding_zero_sharded else emb * (1 - 1 / S.cp))
-    else:
-        grads = shard(eng.grads_sharded_from)
-    if not eng.grads_without_accumulation:
-        # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
-        grads = grads * Min(pp_expr(spec, view) + S.m - 2, 1)
     off = 0 if view.offload_optimizer else 1
     scope = "one device of this stage"
     cache = fp8_weight_cache_terms(view, eng, dense - vocab[0] + expert)
+    grads_on = 0 if _grads_offloaded(view, eng) else 1
     return cache + [
         Term(key="mem.weights", expr=device_weights(view, eng, dense, expert, emb, vocab), unit="bytes",
              source=f"{weight_b} bytes/param ({eng.name}: {eng.sources['states']}); {_SRC_STATES}"
                     + _weights_source(view, eng), note=scope + (" (offloaded to host)" if _offloaded(view, eng) else "")),
-        Term(key="mem.grads", expr=(grad_b + eng.lp_grad_bytes) * grads, unit="bytes",
+        Term(key="mem.grads", expr=grads_on * gradient_bytes(spec, view, eng, dense, expert, emb), unit="bytes",
              source=f"{grad_b} bytes/param gradients" + (f" and {eng.lp_grad_bytes} bytes/param 16-bit .grad "
                     "beside them (EngineProfile.lp_grad_bytes)" if eng.lp_grad_bytes else "") + f"; {_SRC_STATES}",
-             note=scope),
+             note=scope + (" (offloaded to host)" if _grads_offloaded(view, eng) else "")),
         Term(key="mem.master", expr=off * master_b * shard(eng.master_sharded_from), unit="bytes",
              source=f"fp32 master weights, {master_b} bytes/param; {_SRC_STATES}",
              note=scope + (" (offloaded to host)" if view.offload_optimizer else "")),
@@ -99,6 +91,24 @@ def fp8_weight_cache_terms(view: Structure, eng: EngineProfile, layer_weights) -
 
 def _offloaded(view: Structure, eng: EngineProfile) -> bool:
     return eng.weights_offloaded and view.zero >= eng.weights_sharded_from
+
+
+def _grads_offloaded(view: Structure, eng: EngineProfile) -> bool:
+    return eng.grads_offloaded and view.zero >= eng.grads_sharded_from
+
+
+def gradient_bytes(spec: ModelSpec, view: Structure, eng: EngineProfile, dense, expert, emb=0) -> sp.Expr:
+    """Bytes of the kept gradients of one device (``mem.grads``, or host bytes when offloaded)."""
+    if eng.grads_shard_tp_only:
+        # accumulated gradients take the shape of each parameter's model-parallel slice: the
+        # layers' TP slice, and the input embedding's (tp*cp) slice when it is not ZeRO-sharded
+        grads = dense + expert - (0 if eng.embedding_zero_sharded else emb * (1 - 1 / S.cp))
+    else:
+        grads = _sharding(view, eng, dense, expert, emb)(eng.grads_sharded_from)
+    if not eng.grads_without_accumulation:
+        # no persistent gradient buffer without micro-batch accumulation (pp = 1 and m = 1)
+        grads = grads * Min(pp_expr(spec, view) + S.m - 2, 1)
+    return (G.grad_bytes(view, eng) + eng.lp_grad_bytes) * grads
 
 
 FP8_VOCAB_BYTES = DTYPE_BYTES["bf16"]
@@ -158,12 +168,14 @@ def _optimizer_source(eng: EngineProfile) -> str:
 
 def host_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stage) -> sp.Expr:
     """Host bytes per device: master + optimizer states with optimizer offload, the weight
-    partitions with ZeRO-3 parameter offload."""
+    partitions with ZeRO-3 parameter offload, the gradients with gradient offload."""
     view = structure(spec, view)
     eng = view.engine
     dense, expert, emb = stage_params(spec, M, view, stage)
     vocab = vocab_params(spec, M, view, stage)
     out = weight_partitions(view, eng, dense, expert, emb, vocab) if _offloaded(view, eng) else sp.Integer(0)
+    if _grads_offloaded(view, eng):
+        out += gradient_bytes(spec, view, eng, dense, expert, emb)
     if not view.offload_optimizer:
         return out
     # the states that left HBM: mem.master and mem.optimizer of static_terms, same sharding

@@ -121,11 +121,12 @@ projection, config_registry.py:314 ``filter_fqns=["lm_head"]``)."""
 def fp8_capable(spec: ModelSpec, M: ModelSymbols, kind: str, eng: EngineProfile, weight_dtype: str,
                 gemms: list) -> list:
     """The GEMMs of one layer that fp8 GEMMs (``fp8_gemm``) run in fp8: every one but the
-    SIXTEEN_BIT_GEMMS under Transformer Engine; with ``fp8_linears_only`` and fp8 weights
-    (torchtitan's float8) those of the linears params.float8_linear_pieces swaps (``mlp`` covers
-    mlp.up and mlp.down). Without fp8 the peaks are equal and the choice changes nothing."""
+    SIXTEEN_BIT_GEMMS under Transformer Engine; with ``fp8_linears_only`` and fp8 weights or
+    ``fp8_gemm_compute`` (torchtitan's float8 converter) those of the linears
+    params.float8_linear_pieces swaps (``mlp`` covers mlp.up and mlp.down; not the routed
+    experts' GroupedExperts). Without fp8 the peaks are equal and the choice changes nothing."""
     gemms = [g for g in gemms if g.name not in SIXTEEN_BIT_GEMMS]
-    if not (eng.fp8_linears_only and weight_dtype == "fp8"):
+    if not (eng.fp8_linears_only and (weight_dtype == "fp8" or eng.fp8_gemm_compute)):
         return gemms
     swapped = [p.name for p in P.float8_linear_pieces(spec, M, kind)]
     return [g for g in gemms if any(g.name == p or g.name.startswith(p + ".") for p in swapped)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +108,12 @@ def int_arg(args, name: str, flag: str, default=None, lo: int = 1, most: int | N
     try:
         n = int(v)
     except ValueError:
+        made = re.search(r"\$\(runtime:(\w+)\)", str(v))  # interop.shell RUNTIME_VALUE, COMMAND_VALUE
+        if made:
+            what = "the output of a command, $( )" if made.group(1) == "command" else f"${made.group(1)} of a loop or read"
+            raise NdplanError(flag, v, f"set when the script runs ({what})",
+                              "write the value you launch with in the script, or give it on ndplan's command "
+                              "line where it has an option") from None
         raise NdplanError(flag, v, "not an integer", "set the variable it uses in the script, or write the number") from None
     if lo == 0 and n == 0:
         return 0

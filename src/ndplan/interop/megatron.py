@@ -38,6 +38,7 @@ otherwise ``-m MODEL``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -59,7 +60,16 @@ MEMORY_FLAGS = {"sharding": "--data-parallel-sharding-strategy", "fsdp_main_grad
                 "fp8_amax_algo": "--fp8-amax-compute-algo"} | MX.FLAGS | MF.FLAGS
 """Flags with a value that change memory and are not parallel degrees (argparse dest -> flag);
 the amax flags are read into the fp8 note (their per-tensor history is not modelled)."""
-MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16"} | MX.SWITCHES | MF.SWITCHES
+MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16",
+                   "grads_fp32": "--accumulate-allreduce-grads-in-fp32",
+                   "moe_layer_recompute": "--moe-layer-recompute"} | MX.SWITCHES | MF.SWITCHES
+MULTIMODAL_FLAGS = {"decoder_seq": "--decoder-seq-length", "vision_model": "--vision-model-type",
+                    "encoder_seq": "--encoder-seq-length", "img_h": "--img-h"}
+MULTIMODAL_SWITCHES = {"freeze_lm": "--freeze-LM", "freeze_vit": "--freeze-ViT"}
+HYBRID_FLAGS = {"hybrid_pattern": "--hybrid-layer-pattern", "hybrid_override": "--hybrid-override-pattern"}
+"""A hybrid (Mamba) model's layer pattern; --hybrid-override-pattern is its deprecated name
+(arguments.py:743-755 at d98e8a64). Its layers are not modelled: refused in one line."""
+"""Megatron-LM's multimodal (LLaVA) launch (examples/multimodal/train.py; NVIDIA/Megatron-LM@d98e8a64)."""
 """(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
 FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
@@ -85,7 +95,10 @@ class _Parser(argparse.ArgumentParser):
         raise NdplanError("FILE", "Megatron-LM arguments", message, "give every flag its value")
 
 
+@functools.cache
 def parser() -> argparse.ArgumentParser:
+    """One parser (argparse's parse_known_args leaves it unchanged; ``check`` reads a script
+    again for every edit it tries)."""
     p = _Parser(allow_abbrev=False, add_help=False)
     for name, flag in FLAG.items():
         if name in SWITCHES:
@@ -99,8 +112,10 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(flag, dest=name, action="store_true")
     for name, flag in MEMORY_FLAGS.items():
         p.add_argument(flag, dest=name, type=str)
-    for name, flag in MEMORY_SWITCHES.items():
+    for name, flag in (MEMORY_SWITCHES | MULTIMODAL_SWITCHES).items():
         p.add_argument(flag, dest=name, action="store_true")
+    for name, flag in (MULTIMODAL_FLAGS | HYBRID_FLAGS).items():
+        p.add_argument(flag, dest=name, type=str)
     p.add_argument("--recompute-modules", dest="recompute_modules", nargs="+")
     MDS.add_arguments(p)
     for name, flags in LAUNCHER.items():
@@ -117,7 +132,7 @@ def words(text: str, environ: dict | None = None) -> list[tuple[str, int]]:
 
 def locate(text: str) -> dict[str, int]:
     """Known flag -> 0-based line of its last occurrence."""
-    known = set(FLAG.values()) | set(MODEL_FLAGS.values()) | set(MODEL_SWITCHES.values())
+    known = set(FLAG.values()) | set(MODEL_FLAGS.values()) | set(MODEL_SWITCHES.values()) | set(MULTIMODAL_FLAGS.values())
     out = {}
     for w, i in words(text):
         flag = w.split("=", 1)[0]
@@ -165,6 +180,43 @@ def _layers(args, L: int, pp: int, vpp: int):
     return layers_per_stage(L, pp, vpp, default_schedule(vpp), first, last)
 
 
+def _hybrid(args) -> None:
+    for name, flag in HYBRID_FLAGS.items():
+        pattern = getattr(args, name)
+        if pattern is not None:
+            raise NdplanError(flag, pattern[:40], "the layer pattern of a hybrid model (M Mamba, * attention, - MLP, "
+                              "E MoE; it also sets the layer count), which ndplan does not model",
+                              "check a transformer launch; Mamba and hybrid layers are not estimated")
+
+
+def _script_mtp(spec, mtp: int | None, notes: list):
+    """The model as the script builds it: Megatron-LM adds MTP layers only with --mtp-num-layers
+    (default None: none, arguments.py _add_mtp_args), whatever the -m model's config has."""
+    if (mtp or 0) == spec.mtp_layers:
+        return spec
+    import dataclasses
+    n = mtp or 0
+    notes.append(f"{spec.name}'s {spec.mtp_layers} MTP layer(s) replaced by the script's {FLAG['mtp_layers']} {n}"
+                 + ("" if mtp is not None else " (not given: Megatron-LM builds none)"))
+    return dataclasses.replace(spec, mtp_layers=n)
+
+
+def _moe_layer_recompute(args, notes: list) -> None:
+    """--moe-layer-recompute, as TransformerConfig takes it (transformer_config.py:2014-2027 at
+    d98e8a64): refused with full granularity, else selective with "moe" added to the modules
+    (default core_attn)."""
+    if not args.moe_layer_recompute:
+        return
+    flag = MEMORY_SWITCHES["moe_layer_recompute"]
+    if args.recompute_granularity == "full":
+        raise NdplanError(flag, True, "Megatron-LM refuses it with --recompute-granularity full "
+                          "(transformer_config.py:2019-2022)", "drop one of them")
+    args.recompute_granularity = "selective"
+    mods = list(args.recompute_modules or ["core_attn"])
+    args.recompute_modules = mods + ([] if "moe" in mods else ["moe"])
+    notes.append(f"{flag}: selective recompute of {' '.join(args.recompute_modules)} (transformer_config.py:2014-2027)")
+
+
 def _recompute(args, notes: list) -> dict:
     gran = args.recompute_granularity or ("selective" if args.recompute_activations else None)
     if gran is None:
@@ -208,13 +260,18 @@ def _zero(args, max_connections: str | None = None) -> tuple[int, str]:
 
 def _grad_dtype(args, notes: list) -> tuple[str, str]:
     """(grad_dtype, why). Under --bf16 the main gradients are fp32 unless
-    --grad-reduce-in-bf16 (arguments.py:1213-1217; param_and_grad_buffer.py:924
+    --grad-reduce-in-bf16 (arguments.py:1213-1217; param_and_grad_buffer.py:924; under --fp16 they
+    are fp16 unless --accumulate-allreduce-grads-in-fp32, :1195-1219
     ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``); Megatron-FSDP's
     main gradients default to the parameters' dtype (--megatron-fsdp-main-grads-dtype
     auto: distributed_data_parallel_config.py:195-198)."""
     if args.fp16:
         notes.append("--fp16: fp16 weights and loss scaling; estimated with bf16 sizes (same bytes)")
     low = args.bf16 or args.fp16
+    if not low and not args.deepspeed:  # Megatron-DeepSpeed may set the precision in its DeepSpeed config
+        notes.append("neither --bf16 nor --fp16: Megatron-LM trains in fp32 (params_dtype float, arguments.py:1194 "
+                     "at d98e8a64); not modelled: estimated as bf16 training, which under-counts the weights, "
+                     "gradients and activations")
     if args.megatron_fsdp:
         d = args.fsdp_main_grads or "auto"
         if d not in FSDP_GRAD_DTYPES:
@@ -227,6 +284,9 @@ def _grad_dtype(args, notes: list) -> tuple[str, str]:
         return "bf16", FLAG["grad_bf16"]
     if low and args.precision_aware and args.main_grads_dtype == "bf16":
         return "bf16", "--main-grads-dtype bf16 with --use-precision-aware-optimizer (arguments.py:1204-1213)"
+    if args.fp16 and not args.grads_fp32:
+        return "bf16", ("--fp16: fp16 main gradients (the parameters' dtype; only --bf16 or "
+                        "--accumulate-allreduce-grads-in-fp32 makes them fp32, arguments.py:1195-1219)")
     return "fp32", "Megatron-LM default (fp32 main gradients)"
 
 
@@ -261,9 +321,41 @@ _FP8_RECIPE_NOTE = {
 
 
 def _moe_notes(args, spec, notes: list) -> None:
-    if spec.is_moe and not args.dispatcher:
+    if spec.is_moe and not args.dispatcher and not args.deepspeed:  # DeepSpeed's MoE: MDS.moe_note
         notes.append(f"{MEMORY_FLAGS['dispatcher']} not given: Megatron's default allgather (tokens gathered over "
                      "tp x ep; transformer_config.py:891-903)")
+
+
+def _sequence(args) -> int | None:
+    """--seq-length, else --encoder-seq-length, which Megatron-LM takes as it (arguments.py:1346-1351
+    at d98e8a64: it asserts the two are not both given)."""
+    enc = _int(args, "encoder_seq", MULTIMODAL_FLAGS["encoder_seq"])
+    if enc is not None and args.seq is not None:
+        raise NdplanError(MULTIMODAL_FLAGS["encoder_seq"], enc, f"Megatron-LM asserts it is not given with {FLAG['seq']} "
+                          "(arguments.py:1346-1351)", "give one of them")
+    return _int(args, "seq", FLAG["seq"]) if enc is None else enc
+
+
+def _multimodal(args, notes: list) -> int | None:
+    """A multimodal (LLaVA) launch: the language model's sequence, or None. examples/multimodal/
+    model.py sets --seq-length to the image embeddings (:48-70, the vision encoder's length) and
+    builds the language model at --decoder-seq-length (:81-87, 234); ``freeze`` sets
+    requires_grad False on the frozen parts (:276-279; llava_model.py:553-586)."""
+    seq = _int(args, "decoder_seq", MULTIMODAL_FLAGS["decoder_seq"])
+    if seq is not None and args.encoder_seq is not None:
+        raise NdplanError(MULTIMODAL_FLAGS["encoder_seq"], args.encoder_seq, "with --decoder-seq-length: an "
+                          "encoder-decoder (T5) launch (pretrain_t5.py), which ndplan does not model",
+                          "check a decoder-only launch")
+    frozen = [f for n, f in MULTIMODAL_SWITCHES.items() if getattr(args, n)]
+    if seq is None and not frozen and args.vision_model is None and args.img_h is None:  # --img-h: pretrain_vlm.py
+        return None
+    notes.append("multimodal (LLaVA) launch: the language model alone is estimated"
+                 + (f", at --decoder-seq-length {seq} tokens (--seq-length is the vision encoder's image "
+                    "embeddings, examples/multimodal/model.py:48-87)" if seq else "")
+                 + "; not modelled: the vision encoder and projection (weights, gradients, activations)"
+                 + (f", and {' '.join(frozen)} (frozen parameters hold no gradients or optimizer states, "
+                    "llava_model.py:553-586: those are over-counted)" if frozen else ""))
+    return seq
 
 
 def _expansions(ws, notes: list) -> None:
@@ -280,6 +372,10 @@ def _expansions(ws, notes: list) -> None:
         text = (val.text.split("=", 1)[-1] if val is w else val.text) if val is not None else ""
         why = [s for s in (val.sources if val is not None else ()) if "not evaluated" in s]
         if why and "$((" in val.text and flag not in MDS.NAME_FLAGS:
+            if re.search(r"\$\((?!\()", val.text.replace("$((", "")):  # a $( ) inside: a command's output
+                raise NdplanError(flag, text[:60] + ("..." if len(text) > 60 else ""),
+                                  "computed from a command the script runs ($( ... ), e.g. nvidia-smi or hostfile "
+                                  "counts), known only at run time", "write the number in the script")
             raise NdplanError(flag, text, why[0], "write the number, or use + - * / % ** on "
                               "integers and variables the script sets")
         for src in (val.sources if val is not None else ()):
@@ -324,9 +420,12 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         if name in ds:
             setattr(args, name, ds[name])
+    _hybrid(args)
+    _moe_layer_recompute(args, notes)
     tp = get("tp", 1)
     spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
                                  f"flags in {path.name}", _missing_model(args, path.name))
+    spec = _script_mtp(spec, get("mtp_layers", None, lo=0), notes)
     pp, cp = get("pp", 1), ds.get("cp", get("cp", 1))
     got = launcher.launched(ws)
     launched = got[0] * got[1] if got else None
@@ -351,7 +450,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         vpp = L // (pp * per_v)
     vpp = vpp or 1
     mbs = _int(args, "mbs", FLAG["mbs"], 1)
-    seq_ = seq if seq is not None else _int(args, "seq", FLAG["seq"])
+    decoder_seq = _multimodal(args, notes)
+    seq_ = seq if seq is not None else decoder_seq or _sequence(args)
     if seq_ is None:
         raise NdplanError(FLAG["seq"], None, f"missing in {path.name}; add it or give --seq")
     zero, zero_src = _zero(args, script.value("CUDA_DEVICE_MAX_CONNECTIONS", os.environ))
@@ -363,10 +463,13 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
               vpp=vpp, mbs=mbs, gbs=gbs or get("gbs", mbs * dp), seq=seq_, zero=zero, sp=bool(args.sp) or tp == 1,
               schedule=default_schedule(vpp), grad_dtype=grad_dtype, weight_dtype=_fp8(args, notes),
               offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp))
+    if "zero" in ds and moe:
+        MDS.check_experts(kw["dp"], kw["ep"])
     if not moe and (get("ep", 1) != 1 or args.experts):
         notes.append(f"{FLAG['ep']} / --num-experts ignored: {spec.name} has no experts")
     kw |= _recompute(args, notes)
-    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes, kw["ep"] * kw["etp"], zero)
+    kw["engine"] = MX.engine(args, moe, kw.get("recompute") == "selective", notes, kw["ep"] * kw["etp"], zero,
+                             deepspeed="zero" in ds)
     _moe_notes(args, spec, notes)
     from ndplan.strategy import Strategy
     strat = Strategy(**kw)
@@ -376,8 +479,14 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
            for f in ("tp", "pp", "cp", "mbs", "gbs", "seq", "sp")}
     org |= {"gpus": gsrc, "dp": "gpus / (tp*pp*cp)", "zero": zero_src, "grad_dtype": grad_src,
             "recompute": "--recompute-* flags"}
+    if tp == 1 and FLAG["sp"] not in loc:
+        org["sp"] = "tp 1 (sequence parallelism is a no-op; ndplan writes it on)"
     if seq is not None:
         org["seq"] = "--seq"
+    else:
+        flag = MULTIMODAL_FLAGS["decoder_seq" if decoder_seq else "encoder_seq"]
+        if decoder_seq or args.encoder_seq is not None and args.seq is None:
+            org["seq"] = f"line {loc[flag] + 1}: {flag}" if flag in loc else flag
     return CheckInput(path=path, fmt="megatron", text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=gpus, origin=org, lines={k: v + 1 for k, v in loc.items()},
                       unknown=tuple(dict.fromkeys(u for u in unknown if u.startswith("--") and not re.search(r"\s", u))),
@@ -387,6 +496,16 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
 # --------------------------------------------------------------------------- edits
 
 fields = X.fields
+
+
+def proposal_space(ci: CheckInput) -> dict:
+    """Dimensions a proposal keeps at the file's value: a Megatron-DeepSpeed script's ZeRO stage,
+    which its DeepSpeed config (or --zero-stage) sets and Megatron's flags do not edit, and its
+    expert degrees."""
+    if not ci.origin.get("zero", "").startswith(MDS.ZERO_SOURCES):
+        return {}
+    # its expert flags are DeepSpeed MoE's (--moe-expert-parallel-size), which the export does not write
+    return {"zero": [ci.strategy.zero], "ep": [ci.strategy.ep], "etp": [ci.strategy.etp]}
 
 
 def set_devices(text: str, devices: int) -> str | None:
@@ -469,19 +588,40 @@ def edit(text: str, changes: dict) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
+def _in_array(lines: list[str], i: int) -> bool:
+    """Is line ``i`` inside a bash array written over several lines (``NAME=(`` above it, its
+    ``)`` not yet)?"""
+    for k in range(i - 1, -1, -1):
+        code = shell.split_comment(lines[k])[0].strip()
+        if code.endswith(")") or code == ")":
+            return False
+        if re.fullmatch(r"(?:export\s+)?[A-Za-z_]\w*\+?=\(", code):
+            return True
+    return False
+
+
 _LAUNCHER = re.compile(r"(?:^|\s)(?:torchrun|python3?|srun|deepspeed|mpirun)\s|pretrain_\w+\.py")
 """A line that runs a command (its flags are arguments of that line, not of the next)."""
 
 
 def _add(lines: list[str], loc: dict, words_: str) -> None:
-    i = max(loc.values()) if loc else len(lines) - 1
+    """``words_`` after the last known flag that bash passes whatever the branches (not one inside
+    an if or case: NVIDIA's train_llama3_8b_h100_fp8.sh ends its arguments in a mock-data branch)."""
+    import warnings
+    with warnings.catch_warnings():  # the script's warnings were said when it was read
+        warnings.simplefilter("ignore")
+        cond = shell.read_script("\n".join(lines), os.environ).conditional
+    plain = [v for v in loc.values() if v not in cond]
+    i = max(plain or loc.values()) if loc else len(lines) - 1
     line, comment = shell.split_comment(lines[i].rstrip())
     tail = f"  {comment}" if comment else ""  # the words go before a trailing comment
     indent = re.match(r"\s*", line).group(0) or ("    " if "\\" in "".join(lines) else "")
     if shell.ASSIGN.match(line.strip()) and line.endswith(("'", '"')):  # ARGS="... --flag v"
         lines[i] = line[:-1] + f" {words_}" + line[-1] + tail
-    elif line.endswith(")"):  # last word of an array
+    elif line.endswith(")") and line.count(")") > line.count("("):  # last word of an array (not $((2*2048)))
         lines[i] = line[:-1].rstrip() + f" {words_} )" + tail
+    elif _in_array(lines, i) and not line.endswith("\\"):  # an element line of NAME=( ... ): a new element line
+        lines.insert(i + 1, f"{indent}{words_}")
     elif line.endswith("\\"):
         lines.insert(i + 1, f"{indent}{words_} \\")
     elif comment or (_LAUNCHER.search(line) and not any(x.rstrip().endswith("\\") for x in lines)):

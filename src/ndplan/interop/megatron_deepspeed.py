@@ -36,9 +36,12 @@ from ndplan.interop.base import int_arg
 
 SWITCHES = {"deepspeed": "--deepspeed", "checkpoint_activations": "--checkpoint-activations",
             "ds_activation_checkpointing": "--deepspeed-activation-checkpointing",
-            "zbh1": "--enable-zbh1-pipeline", "no_pipeline_parallel": "--no-pipeline-parallel"}
+            "zbh1": "--enable-zbh1-pipeline", "no_pipeline_parallel": "--no-pipeline-parallel",
+            "ds_etp": "--enable-expert-tensor-parallelism", "ds_no_drop": "--disable-moe-token-dropping"}
 FLAGS = {"zero_stage": "--zero-stage", "ds_config": "--deepspeed_config", "ds_sp": "--ds-sequence-parallel-size",
-         "checkpoint_num_layers": "--checkpoint-num-layers", "ds_ep": "--moe-expert-parallel-size", "ds_topk": "--topk"}
+         "checkpoint_num_layers": "--checkpoint-num-layers", "ds_ep": "--moe-expert-parallel-size", "ds_topk": "--topk",
+         "ds_interval": "--expert-interval", "ds_mlp_type": "--mlp-type", "ds_capacity": "--moe-train-capacity-factor",
+         "ds_min_capacity": "--moe-min-capacity"}
 NAME_FLAGS = ("--deepspeed_config", "--deepspeed-config")
 """Flags whose value is a file name: read when it can be, never required to be a number."""
 TOPK_DEFAULT = "1"
@@ -85,10 +88,22 @@ def _config_stage(args, heredocs: dict, folder: Path, notes: list) -> tuple[int 
     return stage, where
 
 
+EXPERT_INTERVAL_DEFAULT = 2
+"""``--expert-interval`` default (megatron/arguments.py:614): layer i (0-based) is MoE when
+(i + 1) % interval == 0 (model/transformer.py get_num_experts_per_layer, :1650-1658)."""
+CAPACITY_FACTOR_DEFAULT = 1.0
+"""``--moe-train-capacity-factor`` default (arguments.py:913)."""
+
+
 def experts(args) -> None:
     """``--num-experts`` as one count (arguments.py:608: nargs '+', one per expert layer group,
     default [1]: a dense model); under ``--deepspeed`` the expert flags are Megatron-DeepSpeed's:
-    ``--moe-expert-parallel-size`` is ep, ``--topk`` (default 1) the routed experts a token takes."""
+    ``--moe-expert-parallel-size`` is ep, ``--topk`` (default 1) the routed experts a token takes,
+    ``--expert-interval`` the MoE layers (as a --moe-layer-freq pattern), the experts are its
+    ParallelMLP(moe=True) (model/transformer.py:1064-1083: the dense MLP's width, gated only with
+    --swiglu), split over tp only with --enable-expert-tensor-parallelism (etp, else 1), and
+    ``--mlp-type residual`` adds a dense MLP beside them (Residual-MoE: a shared expert of the
+    dense width)."""
     v = getattr(args, "experts", None)
     if isinstance(v, list):
         if len(set(v)) > 1:
@@ -103,6 +118,65 @@ def experts(args) -> None:
         args.ep = args.ds_ep
     if getattr(args, "topk", None) is None:
         args.topk = args.ds_topk or TOPK_DEFAULT
+    if args.experts is None:
+        return
+    interval = _int(args, "ds_interval") or EXPERT_INTERVAL_DEFAULT
+    layers = int_arg(args, "layers", "--num-layers")
+    if layers and getattr(args, "moe_freq", None) is None:
+        args.moe_freq = "[" + ",".join("1" if (i + 1) % interval == 0 else "0" for i in range(layers)) + "]"
+    if getattr(args, "etp", None) is None:
+        args.etp = getattr(args, "tp", None) if args.ds_etp else "1"
+    kind = args.ds_mlp_type or "standard"
+    if kind not in ("standard", "residual"):
+        raise NdplanError(FLAGS["ds_mlp_type"], kind, "not a Megatron-DeepSpeed MLP type", "give standard or residual")
+    args.ds_residual = kind == "residual"  # megatron_model.model: a shared expert of the dense MLP's width
+
+
+def check_experts(dp: int, ep: int) -> None:
+    """DeepSpeed builds its expert groups inside the data-parallel ranks: ep divides dp
+    (deepspeed 0.19.8 utils/groups.py:634 ``_ensure_divisibility(dp_world_size, expert_parallel_size_)``)."""
+    if dp % ep:
+        raise NdplanError(FLAGS["ds_ep"], ep, f"does not divide the data-parallel size {dp} (DeepSpeed "
+                          "utils/groups.py:634)", "choose an expert-parallel size that divides dp")
+
+
+def moe_settings(args, is_moe: bool, notes: list) -> dict:
+    """The megatron engine's MoE settings for DeepSpeed's MoE layer: the all-to-all rows of
+    ``moe_note`` (moe_capacity_permille = the factor when tokens are dropped and padded)."""
+    if not is_moe:
+        return {}
+    notes.append(moe_note(args))
+    if args.ds_no_drop:
+        return {}
+    text = args.ds_capacity or str(CAPACITY_FACTOR_DEFAULT)
+    try:
+        cf = float(text)
+    except ValueError:
+        cf = float("nan")
+    if not cf > 0 or cf > 1000:
+        raise NdplanError(FLAGS["ds_capacity"], text, "not a capacity factor", "give a number above 0, e.g. 1.0")
+    permille = round(cf * 1000)
+    return {} if permille == 1000 else {"moe_capacity_permille": permille}
+
+
+def moe_note(args) -> str:
+    """What the estimate takes of DeepSpeed's MoE layer (deepspeed 0.19.8 moe/sharded_moe.py
+    top1gating/top2gating/topkgating: capacity = ceil(k x tokens / experts x factor), at least
+    --moe-min-capacity; every expert's slots padded to it and exchanged by all-to-all)."""
+    cf = args.ds_capacity or str(CAPACITY_FACTOR_DEFAULT)
+    tp_text = str(getattr(args, "tp", None) or "1")
+    if getattr(args, "ds_residual", False) and not args.ds_etp and tp_text.isdigit() and int(tp_text) > 1:
+        residual = (f"; the Residual-MoE MLP is ParallelMLP(moe=True), not split over tp without "
+                    f"--enable-expert-tensor-parallelism (model/transformer.py:98-141), counted split: "
+                    f"under-counted {tp_text}x")
+    else:
+        residual = ""
+    if args.ds_no_drop:
+        return ("Megatron-DeepSpeed MoE (DeepSpeed's gating) with --disable-moe-token-dropping: capacity is the "
+                "busiest expert's count, counted as balanced routing (tokens x top-k rows)" + residual)
+    return (f"Megatron-DeepSpeed MoE (DeepSpeed's gating, moe/sharded_moe.py): every expert padded to capacity "
+            f"ceil(top-k x tokens / experts x {cf}) (--moe-train-capacity-factor), at least "
+            f"{args.ds_min_capacity or 4}: counted as {cf} x tokens x top-k rows through an all-to-all" + residual)
 
 
 SED_STAGE = re.compile(r"^s(.)ZERO_STAGE\1(\d)\1g?$")
@@ -125,6 +199,10 @@ def recompute(args, notes: list) -> dict:
     notes.append(f"--checkpoint-activations: full recompute, {n} layer(s) a checkpoint "
                  "(model/transformer.py:2082-2088, 1888-1921)")
     return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": str(n)}
+
+
+ZERO_SOURCES = ("zero_optimization.stage", "--zero-stage", "the script's sed")
+"""How ``settings``' zero source starts (interop/megatron.proposal_space reads it)."""
 
 
 def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] = ()) -> dict:

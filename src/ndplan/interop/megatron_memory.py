@@ -264,12 +264,16 @@ def fp8_settings(args, zero: int, notes: list) -> dict:
     return {"fp8_linear_inputs": 1, "fp8_weight_cache_bytes": cache} | scales
 
 
-def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1, zero: int = 0) -> str:
+def engine(args, is_moe: bool, selective: bool, notes: list, ep_ranks: int = 1, zero: int = 0,
+           deepspeed: bool = False) -> str:
     """The megatron engine with all of the above (engines.derive; settings equal to the
-    profile's are left out)."""
+    profile's are left out); ``deepspeed``: a Megatron-DeepSpeed launch (its ZeRO is DeepSpeed's)."""
     from ndplan.engines import MEGATRON, derive
     from ndplan.interop import megatron_fsdp
-    settings = (optimizer_settings(args, notes) | recompute_settings(args, selective, notes)
-                | capacity_settings(args, is_moe, notes) | dispatcher_settings(args, is_moe, ep_ranks, notes)
-                | fp8_settings(args, zero, notes) | megatron_fsdp.settings(args, zero, notes))
+    from ndplan.interop import megatron_deepspeed as MDS
+    moe = (MDS.moe_settings(args, is_moe, notes) if deepspeed else
+           capacity_settings(args, is_moe, notes) | dispatcher_settings(args, is_moe, ep_ranks, notes))
+    settings = (optimizer_settings(args, notes) | recompute_settings(args, selective, notes) | moe
+                | fp8_settings(args, zero, notes) | megatron_fsdp.settings(args, zero, notes)
+                | {"megatron_deepspeed": deepspeed})
     return derive("megatron", {k: v for k, v in settings.items() if getattr(MEGATRON, k) != v})

@@ -188,7 +188,8 @@ def model(args, get, L: int | None, tp: int, name: str, notes: list):
     experts = get("experts", 0, lo=0)
     mla = bool(args.mla)
     qwen2 = bool(args.qkv_bias) and args.swiglu and not mla  # biases on q, k, v only (Qwen2)
-    cfg = {"model_type": "deepseek_v3" if mla else "mixtral" if experts else "qwen2" if qwen2 else
+    # experts are the MLP's kind: gated only with --swiglu (TransformerConfig.gated_linear_unit)
+    cfg = {"model_type": "deepseek_v3" if mla else "mixtral" if experts and args.swiglu else "qwen2" if qwen2 else
            "llama" if args.swiglu else "gpt",
            "hidden_size": h, "num_hidden_layers": L, "num_attention_heads": a, "intermediate_size": ffn,
            "vocab_size": V, "num_key_value_heads": get("groups", a) if args.gqa and not mla else a,
@@ -199,7 +200,8 @@ def model(args, get, L: int | None, tp: int, name: str, notes: list):
         pattern = moe_pattern(args.moe_freq or "1", L)
         cfg |= {"num_experts": experts, "num_experts_per_tok": get("topk", 2),
                 "moe_intermediate_size": get("moe_ffn", ffn),
-                "shared_expert_intermediate_size": get("shared_ffn", 0, lo=0),
+                "shared_expert_intermediate_size": get("shared_ffn", 0, lo=0)
+                or (ffn if getattr(args, "ds_residual", False) else 0),  # Megatron-DeepSpeed --mlp-type residual
                 "mlp_only_layers": [i for i, x in enumerate(pattern) if not x]}
     if mla:
         d = {k: get(k, MLA_DEFAULTS[k], lo=0) for k in MLA_DEFAULTS}

@@ -67,7 +67,7 @@ from ndplan.export import mindformers as X
 from ndplan.interop import hccl
 from ndplan.interop.base import CheckInput, make_strategy, positive, resolve_model
 from ndplan.interop.textedit import yaml_edit, yaml_locate
-from ndplan.interop.mindformers_model import MC, MOE, _mtp_depth, get, is_mcore, model_config, model_of
+from ndplan.interop.mindformers_model import MC, MOE, _mtp_depth, get, is_mcore, missing_keys, model_config, model_of
 from ndplan.layouts import virtual_stage
 from ndplan.points import default_schedule
 from ndplan.units import GIB
@@ -263,6 +263,16 @@ def _experts(doc: dict, spec, tp: int, notes: list) -> dict:
     return {"ep": ep, "etp": etp}
 
 
+def _file_model(doc: dict, name: str, model):
+    """The yaml's own architecture; with -m, one the yaml cannot define is no error (-m replaces it)."""
+    try:
+        return model_of(doc, name, name)
+    except NdplanError:
+        if model is None:
+            raise
+        return None
+
+
 def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int | None = None,
              gbs: int | None = None) -> tuple:
     """(model, model origin, strategy kwargs, notes) of a parsed MindFormers yaml."""
@@ -270,9 +280,8 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
         raise NdplanError("parallel_config", None, f"{name} has no parallel_config mapping",
                           "give a MindFormers training yaml, or --format for another framework")
     notes: list[str] = []
-    spec, origin = resolve_model(model, model_of(doc, name, name), f"{MC} in {name}",
-                                 f"{name} has no complete {MC} (hidden_size, num_layers, num_heads, "
-                                 "vocab_size)")
+    spec, origin = resolve_model(model, _file_model(doc, name, model), f"{MC} in {name}",
+                                 f"{name} has no complete {MC} (lacks {', '.join(missing_keys(doc)) or 'none'})")
     if (get(doc, KEY["ep"], 1) or 1) != 1 and not spec.is_moe:
         raise NdplanError(KEY["ep"], get(doc, KEY["ep"]), "expert parallelism on a dense model", "set 1")
     dp, tp, pp = (positive(KEY[k], get(doc, KEY[k], 1), name) for k in ("dp", "tp", "pp"))
@@ -316,7 +325,8 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
                      "sharded over data_parallel); the format has no ZeRO-2/3 level, so zero 2 or 3 reads back as 1")
     kw["offload_optimizer"] = MFM.MFO.swap(doc, notes)
     kw["engine"] = MFM.engine(doc, spec, dp=dp, cp=cp, zero=kw["zero"], mcore=is_mcore(doc), notes=notes,
-                              weight_bytes=4 if kw["weight_dtype"] == "fp32" else 2)
+                              weight_bytes=4 if kw["weight_dtype"] == "fp32" else 2,
+                              moe_tp_without_sp=spec.is_moe and not is_mcore(doc) and tp > 1 and not kw["sp"])
     return spec, origin, kw, notes
 
 
@@ -361,7 +371,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     loc = {k: v[0] + 1 for k, v in yaml_locate(text).items()}
     where = {f: KEY[f] for f in ("dp", "tp", "pp", "cp", "mbs", "seq", "vpp", "sp", "zero")}
     origin_ = {f: (f"line {loc[k]}: {k}" if k in loc else f"default ({k} absent)") for f, k in where.items()}
-    origin_["m"] = f"line {loc.get(KEY['m'] if strat.pp > 1 else KEY['grad_accum'], '?')}: micro-batches"
+    m_key = KEY["m"] if strat.pp > 1 else KEY["grad_accum"]
+    origin_["m"] = f"line {loc[m_key]}: {m_key}" if m_key in loc else f"default 1 ({m_key} absent)"
     origin_["recompute"] = ", ".join(f"line {loc[KEY[k]]}: {KEY[k]}" for k in ("full", "selective") if KEY[k] in loc)
     origin_["gpus"] = "dp*tp*pp*cp of the yaml"
     if seq is not None:
@@ -373,7 +384,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     return CheckInput(path=path, fmt="mindformers", text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=world, origin=origin_, lines={k: v for k, v in loc.items()}, notes=tuple(notes),
                       mem_limit_bytes=limit,
-                      mem_limit_origin=f"line {loc.get(KEY['max_device_memory'], '?')}: context.max_device_memory"
+                      mem_limit_origin=(f"line {loc[KEY['max_device_memory']]}: " if KEY["max_device_memory"] in loc
+                                        else "") + "context.max_device_memory"
                       if limit else None)
 
 

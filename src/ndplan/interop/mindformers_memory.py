@@ -127,11 +127,19 @@ def grad_shard_note(doc: dict, notes: list) -> None:
                      "counted whole (not modelled)")
 
 
-def engine(doc: dict, spec, *, dp: int, cp: int, zero: int, weight_bytes: int, mcore: bool, notes: list) -> str:
-    """The mindspore engine with the settings above (settings equal to the profile's left out)."""
+def engine(doc: dict, spec, *, dp: int, cp: int, zero: int, weight_bytes: int, mcore: bool, notes: list,
+           moe_tp_without_sp: bool = False) -> str:
+    """The mindspore engine with the settings above (settings equal to the profile's left out);
+    ``moe_tp_without_sp``: a legacy moe_config recipe with tp > 1 and no sequence parallelism,
+    which MindFormers runs up to 1.5.0 and refuses from 1.6.0 (engine_fields.py)."""
     from ndplan.engines import MINDSPORE, derive
+    if moe_tp_without_sp:
+        notes.append("MoE with model_parallel > 1 and use_seq_parallel off: estimated as MindFormers <= 1.5.0 runs "
+                     "it (the legacy MoE's non-SP path); MindFormers >= 1.6.0 refuses it (tools/check_rules.py "
+                     "_check_moe_parallel_valid): there, set use_seq_parallel: True")
     settings = (optimizer_settings(doc, spec, weight_bytes, mcore=mcore, dp=dp, zero=zero, notes=notes)
-                | shard_settings(doc, dp, cp, zero, notes) | capacity_settings(doc, spec, mcore, notes))
+                | shard_settings(doc, dp, cp, zero, notes) | capacity_settings(doc, spec, mcore, notes)
+                | {"moe_tp_without_sp": moe_tp_without_sp})
     grad_shard_note(doc, notes)
     return derive("mindspore", {k: v for k, v in settings.items() if getattr(MINDSPORE, k) != v})
 

@@ -5,6 +5,8 @@ reads the parallel layout)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ndplan.catalog.model import model_from_config
 from ndplan.errors import NdplanError
 from ndplan.interop.base import positive
@@ -52,11 +54,27 @@ def is_mcore(doc: dict) -> bool:
     return doc.get("use_legacy") is False or ("num_hidden_layers" in mc and "num_layers" not in mc)
 
 
+MCORE_NEEDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+LEGACY_NEEDS = ("hidden_size", "num_layers", "num_heads", "vocab_size")
+
+
+def missing_keys(doc: dict) -> list[str]:
+    """The model_config keys the architecture needs that the yaml does not give."""
+    mc = get(doc, MC, {})
+    mc = mc if isinstance(mc, dict) else {}
+    return [k for k in (MCORE_NEEDS if is_mcore(doc) else LEGACY_NEEDS) if mc.get(k) is None]
+
+
 def _mcore_model(mc: dict, name: str):
     """An mcore model_config holds HF config.json keys (model_type, num_hidden_layers, ...)."""
-    if any(mc.get(k) is None for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")):
+    if any(mc.get(k) is None for k in MCORE_NEEDS):
         return None
     cfg = {MCORE_ALIASES.get(k, k): v for k, v in mc.items()}
+    experts = next((cfg[k] for k in ("num_experts", "n_routed_experts", "num_local_experts") if cfg.get(k)), 0)
+    if experts and cfg.get("num_experts_per_tok") is None:
+        raise NdplanError(f"{MC}.num_experts_per_tok", None, f"not given for {experts} experts: MindFormers takes the "
+                          "config class's default (e.g. DeepseekV3Config 8, models/deepseek3/configuration_deepseek_v3.py"
+                          ":179 at v1.7.0), which ndplan does not read", "write num_experts_per_tok in model_config")
     cfg.setdefault("model_type", "llama")
     if "untie_embeddings_and_output_weights" in mc and "tie_word_embeddings" not in mc:
         cfg["tie_word_embeddings"] = not mc["untie_embeddings_and_output_weights"]
@@ -124,8 +142,7 @@ def model_of(doc: dict, name: str, where: str):
         return None
     if is_mcore(doc):
         return _mcore_model(mc, name)
-    need = ("hidden_size", "num_layers", "num_heads", "vocab_size")
-    if any(mc.get(k) is None for k in need):
+    if any(mc.get(k) is None for k in LEGACY_NEEDS):
         return None
     h = positive(f"{MC}.hidden_size", mc["hidden_size"], where)
     a = positive(f"{MC}.num_heads", mc["num_heads"], where)

@@ -22,10 +22,12 @@ bash's rules kept (tests/test_check.py holds the words to what bash itself passe
   (interop.shell_test) reads only the branch bash runs, and the condition, with the
   environment values or defaults it used, is a note; any other condition (file tests,
   commands, values made at run time) reads every branch, with a warning when they hold flags;
+* ``case WORD in pattern) ... ;; esac``: with WORD known here, only the first branch whose
+  glob pattern matches (quoted patterns literally) is read, as bash runs it; else every branch;
 * a variable that holds flags (``ARGS=(--a 1)``, ``OPTS="--b 2"``) passes them from the lines
   they are written on (edits go there); one that holds a value passes it where it is used.
 
-Not run: ``case``/loops (their bodies are read once; a loop's variable, like ``read``'s and
+Not read: a ``source``d file (a warning). Not run: loops (their bodies are read once; a loop's variable, like ``read``'s and
 ``$( )``'s values, is known only at run time), functions and ``$( )`` command substitution; ``$(( ))`` that ndplan cannot evaluate stays as written, with a note on the
 word; the script is read top to bottom, so a variable assigned twice takes its last value,
 with a warning.
@@ -39,17 +41,19 @@ import warnings
 from dataclasses import dataclass
 
 from ndplan.errors import warn
-from ndplan.interop.shell_lex import heredoc_at, heredoc_target, logical_lines, split_comment, statements
+from ndplan.interop.shell_lex import CASE_END, CASE_ENDS, heredoc_at, heredoc_target, logical_lines, split_comment, statements
 from ndplan.interop.shell_test import decide
-from ndplan.interop.shell_vars import FLAG_WORD, VAR, Word, _arith, _Env, _expand, _substitute, _Var
+from ndplan.interop.shell_vars import FLAG_WORD, VAR, Word, _arith, _Env, _expand, _substitute, _Var, paren_end
 
 __all__ = ["Word", "Script", "read_script", "read_words", "split_comment", "statements"]
 
 ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
-KEYWORDS = ("export", "then", "else", "fi", "do", "done", "if", "unset")
+KEYWORDS = ("export", "then", "else", "fi", "do", "done", "if", "unset", "esac")
 LEADING = ("then", "do", "else", "{")
 """Words after which a statement starts again (``then if ...``, ``do if ...``)."""
-RUNTIME_VALUE = "$(runtime {})"
+NO_ARGUMENTS = "0"
+"""``$#`` in a ``while`` condition: the script is read as run without arguments."""
+RUNTIME_VALUE = "$(runtime:{})"
 """The value of a variable only the running script knows (a loop's, ``read``'s)."""
 
 
@@ -71,6 +75,15 @@ class _Block:
         """Flags passed inside this block (decisions and warnings name only blocks that hold some)."""
         self.used: list[str] = []
         """The values its conditions used (environment, defaults, unset)."""
+        self.case: str | None = None
+        """A ``case`` block's word as bash expands it (None: an ``if``, or a word not known here)."""
+        self.is_case = False
+        self.fall = False
+        """A case branch ended by ``;&`` ran: the next one runs without testing its pattern."""
+        self.is_loop = False
+        """A ``while``/``until``/``for`` body (closed by ``done``)."""
+        self.expect = False
+        """A ``case`` block before a pattern (after ``in`` or ``;;``)."""
 
 
 class _Reader:
@@ -91,6 +104,8 @@ class _Reader:
         """Open ``do ... done`` bodies (read once; what they assign is known only at run time)."""
         self.uncertain: set[str] = set()
         """Names assigned inside a loop or a branch not decided: a condition on them is not decided."""
+        self.conditional: set[int] = set()
+        """Lines of words passed inside an if, case or loop (an edit adds flags elsewhere)."""
 
     @property
     def reading(self) -> bool:
@@ -135,10 +150,11 @@ class _Reader:
         if not b.flags or not b.outer:
             return
         if b.undecided:
+            what = "case" if b.is_case else "loop" if b.is_loop else "if"
             warn(*b.opened, "a condition ndplan does not decide (a file test, a command, a value made at run time "
-                 "or a form it does not read): the flags of every branch of this if are read",
+                 f"or a form it does not read): the flags of every branch of this {what} are read",
                  "set the variables it tests, or edit the script to the branch you launch")
-        else:
+        elif b.why:
             self.decisions.append(b.why)
 
     def _branch(self, b: _Block, text: str, i: int) -> None:
@@ -159,10 +175,85 @@ class _Reader:
         b.used = list(dict.fromkeys(b.used + used))
         b.why = f"line {i + 1}: {'' if r else 'not '}{text.strip()[:60]}" + (f" ({'; '.join(used)})" if used else "")
 
+    # ----------------------------------------------------------------- loops
+
+    def loop_open(self, kind: str, text: str, i: int) -> None:
+        """``while COND`` / ``until COND`` / ``for``: a body bash never enters (a ``while`` whose
+        condition is false on the values known here, as ``[[ $# -gt 0 ]]`` of an argument-parsing
+        loop with no arguments) is skipped; any other is read once (module docstring)."""
+        b = _Block(self.reading, i)
+        b.is_loop, b.active = True, self.reading
+        self.blocks.append(b)
+        if kind not in ("while", "until") or not self.reading:
+            return
+        cond = text.strip().split(None, 1)[1] if " " in text.strip() else ""
+        known = not any((m.group(1) or m.group(4)) in self.uncertain for m in VAR.finditer(cond))
+        r, used = (None, []) if not known else decide(
+            cond.replace("${#}", NO_ARGUMENTS).replace("$#", NO_ARGUMENTS),
+            lambda w, src: _expand(w, self.env, i, src))
+        if r is None:
+            return
+        enters = r if kind == "while" else not r
+        b.active = enters
+        b.why = (f"line {i + 1}: {'' if enters else 'never enters '}{text.strip()[:60]}"
+                 + (" (the script read as run without arguments)" if "$#" in cond or "${#}" in cond else "")
+                 + (f" ({'; '.join(dict.fromkeys(used))})" if used else ""))
+
+    def loop_close(self) -> bool:
+        """``done``: the innermost loop closed; True when its body was skipped."""
+        b = self.blocks.pop()
+        self._close(b)
+        return not b.active and b.outer
+
+    # ----------------------------------------------------------------- case / esac
+
+    def case_open(self, word: str, text: str, i: int) -> None:
+        """``case WORD in``: decided when WORD's value is known here (not made at run time)."""
+        b = _Block(self.reading, i)
+        b.is_case, b.expect = True, True
+        self.blocks.append(b)
+        known = not any((m.group(1) or m.group(4)) in self.uncertain for m in VAR.finditer(word))
+        used: list[str] = []
+        unset = [n for m in VAR.finditer(word) if self.env.lookup(n := m.group(1) or m.group(4)) is None
+                 and m.group(2) is None]
+        value = _substitute(_arith(word, self.env, i, used), self.env, i, used, unset_empty=True)  # as bash gives them
+        used += [f"{n} unset" for n in unset]
+        if not known or "$" in value or "`" in value:  # run time, or a form not expanded here (${X,,})
+            b.undecided, b.opened = True, (f"line {i + 1}", text.strip()[:60])
+        else:
+            b.case, b.used = value, list(dict.fromkeys(used))
+
+    def case_branch(self, stmt: str, i: int) -> str:
+        """A ``pattern)`` of the open case block: its branch read when bash would run it (the first
+        pattern that matches, by glob; a quoted pattern literally). Returns the statement after ``)``."""
+        b = self.blocks[-1]
+        b.expect = False
+        close = _pattern_end(stmt)
+        head, rest = stmt[:close].strip(), stmt[close + 1:]
+        head = head[1:] if head.startswith("(") else head
+        pats = [_expand(p.strip(), self.env, i, []) for p in _alternatives(head)]
+        if not b.undecided and not b.taken and any("$" in p or "`" in p for p in pats):
+            b.undecided, b.opened = True, (f"line {i + 1}", head[:60])  # a pattern not known here
+        if b.undecided:
+            b.active = b.outer
+            return rest
+        if b.fall:
+            b.fall = False
+            b.active = b.outer
+            return rest
+        hit = any(_glob(p, b.case) for p in pats)
+        b.active = b.outer and hit and not b.taken
+        if b.active:
+            b.taken = True
+            b.why = f"line {b.line + 1}: case {b.case!r} -> {head}" + (f" ({'; '.join(b.used)})" if b.used else "")
+        return rest
+
     # ----------------------------------------------------------------- words
 
     def emit(self, word: Word) -> None:
         self.out.append(word)
+        if self.blocks:
+            self.conditional.add(word.line)
         if word.text.startswith("--"):
             for b in self.blocks:
                 b.flags += 1
@@ -230,7 +321,7 @@ class _Reader:
                 and (not self.blocks or self.blocks[-1].undecided):
             self.reassigned.add(name)
             warn(name, new, f"assigned again on line {i + 1} (first on line {old.line + 1}); "
-                 "ndplan reads this part without deciding it (a loop, or an if it cannot decide), so the last "
+                 "ndplan reads this part without deciding it (a loop, or an if or case it cannot decide), so the last "
                  "value counts", "check that it is the one your launch uses")
         self._replace(name, _Var(new, i, tuple(all_src), emitted=tuple(own)), append)
 
@@ -290,7 +381,7 @@ class _Reader:
 
     def statement(self, stmt: str, i: int) -> None:
         src: list[str] = []
-        stmt = _arith(stmt, self.env, i, src)  # before splitting: $(( 16 * N )) holds spaces
+        stmt = _arith(_commands(stmt), self.env, i, src)  # before splitting: $(( 16 * N )) holds spaces
         if any(c in stmt for c in "'\"\\#"):
             try:
                 toks = shlex.split(stmt)  # statements() cut the comments: a # inside a word stays
@@ -298,8 +389,36 @@ class _Reader:
                 toks = stmt.split()
         else:  # nothing to unquote: bash's word splitting is str.split's
             toks = stmt.split()
+        if stmt.strip() in CASE_ENDS and self.blocks and self.blocks[-1].is_case:
+            b = self.blocks[-1]
+            b.expect = True
+            b.fall = stmt.strip() == ";&" and b.active  # ;& runs the next branch's body as well
+            if stmt.strip() == ";;&":  # ;;& tests the later patterns too
+                b.taken = not b.outer
+            return
+        if toks and self.array is None and self.blocks and self.blocks[-1].is_case and self.blocks[-1].expect \
+                and toks[0] != "esac":
+            self.statement(self.case_branch(stmt, i), i)
+            return
         if toks and self.array is None:
             lead = [t for t in toks if t not in LEADING or t == "else"]
+            if lead and lead[0] in ("while", "until", "for", "select"):
+                self.loop_open(lead[0], stmt.strip()[stmt.strip().index(lead[0]):], i)
+                if lead[0] in ("for", "select") and self.reading:
+                    self.runtime(lead, i)
+                return
+            if lead and lead[0] == "done" and self.blocks and self.blocks[-1].is_loop:
+                if self.loop_close():
+                    return  # its "do" was not counted either
+            if lead and lead[0] == "case" and len(lead) >= 3 and lead[2] == "in":
+                self.case_open(lead[1], stmt, i)
+                rest = re.match(r"\s*(?:(?:then|do|else|\{)\s+)*case\s+\S+\s+in\b(.*)$", stmt, re.S)
+                if rest and rest.group(1).strip():  # case $M in a) X=1;; ...: the first pattern on the line
+                    self.statement(rest.group(1), i)
+                return
+            if lead and lead[0] == "esac" and self.blocks and self.blocks[-1].is_case:
+                self._close(self.blocks.pop())
+                toks = lead[1:]
             if lead and lead[0] in ("if", "elif", "else", "fi"):
                 body = stmt.strip()
                 while body.split(None, 1)[0] in LEADING and body.split(None, 1)[0] != "else":
@@ -318,8 +437,13 @@ class _Reader:
                     self._drop(var.emitted)
                 self.env.unset.add(name)
             return
+        if toks[0] in ("source", ".") and len(toks) > 1 and self.array is None:
+            warn(f"line {i + 1}", f"{toks[0]} {toks[1]}", "is not read (ndplan reads this script alone): the variables "
+                 "and flags that file sets are missing here", "give them in the environment or on ndplan's command line, "
+                 "or check a script with the values written in")
+            return
         self.loops += toks.count("do") - toks.count("done")
-        if toks[0] in ("for", "select", "read") and self.array is None:
+        if toks[0] == "read" and self.array is None:
             self.runtime(toks, i)
             return
         for tok in toks:
@@ -353,7 +477,103 @@ class _Reader:
 
     def finish(self, lines: int) -> None:
         for b in self.blocks:
-            warn(f"line {b.line + 1}", "if", "has no fi (bash refuses the script)", "close it with fi")
+            what, end = ("case", "esac") if b.is_case else ("loop", "done") if b.is_loop else ("if", "fi")
+            warn(f"line {b.line + 1}", what, f"has no {end} (bash refuses the script)", f"close it with {end}")
+
+
+COMMAND_VALUE = "$(runtime:command)"
+"""What a command substitution gives here: its output exists only when the script runs."""
+
+
+def _commands(stmt: str) -> str:
+    """``$( ... )`` and backquoted commands (not ``$(( ))``, not inside single quotes) replaced by
+    COMMAND_VALUE: their options are the command's, not the launch's (N=$(nvidia-smi --query-gpu=...)),
+    and their output is known only at run time."""
+    if "$(" not in stmt and "`" not in stmt:
+        return stmt
+    out, k, quote = [], 0, None
+    while k < len(stmt):
+        ch = stmt[k]
+        if quote == "'":
+            quote = None if ch == "'" else quote
+        elif ch == "'" and quote is None:
+            quote = "'"
+        elif ch == '"':
+            quote = None if quote == '"' else '"'
+        elif ch == "`":
+            end = stmt.find("`", k + 1)
+            if end > k:
+                out.append(COMMAND_VALUE)
+                k = end + 1
+                continue
+        elif stmt.startswith("$(", k) and not stmt.startswith("$((", k):
+            out.append(COMMAND_VALUE)
+            k = paren_end(stmt, k)
+            continue
+        out.append(ch)
+        k += 1
+    return "".join(out)
+
+
+def _pattern_end(stmt: str) -> int:
+    """Index of the ``)`` that ends a case pattern (outside quotes), or len(stmt)."""
+    quote = None
+    for k, ch in enumerate(stmt):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ")":
+            return k
+    return len(stmt)
+
+
+def _alternatives(head: str) -> list[str]:
+    """``a|"b c"|*`` -> its patterns (the ``|`` outside quotes)."""
+    out, cur, quote = [], "", None
+    for ch in head:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "|":
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return out + [cur]
+
+
+def _glob(pattern: str, value: str) -> bool:
+    """bash's case match: a glob (``*``, ``?``, ``[...]`` with ``!`` or ``^`` negating); quoted parts
+    match literally."""
+    out, k, quote = [], 0, None
+    while k < len(pattern):
+        ch = pattern[k]
+        if quote:
+            if ch == quote:
+                quote = None
+            else:
+                out.append(re.escape(ch))
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "\\" and k + 1 < len(pattern):
+            k += 1
+            out.append(re.escape(pattern[k]))
+        elif ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[" and "]" in pattern[k + 2:]:
+            end = pattern.index("]", k + 2)
+            body = pattern[k + 1:end]
+            neg = body[:1] in ("!", "^")
+            out.append("[" + ("^" if neg else "") + re.escape(body[1:] if neg else body).replace("\\-", "-") + "]")
+            k = end
+        else:
+            out.append(re.escape(ch))
+        k += 1
+    return re.fullmatch("".join(out), value, re.S) is not None
 
 
 @dataclass(frozen=True)
@@ -367,6 +587,8 @@ class Script:
     """Names the script unsets."""
     decisions: tuple[str, ...] = ()
     """The ``if`` conditions ndplan decided whose branches held flags, with the values used."""
+    conditional: frozenset[int] = frozenset()
+    """0-based lines whose words are passed inside an ``if``, ``case`` or loop."""
 
     def value(self, name: str, environ: dict) -> str | None:
         """``name`` as the launched program sees it: the script's value, else the environment's
@@ -391,7 +613,7 @@ def read_script(text: str, environ: dict | None = None) -> Script:
     got, said = _READ[key]
     for message in said:  # a read from the cache says what the first read said
         warnings.warn(message, stacklevel=2)
-    return Script(list(got.words), dict(got.heredocs), dict(got.variables), got.unset, got.decisions)
+    return Script(list(got.words), dict(got.heredocs), dict(got.variables), got.unset, got.decisions, got.conditional)
 
 
 READ_CACHE = 64
@@ -407,7 +629,7 @@ def _read(text: str, environ: dict) -> Script:
             r.heredoc(joined, body, quoted, i)
     r.finish(len(lines))
     return Script(r.out, r.heredocs, {k: v.value for k, v in r.env.vars.items()}, frozenset(r.env.unset),
-                  tuple(dict.fromkeys(r.decisions)))
+                  tuple(dict.fromkeys(r.decisions)), frozenset(r.conditional))
 
 
 def read_words(text: str, environ: dict | None = None) -> list[Word]:

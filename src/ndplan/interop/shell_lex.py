@@ -72,16 +72,27 @@ def split_comment(line: str) -> tuple[str, str]:
 
 
 def statements(line: str) -> list[str]:
-    """A shell line split at ``;`` outside quotes (comments removed first)."""
+    """A shell line split at ``;`` outside quotes (comments removed first); ``;;`` (the end of a
+    ``case`` branch) is a statement of its own."""
     code, _ = split_comment(line)
     if ";" not in code:
         return [code]
     out, start = [], 0
     for k, ch, quote, _ in _scan(code):
-        if ch == ";" and quote is None:
+        if ch == ";" and quote is None and k >= start:
             out.append(code[start:k])
-            start = k + 1
+            end = next((e for e in (";;&", ";;", ";&") if code.startswith(e, k)), None)
+            if end:  # a case branch's end is a statement of its own
+                out.append(end)
+                start = k + len(end)
+            else:
+                start = k + 1
     return out + [code[start:]]
+
+
+CASE_END = ";;"
+CASE_ENDS = (";;", ";&", ";;&")
+"""A case branch's terminators: ``;;`` ends the case; ``;&`` falls through, ``;;&`` tests on."""
 
 
 def heredoc_at(code: str) -> re.Match | None:

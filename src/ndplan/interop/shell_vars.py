@@ -99,6 +99,17 @@ def _arith(text: str, env: _Env, line: int, sources: list) -> str:
         return _one_word(text)
 
 
+def paren_end(text: str, dollar: int) -> int:
+    """The index after the ``)`` that closes the ``$(`` (or ``$((``) at ``dollar`` (the end when none does)."""
+    depth, j = 0, dollar + 1
+    while j < len(text):
+        depth += {"(": 1, ")": -1}.get(text[j], 0)
+        j += 1
+        if depth == 0:
+            break
+    return j
+
+
 def _one_word(text: str) -> str:
     """``text`` with the blank space inside each ``$(( ))`` (and the ``$( )`` it holds) removed:
     an expression left as written stays one word."""
@@ -109,12 +120,7 @@ def _one_word(text: str) -> str:
             out.append(text[k:])
             break
         out.append(text[k:start])
-        depth, j = 0, start + 1
-        while j < len(text):
-            depth += {"(": 1, ")": -1}.get(text[j], 0)
-            j += 1
-            if depth == 0:
-                break
+        j = paren_end(text, start)
         out.append(re.sub(r"\s+", "", text[start:j]))
         k = j
     return "".join(out)

@@ -65,11 +65,26 @@ def _parse(path: Path, text: str) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise NdplanError("FILE", path.name, f"malformed TOML: {e}", "fix the syntax") from None
     if not any(k.startswith("parallelism.") for k in flat):
+        old = [k for k in flat if k.startswith(LEGACY_SECTIONS) and k.endswith(LEGACY_SUFFIXES)]
+        if old:
+            raise NdplanError("FILE", path.name, f"a torchtitan job config of the schema before v0.1.0 ({old[0]}: the "
+                              "degrees under [training] and [experimental]), which ndplan does not read",
+                              "move the *_degree and pipeline_parallel_* keys under [parallelism] (torchtitan >= "
+                              "v0.1.0 job_config.py), with pipeline_parallel_microbatch_size for the microbatches")
         raise NdplanError("FILE", path.name, "has no [parallelism] table",
                           "give a torchtitan job config, or --format for another framework")
     return flat
 
 
+LEGACY_SECTIONS = ("training.", "experimental.")
+LEGACY_SUFFIXES = ("_degree", "pipeline_parallel_schedule", "pipeline_parallel_split_points")
+"""Where torchtitan's config_manager.py kept the parallel degrees before [parallelism]
+(57387af0: --training.tensor_parallel_degree, --experimental.pipeline_parallel_degree, ...)."""
+
+
+FLOAT8_LINEAR_CONVERTERS = ("float8", "quantize.linear.float8")
+"""torchtitan's name of the float8 linear converter (2025; v0.2.x components/quantization/float8.py:238);
+quantize.grouped_mm.float8 (the MoE grouped GEMMs) is not one of them."""
 FLOAT8_ALL_GATHER_KEYS = ("float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.enable_fsdp_float8_all_gather")
 """Where torchtitan's job config kept the float8 all-gather switch (2025; late 2025 to 2026-04)."""
 
@@ -97,9 +112,12 @@ def _engine_settings(flat: dict, shard: int) -> dict[str, int]:
                           "at 0.2.2; 0.3.0 adds DistMuon)", f"give one of {', '.join(TITAN_OPTIMIZERS)}")
     settings |= TITAN_OPTIMIZERS[name]
     converters = _names(flat, "model.converters", [], '["float8"]')
-    if (any(c.endswith("float8") for c in converters) and shard > 1
-            and any(flat.get(k) for k in FLOAT8_ALL_GATHER_KEYS)):
-        settings["float8_all_gather"] = 1
+    if any(c in FLOAT8_LINEAR_CONVERTERS for c in converters):
+        settings["fp8_gemm_compute"] = 1  # torchao Float8Linear (engine_fields.py)
+        if shard > 1 and any(flat.get(k) for k in FLOAT8_ALL_GATHER_KEYS):
+            settings["float8_all_gather"] = 1
+    if flat.get(KEY["offload"]):  # FSDP2's CPUOffloadPolicy (engine_fields.py grads_offloaded)
+        settings |= X.OFFLOAD_SETTINGS
     return settings
 
 
@@ -273,7 +291,12 @@ def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=N
         raise NdplanError(KEY["ac_mode"], mode, "unknown activation checkpointing mode", "give none, selective or full")
     mode, rec_layers = _layer_sac(mode, str(flat.get(KEY["ac_option"], "op")), spec.num_hidden_layers, pp, vpp,
                                   schedule, lps, notes)
-    strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep"), etp=get("etp"), vpp=vpp, mbs=mbs, gbs=gbs_,
+    ep, etp = _experts(get, spec, tp, notes)
+    param_dtype = flat.get(KEY["param_dtype"], "bfloat16")
+    if param_dtype != "bfloat16":  # MixedPrecisionPolicy(param_dtype=...) (v0.2.2 job_config.py:282-288)
+        notes.append(f"{KEY['param_dtype']} {param_dtype}: FSDP gathers and computes in it; not modelled: "
+                     "estimated with bf16 gathered weights, activations and GEMMs")
+    strat = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs_,
                      seq=seq if seq is not None else positive(KEY["seq"], get("seq"), path.name), zero=zero, sp=True,
                      recompute=mode, recompute_layers=rec_layers, schedule=schedule, engine=derive("fsdp", (settings or {}) | _engine_settings(flat, shard)),
                      offload_optimizer=bool(get("offload")),
@@ -283,6 +306,17 @@ def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=N
                           given or {})
     return CheckInput(path=path, fmt=fmt, text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=gpus, origin=org, lines=lines, unknown=tuple(unknown), notes=tuple(notes))
+
+
+def _experts(get, spec, tp: int, notes: list) -> tuple[int, int]:
+    """(ep, etp) as torchtitan runs them: with ep 1 it splits a MoE model's routed experts over
+    tp whatever etp says (rules.py's fsdp experts rule cites the lines), so etp = tp."""
+    ep, etp = positive(KEY["ep"], get("ep"), "parallelism"), positive(KEY["etp"], get("etp"), "parallelism")
+    if spec.is_moe and ep == 1 and etp != tp:
+        if tp > 1:
+            notes.append(f"expert parallelism off: torchtitan splits the routed experts over tp={tp} (read as etp={tp})")
+        etp = tp
+    return ep, etp
 
 
 fields = X.fields

@@ -230,11 +230,13 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         raise NdplanError("FILE", path.name, "a torchtitan 0.2.x launcher: its job is the TOML file it passes "
                           f"(--job.config_file {toml or 'CONFIG_FILE'})", "ndplan check that TOML file instead")
     module, config, over, lines, unknown = _overrides(words)
-    if (module, config) not in X.REGISTERED:
+    known_config = (module, config) in X.REGISTERED
+    if not known_config and model is None:
         known = ", ".join(f"--module {m} --config {c}" for m, c in X.REGISTERED)
         raise NdplanError("--config", f"{module}/{config}", f"not a torchtitan {X.VERSION} config ndplan knows",
-                          f"use one of {known}, or give the values as overrides with -m MODEL")
-    registered = dict(X.REGISTERED[(module, config)])
+                          f"use one of {known}, or give -m MODEL (then torchtitan's defaults and the launch's "
+                          "overrides are read, not the config's own values)")
+    registered = dict(X.REGISTERED[(module, config)]) if known_config else {"flavor": (None, 0)}
     flavor = registered.pop("flavor")[0]
     where = f"torchtitan {X.VERSION} models/{module}/config_registry.py"
     given = {k: f"--config {config}: {k} ({where}:{line})" for k, (_, line) in registered.items()}
@@ -257,9 +259,13 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         origin = "torchrun --nproc_per_node x --nnodes" if gpus else None
     settings = SETTINGS | {"loss_chunks": chunks}
     tp = flat.get(KEY["tp"], 1)
-    notes = ([f"torchtitan {X.VERSION} --module {module} --config {config}: its registered values with the "
-              f"overrides; engine fsdp with torchtitan's modules ({', '.join(settings)})"]
-             + X.registered_notes(module, config, tp if isinstance(tp, int) else 1) + [n for _, _, n in unknown])
+    head = (f"torchtitan {X.VERSION} --module {module} --config {config}: its registered values with the overrides"
+            if known_config else f"torchtitan --module {module} --config {config}, a config ndplan does not know: "
+            f"torchtitan's defaults with the overrides, the model -m {getattr(model, 'name', model)} (the config's own "
+            "values are not read)")
+    notes = ([f"{head}; engine fsdp with torchtitan's modules ({', '.join(settings)})"]
+             + (X.registered_notes(module, config, tp if isinstance(tp, int) else 1) if known_config else [])
+             + [n for _, _, n in unknown])
     ci = read_flat(path, text, flat, model=model, gpus=gpus, seq=seq, gbs=gbs, settings=settings,
                    fmt="torchtitan-0.3", lines=lines, gpus_origin=origin, given=given,
                    unknown=dict.fromkeys(f for f, _, _ in unknown), notes=tuple(notes))
