@@ -668,6 +668,9 @@ BASH_SCRIPTS = {
     "case-fallthrough-and-test-on": 'M=a\ncase $M in\n  a) X=1 ;&\n  b) Y="--micro-batch-size 2" ;;\n'
                                     '  *) Y="--micro-batch-size 3" ;;\nesac\ncase $M in\n  a) Z=1 ;;&\n  c) Z=2 ;;\n'
                                     '  *) W="--global-batch-size 8" ;;\nesac\ntorchrun pretrain_gpt.py --seq-length $X $Y $W\n',
+    # NVIDIA's tests/functional_tests/.../pretrain_gpt3_distributed_test.sh (core_v0.7.0): [[ $USE_FP8 -eq 1 ]] unset
+    "double-bracket-unset-is-zero": 'if [[ $UNSET_FOR_NDPLAN -eq 1 ]]; then X="--seq-length 1"; else X="--seq-length 2"; fi\n'
+                                    'torchrun pretrain_gpt.py $X\n',
     "case-first-match-wins": 'M=ab\ncase $M in\n  a*) X=1 ;;\n  ab) X=2 ;;\nesac\ntorchrun pretrain_gpt.py --seq-length $X\n',
     # Megatron-DeepSpeed universal_checkpointing/megatron_gpt/run_fp16.sh: an argument parser the
     # script never enters when run without arguments (bash's $# is 0)

@@ -737,6 +737,15 @@ def test_megatron_deepspeed_moe_is_deepspeeds_moe_layer():
     assert not any("allgather" in n for n in ci.notes)
 
 
+def test_megatron_deepspeed_knowledge_distillation_says_the_teacher_is_not_modelled(tmp_path):
+    """Megatron-DeepSpeed --kd loads a teacher beside the student (training.py:218-219,
+    pretrain_gpt.py:235-262): a note says its memory is not in the estimate."""
+    f = tmp_path / "kd.sh"
+    f.write_text((RECIPES / "megatron_deepspeed_gpt_350m_moe128.sh").read_text().replace(
+        "--create-moe-param-group", "--create-moe-param-group --kd --num-layers-teacher 24"))
+    assert any(n.startswith("--kd: knowledge distillation; not modelled") for n in read_config(f).notes)
+
+
 def test_torchtitan_cpu_offload_moves_parameters_gradients_and_optimizer_to_host(tmp_path):
     """training.enable_cpu_offload is FSDP2's CPUOffloadPolicy (torchtitan v0.2.2 job_config.py:270-273,
     parallelize.py:315-317; torch _fsdp_collectives.py:711-738 copies each sharded gradient to the
@@ -766,6 +775,40 @@ def test_torchtitan_cpu_offload_moves_parameters_gradients_and_optimizer_to_host
     assert "enable_cpu_offload = true" in emit("torchtitan", ci.model, s)
     with pytest.raises(NdplanError, match="weights_offloaded=1"):
         emit("torchtitan", ci.model, dataclasses.replace(s, engine="fsdp"))
+
+
+def test_megatron_v1_1_5_flags_are_read_as_that_version_ran_them(tmp_path):
+    """DeepSpeedExamples@1bee84f6 Megatron-LM-v1.1.5-3D_parallelism/examples/ds_pretrain_gpt2_pipe.sh:
+    --model-parallel-size (tp), --pipe-parallel-size (pp), --batch-size (micro-batch) and --gas
+    (accumulation steps: the fork's arguments.py:225-230, 378-381), pretrain_gpt2.py's GPT2BPE
+    tokenizer (pretrain_gpt2.py:158); today's Megatron-LM refuses the first and the third
+    (arguments.py:591-599 at d98e8a64)."""
+    f = tmp_path / "run.sh"
+    f.write_text("deepspeed --num_nodes 2 --num_gpus 8 pretrain_gpt2.py --model-parallel-size 2 --pipe-parallel-size 2 "
+                 "--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 1024 "
+                 "--max-position-embeddings 1024 --batch-size 4 --gas 16 --vocab-file v.json --merge-file m.txt "
+                 "--fp16 --deepspeed --deepspeed_config ds.json\n")
+    ci = read_config(f)
+    s = ci.strategy
+    assert (s.tp, s.pp, s.dp, s.mbs, s.gbs, s.m) == (2, 2, 4, 4, 4 * 4 * 16, 16)
+    assert ci.origin["tp"] == "--model-parallel-size"
+    assert ci.model.vocab_size == 50432  # GPT-2 50257 padded to a multiple of 128 x tp 2 = 256
+
+
+def test_megatron_v1_1_5_zero3_runs_without_a_pipeline_module(tmp_path):
+    """DeepSpeedExamples@068e6561 Megatron-LM-v1.1.5-ZeRO3/examples/ds_pretrain_gpt2-zero3.sh: that
+    fork's pretrain_gpt2.py builds no PipelineModule, so ZeRO-3 runs (Megatron-DeepSpeed's
+    pretrain_gpt.py does, pretrain_gpt.py:51-52, and is refused without --no-pipeline-parallel)."""
+    f = tmp_path / "run.sh"
+    text = ("deepspeed --num_nodes 2 --num_gpus 8 {prog} --model-parallel-size 1 --num-layers 24 --hidden-size 2048 "
+            "--num-attention-heads 16 --seq-length 1024 --max-position-embeddings 1024 --batch-size 4 "
+            "--vocab-file v.json --merge-file m.txt --fp16 --deepspeed --zero-stage 3\n")
+    f.write_text(text.format(prog="pretrain_gpt2.py"))
+    assert read_config(f).strategy.zero == 3
+    f.write_text(text.format(prog="pretrain_gpt.py").replace("--merge-file m.txt", "--merge-file m.txt "))
+    with pytest.raises(NdplanError) as e:
+        read_config(f)
+    assert e.value.field == "zero stage"
 
 
 def test_megatron_encoder_seq_length_is_the_sequence(tmp_path):
@@ -801,6 +844,33 @@ def test_megatron_moe_layer_recompute_is_selective_moe(tmp_path):
     assert e.value.field == "--moe-layer-recompute"
 
 
+def test_fsdp_gradients_accumulated_over_micro_batches_sit_beside_the_activations():
+    """torchtitan zeroes the gradients once per step and then runs every micro-batch (v0.2.2
+    train.py:550-561): from the second micro-batch on, FSDP2's sharded fp32 gradients (4 B per
+    parameter over dp, reduce_dtype fp32) are all held beside that micro-batch's activations, so
+    mem.grads is 4 x params / dp at m = 2, where at m = 1 they replace the freed activations (only
+    the part above the dynamic memory counts), and the peak grows by about them."""
+    from ndplan.catalog import load_hardware
+    from ndplan.estimate import estimate
+    from ndplan.strategy import Strategy
+    model, hw = ndplan.load_model("llama3-8b"), load_hardware("h100-sxm")
+    one, two = (estimate(model, hw, Strategy(dp=8, gbs=8 * m, mbs=1, zero=3, seq=8192, engine="fsdp",
+                                             recompute="full"), 8) for m in (1, 2))
+    g1, g2 = one.per_stage[0]["terms"]["mem.grads"], two.per_stage[0]["terms"]["mem.grads"]
+    assert g2 == pytest.approx(4 * params(model) / 8, rel=1e-9)
+    assert g1 < g2 and two.peak_bytes - one.peak_bytes > 0.5 * (g2 - g1)
+
+
+def test_encoder_models_are_refused():
+    """A BERT or T5 config.json (bidirectional or cross attention) is not read as a decoder."""
+    from ndplan.catalog.model import model_from_config
+    for mt in ("bert", "t5"):
+        with pytest.raises(NdplanError) as e:
+            model_from_config({"model_type": mt, "hidden_size": 768, "num_hidden_layers": 12,
+                               "num_attention_heads": 12, "vocab_size": 30522}, "x", "config.json")
+        assert (e.value.field, e.value.value) == ("model_type", mt)
+
+
 def test_megatron_multimodal_reads_the_language_model_sequence():
     """examples/multimodal/model.py (Megatron-LM@d98e8a64) sets --seq-length to the image
     embeddings (:48-70) and builds the language model at --decoder-seq-length (:81-87, 234);
@@ -812,6 +882,15 @@ def test_megatron_multimodal_reads_the_language_model_sequence():
     [note] = [n for n in ci.notes if n.startswith("multimodal")]
     assert "vision encoder" in note and "--freeze-LM --freeze-ViT" in note
     assert not {"--decoder-seq-length", "--freeze-LM", "--freeze-ViT"} & set(ci.unknown)
+
+
+def test_torchtitan_builds_no_mtp_layer():
+    """torchtitan's deepseek_v3 flavors take num_mtp_layers=0 (0.3.0 models/deepseek_v3/__init__.py:323-628;
+    only config_registry's debugmodel_mtp passes 1; 0.2.x has no MTP): the catalog DeepSeek-V3's
+    MTP layer is left out, with a note."""
+    ci = read_config(RECIPES / "torchtitan_deepseek_v3_16b.toml", model="deepseek-v3", gpus=256)
+    assert ndplan.load_model("deepseek-v3").mtp_layers == 1 and ci.model.mtp_layers == 0
+    assert any("MTP layer(s) left out" in n for n in ci.notes)
 
 
 def test_torchtitan_experts_over_tp_when_ep_is_1(tmp_path):
@@ -874,6 +953,12 @@ BAD_FILES = {  # file name, text, extra arguments, the field the one-line error 
     # NVIDIA's examples/t5/train_t5_220m_distributed.sh: an encoder-decoder model
     "t5": ("run.sh", RUN.replace("--seq-length 4096", "--encoder-seq-length 512 --decoder-seq-length 128") + "\n",
            ["-m", "llama3-8b"], "--encoder-seq-length"),
+    # NVIDIA's examples/rl scripts keep every flag in a sourced file: the error names it
+    "sourced-only": ("run.sh", "source ./CONFIG.sh\ntorchrun pretrain_gpt.py $ARGS\n", ["-m", "llama3-8b"], "FILE"),
+    # Megatron-LM examples/bert, tools/run_text_generation_server.py, tasks/main.py: not GPT training
+    "bert": ("run.sh", RUN.replace("pretrain_gpt.py", "pretrain_bert.py") + "\n", ["-m", "llama3-8b"], "FILE"),
+    "server": ("run.sh", RUN.replace("pretrain_gpt.py", "tools/run_text_generation_server.py") + "\n",
+               ["-m", "llama3-8b"], "FILE"),
     "mds-ep-over-dp": ("run.sh", RUN.replace("torchrun --nproc_per_node 8", "deepspeed --num_gpus 8")
                        + " --deepspeed --no-pipeline-parallel --num-experts 8 --moe-expert-parallel-size 2\n",
                        ["-m", "mixtral-8x7b"], "--moe-expert-parallel-size"),  # dp 1 (DeepSpeed groups.py:634)

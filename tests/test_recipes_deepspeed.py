@@ -535,3 +535,16 @@ def test_the_persistence_note_counts_every_parameter_transformers_counts():
     for name, row in counts.items():
         spec = ndplan.load_model(name)
         assert sum(numel * n for _, numel, n in parameter_sizes(spec, 1)) == row["params"], name
+
+
+def test_deprecated_cpu_offload_switches_are_read_as_deepspeed_reads_them(tmp_path):
+    """DeepSpeedExamples' older configs (Megatron-LM/scripts/ds_zero2_cpu_offload_config.json) write
+    zero_optimization.cpu_offload: true; DeepSpeed 0.19.8 builds offload_optimizer {device: cpu} from
+    it, and offload_param {device: cpu} from cpu_offload_param (runtime/zero/config.py:188-219)."""
+    f = tmp_path / "ds.json"
+    f.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+                             "zero_optimization": {"stage": 3, "cpu_offload": True, "cpu_offload_param": True}}))
+    ci = read_config(f, model="llama3-8b", gpus=8, seq=4096)
+    assert ci.strategy.offload_optimizer and "weights_offloaded=1" in ci.strategy.engine
+    assert sum("(deprecated)" in n for n in ci.notes) == 2
+    assert not {"zero_optimization.cpu_offload", "zero_optimization.cpu_offload_param"} & set(ci.unknown)

@@ -467,3 +467,11 @@ def test_incomplete_model_config_names_only_the_missing_keys(tmp_path):
     with pytest.raises(NdplanError) as e:
         _read(tmp_path, doc)
     assert "lacks num_heads, vocab_size)" in e.value.problem
+
+
+def test_pet_config_is_named_as_not_modelled(tmp_path):
+    """MindFormers v1.2.0 research/baichuan2 finetune yamls tune LoRA adapters (model_config.pet_config,
+    pet_type lora); ndplan counts the full model's states: a note says so."""
+    doc = _set(_doc("mindformers_mixtral_8x7b.yaml"), {f"{MC}.pet_config": {"pet_type": "lora", "lora_rank": 8}})
+    ci = _read(tmp_path, doc)
+    assert any(n.startswith(f"{MC}.pet_config lora: not modelled") for n in ci.notes)

@@ -15,6 +15,12 @@ from ndplan.errors import NdplanError, warn
 #: model_type values whose MLP is the 2-matrix (non-gated) GeLU MLP with LayerNorm,
 #: biases everywhere and learned absolute positions (GPT-2/GPT-3/Megatron GPT).
 GPT_TYPES = frozenset({"gpt", "gpt2", "megatron_gpt"})
+#: Hugging Face model_type values of encoder, encoder-decoder and vision models (transformers'
+#: BERT/RoBERTa/DeBERTa/ELECTRA/ALBERT/DistilBERT, T5/mT5/UMT5/BART/mBART/Pegasus/Whisper, ViT/CLIP/SigLIP):
+#: bidirectional or cross attention, which the decoder formulas do not describe.
+NOT_DECODERS = frozenset({"bert", "roberta", "xlm-roberta", "deberta", "deberta-v2", "electra", "albert",
+                          "distilbert", "t5", "mt5", "umt5", "bart", "mbart", "pegasus", "whisper", "vit", "clip",
+                          "siglip"})
 #: model_type values with q/k/v biases that their config.json does not spell out.
 QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
 #: model_type values with per-head RMSNorm on q and k (Qwen3 "QK-norm").
@@ -255,6 +261,9 @@ def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
         model_type = "gpt" if arch.startswith("gpt") else ("llama" if arch else "")
     if not model_type:
         raise NdplanError("model_type", None, f"missing in {where}; add e.g. `model_type: llama`")
+    if model_type in NOT_DECODERS:
+        raise NdplanError("model_type", model_type, f"in {where}: an encoder, encoder-decoder or vision model, which "
+                          "ndplan does not model (decoder-only language models)", "give a decoder-only model's config")
     gpt = model_type in GPT_TYPES
     h = _int_field(cfg, where, "hidden_size", "n_embd", lo=1)
     L = _int_field(cfg, where, "num_hidden_layers", "n_layer", lo=1)

@@ -179,7 +179,9 @@ def fields(model: ModelSpec, strat: Strategy, *, balance=None) -> tuple[dict, li
         if s.etp not in (1, s.tp):
             raise cannot(TARGET, "etp", s.etp, f"MindFormers splits experts over 1 or model_parallel={s.tp} ranks "
                                               "(moe_config.expert_model_parallel); use etp=1 or etp=tp")
-        doc |= {KEY["ep"]: s.ep, KEY["etp"]: s.etp}
+        # without the key a legacy moe_config splits the experts over model_parallel (etp = tp, the reader's
+        # default); MindFormers 1.3.0's MoEConfig takes no expert_model_parallel (moe.py:122-130 at v1.3.0)
+        doc |= {KEY["ep"]: s.ep} | ({KEY["etp"]: s.etp} if s.etp != s.tp else {})
     notes = []
     doc |= _engine_keys(model, s, notes)
     doc |= {KEY["m"]: s.m, KEY["vocab_emb_dp"]: s.tp == 1, KEY["sp"]: s.sp and s.tp > 1,

@@ -126,6 +126,9 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
     layers = nd * size.get("dense", 0) + nm * size.get("moe", 0)
     head, emb = M.V * M.h / S.tp, device_params(P.embedding_pieces(spec, M))[0]
     written = A.FP32_BYTES / G.dense_shard_ranks()  # one sharded fp32 gradient byte count per parameter
+    # the gradients written so far, beside the phase: none in addition once they accumulate over
+    # micro-batches (they are then the whole mem.grads Term, each output added in place)
+    kept = written * (1 - accumulating(spec, view))
     first, last = kinds[0], kinds[-1]
     second = kinds[1] if len(kinds) > 1 else first
     mode = "none" if view.partial_recompute else view.recompute  # partial recompute: the first N layers
@@ -145,18 +148,26 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
                   else after_head + _rs_bytes(eng, head, gathered[last], written))
     phases = [
         head_phase,
-        after_head - last_act + written * head
+        after_head - last_act + kept * head
         + _rs_bytes(eng, size[last], gathered[kinds[-2]] if len(kinds) > 1 else A.ACT_BYTES * emb, written),
-        emb_act + written * (head + layers) + _rs_bytes(eng, emb, 0, written),
-        emb_act + written * (head + layers - size[first]) + _rs_bytes(eng, size[first], A.ACT_BYTES * emb, written),
+        emb_act + kept * (head + layers) + _rs_bytes(eng, emb, 0, written),
+        emb_act + kept * (head + layers - size[first]) + _rs_bytes(eng, size[first], A.ACT_BYTES * emb, written),
     ]
     if len(kinds) > 2:
-        phases.append(emb_act + first_act + written * (head + layers - size[first] - size[second])
+        phases.append(emb_act + first_act + kept * (head + layers - size[first] - size[second])
                       + _rs_bytes(eng, size[second], gathered[first], written))
     if rebuilds_in_backward(view):
-        held = dict(after_head=after_head, emb_act=emb_act, head=head, layers=layers, written=written, n=nd + nm)
+        held = dict(after_head=after_head, emb_act=emb_act, head=head, layers=layers, written=kept, n=nd + nm)
         phases += _rebuild_phases(spec, M, view, ctx, kinds, size, gathered, held)
     return backward_phases_on(spec, view) * Max(*phases)
+
+
+def accumulating(spec: ModelSpec, view: Structure) -> sp.Expr:
+    """1 where FSDP's sharded gradients accumulate over micro-batches without a pipeline (pp 1,
+    m >= 2), else 0: torchtitan zeroes them once per step and runs every micro-batch's forward
+    and backward after (v0.2.2 train.py:550-561), so from the second micro-batch on the whole
+    sharded fp32 gradients sit beside its activations (EngineProfile.grads_built_in_backward)."""
+    return Min(1, Max(0, S.m - 1)) * Max(0, 2 - pp_expr(spec, view))
 
 
 def _spread(n) -> tuple[sp.Expr, sp.Expr, sp.Expr, sp.Expr]:

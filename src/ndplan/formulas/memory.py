@@ -25,7 +25,7 @@ from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas.deepspeed_gather import deepspeed_gather
 from ndplan.formulas.dispatch import dispatch_rows_text, moe_dispatch_transient, moe_gathered_tokens
-from ndplan.formulas.fsdp_phases import (backward_phases_on, float8_stage_saving, fsdp_backward_reduce,
+from ndplan.formulas.fsdp_phases import (accumulating, backward_phases_on, float8_stage_saving, fsdp_backward_reduce,
                                          gathered_at_loss, head_group, layers_gather, pp_final_reduce, pp_group_grads,
                                          loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params, vocab_params
@@ -92,20 +92,24 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     dynamic += [gather] if gather else []
     terms += dynamic
     if eng.grads_built_in_backward and view.zero >= eng.weights_sharded_from:
-        terms = [_grads_beside(t, dynamic) if t.key == "mem.grads" else t for t in terms]
+        acc = accumulating(spec, view)
+        terms = [_grads_beside(t, dynamic, acc) if t.key == "mem.grads" else t for t in terms]
     terms += buffer_terms(spec, M, view, eng, stage)
     terms.insert(-1, allocator_term(eng, terms[:-1]))  # before the reserve, over the tensor Terms
     return hooks.apply(Breakdown(tuple(terms)), spec, view)
 
 
-def _grads_beside(grads: Term, dynamic: list[Term]) -> Term:
+def _grads_beside(grads: Term, dynamic: list[Term], acc) -> Term:
     """Gradients that build up during backward (EngineProfile.grads_built_in_backward): the
-    part of them above the activations, transients and gather buffers they replace."""
+    part of them above the activations, transients and gather buffers they replace; all of them
+    where they accumulate over micro-batches (``acc``: fsdp_phases.accumulating)."""
     dyn = sp.Add(*(t.expr for t in dynamic))
-    return Term(key=grads.key, expr=Max(grads.expr - dyn, 0), unit=grads.unit,
+    return Term(key=grads.key, expr=Max(grads.expr - (1 - acc) * dyn, 0), unit=grads.unit,
                 source=grads.source + "; freed when each step begins and written group by group in backward, "
-                       "so the peak holds max(gradients, activations + transient + gather) above the other states",
-                note=grads.note + " (the part above the dynamic memory)")
+                       "so the peak holds max(gradients, activations + transient + gather) above the other states; "
+                       "with micro-batches (pp 1, m >= 2) all of them, beside the later micro-batches' activations "
+                       "(fsdp_phases.accumulating)",
+                note=grads.note + " (the part above the dynamic memory; all of it from the second micro-batch)")
 
 
 def allocator_term(eng: EngineProfile, tensor_terms: list[Term]) -> Term:

@@ -142,6 +142,23 @@ def _lines(text: str) -> dict[str, int]:
     return {k: v[0] + 1 for k, v in (json_locate(text) or {}).items()}
 
 
+LEGACY_OFFLOAD = {"zero_optimization.cpu_offload": "zero_optimization.offload_optimizer.device",
+                  "zero_optimization.cpu_offload_param": "zero_optimization.offload_param.device"}
+"""DeepSpeed's deprecated offload switches -> the keys its config builds from them (0.19.8
+runtime/zero/config.py:188-219: ``new_param_fn`` gives the offload section device cpu when true)."""
+
+
+def _legacy_offload(flat: dict, notes: list) -> dict:
+    """The flattened config with a true deprecated offload switch read as DeepSpeed reads it."""
+    out = dict(flat)
+    for old, new in LEGACY_OFFLOAD.items():
+        if out.get(old) is True and new not in out:
+            out[new] = "cpu"
+            notes.append(f"{old} true (deprecated): DeepSpeed reads it as {new} cpu (runtime/zero/config.py:188-219)")
+        out.pop(old, None) if out.get(old) is True else None
+    return out
+
+
 class _Reads(dict):
     """The flattened config; records every key the reader asks for (``get``, ``[]``, ``in``), so
     that the keys it never asks for are listed as not used (``_not_used``)."""
@@ -423,11 +440,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     if not isinstance(doc, dict):
         raise NdplanError("FILE", path.name, f"holds a JSON {type(doc).__name__}, not an object",
                           "a DeepSpeed config is a JSON object {...}")
-    flat = _Reads(flatten(doc))
+    notes: list[str] = []
+    flat = _Reads(_legacy_offload(flatten(doc), notes))
     spec, origin = resolve_model(model, None, "", f"{path.name} (DeepSpeed JSON) carries no architecture")
     if seq is None:
         raise NdplanError("--seq", None, f"{path.name} (DeepSpeed JSON) has no sequence length", "give --seq N")
-    notes: list[str] = []
     tp = positive(KEY["tp"], flat.get(KEY["tp"], 1), path.name)
     pp = _pipeline(flat, path.name, notes)
     cp = positive(KEY["cp"], flat.get(KEY["cp"], 1), path.name)

@@ -66,6 +66,12 @@ MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16",
 MULTIMODAL_FLAGS = {"decoder_seq": "--decoder-seq-length", "vision_model": "--vision-model-type",
                     "encoder_seq": "--encoder-seq-length", "img_h": "--img-h"}
 MULTIMODAL_SWITCHES = {"freeze_lm": "--freeze-LM", "freeze_vit": "--freeze-ViT"}
+LEGACY_FLAGS = {"legacy_tp": "--model-parallel-size", "legacy_mbs": "--batch-size", "legacy_pp": "--pipe-parallel-size",
+                "legacy_gas": "--gas"}
+"""Megatron-LM v1.1.5's tensor-parallel size and per-GPU batch (and, in DeepSpeed's 3D fork of it,
+DeepSpeedExamples Megatron-LM-v1.1.5-3D_parallelism, the pipeline size and gradient accumulation
+steps): read as that version runs them; Megatron-LM@d98e8a64 refuses the first two
+(arguments.py:591-599)."""
 HYBRID_FLAGS = {"hybrid_pattern": "--hybrid-layer-pattern", "hybrid_override": "--hybrid-override-pattern"}
 """A hybrid (Mamba) model's layer pattern; --hybrid-override-pattern is its deprecated name
 (arguments.py:743-755 at d98e8a64). Its layers are not modelled: refused in one line."""
@@ -114,7 +120,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(flag, dest=name, type=str)
     for name, flag in (MEMORY_SWITCHES | MULTIMODAL_SWITCHES).items():
         p.add_argument(flag, dest=name, action="store_true")
-    for name, flag in (MULTIMODAL_FLAGS | HYBRID_FLAGS).items():
+    for name, flag in (MULTIMODAL_FLAGS | HYBRID_FLAGS | LEGACY_FLAGS).items():
         p.add_argument(flag, dest=name, type=str)
     p.add_argument("--recompute-modules", dest="recompute_modules", nargs="+")
     MDS.add_arguments(p)
@@ -178,6 +184,34 @@ def _layers(args, L: int, pp: int, vpp: int):
             raise NdplanError(flag, n, f"not divisible by the {vpp} virtual stages per rank",
                               "give layer counts divisible by --num-virtual-stages-per-pipeline-rank")
     return layers_per_stage(L, pp, vpp, default_schedule(vpp), first, last)
+
+
+OTHER_PROGRAMS = re.compile(r"(?:^|/)(?:pretrain_(?:bert|t5|retro|ict|vision_\w+|mamba)\.py|tasks/main\.py|"
+                            r"\w*text_generation\w*\.py|tools/\w+\.py)$")
+"""Megatron-LM programs that are not decoder-only language-model training (BERT, T5, RETRO, ICT,
+vision, Mamba pretraining; downstream tasks; text generation and inference servers; tools)."""
+
+
+def _program(ws, name: str) -> None:
+    """Refuse, in one line, a launch of a program ndplan does not model (OTHER_PROGRAMS)."""
+    prog = next((w.text for w in ws if w.text.endswith(".py")), None)
+    if prog is not None and OTHER_PROGRAMS.search(prog):
+        raise NdplanError("FILE", name, f"runs {prog}: not decoder-only language-model training, which is what "
+                          "ndplan models", "check a pretrain_gpt.py (or LLaVA train.py) launch")
+
+
+def _legacy(args, notes: list) -> int:
+    """LEGACY_FLAGS as Megatron-LM v1.1.5 (and DeepSpeed's fork) took them, where the current flag is
+    absent; returns the gradient accumulation steps (--gas, 1)."""
+    for old, new in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
+        if getattr(args, old) is not None and getattr(args, new) is None:
+            setattr(args, new, getattr(args, old))
+            notes.append(f"{LEGACY_FLAGS[old]} {getattr(args, old)}: Megatron-LM v1.1.5's {FLAG[new]} (read as that "
+                         "version and DeepSpeed's fork of it run it; today's Megatron-LM refuses it)")
+    gas = _int(args, "legacy_gas", LEGACY_FLAGS["legacy_gas"], 1)
+    if args.legacy_gas is not None:
+        notes.append(f"--gas {gas}: gradient accumulation steps (DeepSpeed's Megatron-LM v1.1.5 fork)")
+    return gas
 
 
 def _hybrid(args) -> None:
@@ -381,7 +415,7 @@ def _expansions(ws, notes: list) -> None:
         for src in (val.sources if val is not None else ()):
             if (flag, src) not in seen:
                 seen.add((flag, src))
-                notes.append(f"{flag} {text}: {src}")
+                notes.append(shell.shown(f"{flag} {text}: {src}"))
 
 
 HF_TRAINER_FLAGS = ("--per_device_train_batch_size", "--per-device-train-batch-size", "--model_name_or_path")
@@ -409,8 +443,11 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     _hf_trainer(ws, path.name)
     if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
         raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
-                          "--tensor-model-parallel-size)", "give a Megatron launch script, or --format for another framework")
+                          "--tensor-model-parallel-size)" + (f"; it sources {', '.join(script.sourced)}, which ndplan "
+                                                            "does not read" if script.sourced else ""),
+                          "give a Megatron launch script, or --format for another framework")
     notes: list[str] = []
+    _program(ws, path.name)
     MDS.experts(args)
     _expansions(ws, notes)
     notes += [f"read the branch bash runs: {why}" for why in script.decisions]
@@ -421,6 +458,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
         if name in ds:
             setattr(args, name, ds[name])
     _hybrid(args)
+    gas = _legacy(args, notes)
     _moe_layer_recompute(args, notes)
     tp = get("tp", 1)
     spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
@@ -460,7 +498,7 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     moe = spec.is_moe
     kw = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=get("ep", 1) if moe else 1,
               etp=get("etp", tp) if moe else 1,  # ETP defaults to TP (arguments.py:587-588)
-              vpp=vpp, mbs=mbs, gbs=gbs or get("gbs", mbs * dp), seq=seq_, zero=zero, sp=bool(args.sp) or tp == 1,
+              vpp=vpp, mbs=mbs, gbs=gbs or get("gbs", mbs * dp * gas), seq=seq_, zero=zero, sp=bool(args.sp) or tp == 1,
               schedule=default_schedule(vpp), grad_dtype=grad_dtype, weight_dtype=_fp8(args, notes),
               offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp))
     if "zero" in ds and moe:
@@ -479,6 +517,9 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
            for f in ("tp", "pp", "cp", "mbs", "gbs", "seq", "sp")}
     org |= {"gpus": gsrc, "dp": "gpus / (tp*pp*cp)", "zero": zero_src, "grad_dtype": grad_src,
             "recompute": "--recompute-* flags"}
+    for old, field in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
+        if getattr(args, old) is not None and FLAG[field] not in loc:
+            org[field] = LEGACY_FLAGS[old]
     if tp == 1 and FLAG["sp"] not in loc:
         org["sp"] = "tp 1 (sequence parallelism is a no-op; ndplan writes it on)"
     if seq is not None:

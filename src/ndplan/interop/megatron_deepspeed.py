@@ -37,7 +37,8 @@ from ndplan.interop.base import int_arg
 SWITCHES = {"deepspeed": "--deepspeed", "checkpoint_activations": "--checkpoint-activations",
             "ds_activation_checkpointing": "--deepspeed-activation-checkpointing",
             "zbh1": "--enable-zbh1-pipeline", "no_pipeline_parallel": "--no-pipeline-parallel",
-            "ds_etp": "--enable-expert-tensor-parallelism", "ds_no_drop": "--disable-moe-token-dropping"}
+            "ds_etp": "--enable-expert-tensor-parallelism", "ds_no_drop": "--disable-moe-token-dropping",
+            "ds_kd": "--kd", "ds_mos": "--mos"}
 FLAGS = {"zero_stage": "--zero-stage", "ds_config": "--deepspeed_config", "ds_sp": "--ds-sequence-parallel-size",
          "checkpoint_num_layers": "--checkpoint-num-layers", "ds_ep": "--moe-expert-parallel-size", "ds_topk": "--topk",
          "ds_interval": "--expert-interval", "ds_mlp_type": "--mlp-type", "ds_capacity": "--moe-train-capacity-factor",
@@ -231,9 +232,11 @@ def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] =
     if args.no_pipeline_parallel and pp != 1:
         raise NdplanError("--pipeline-model-parallel-size", pp, "Megatron-DeepSpeed asserts 1 with "
                           "--no-pipeline-parallel (megatron/arguments.py:94-96)", "give 1, or drop --no-pipeline-parallel")
-    if stage >= 2 and not args.no_pipeline_parallel:
+    gpt_py = any(w.rsplit("/", 1)[-1] == "pretrain_gpt.py" for w in words) or not any(w.endswith(".py") for w in words)
+    if stage >= 2 and (pp > 1 or gpt_py and not args.no_pipeline_parallel):
         # pretrain_gpt.py builds GPTModelPipe, a PipelineModule, unless --no-pipeline-parallel
-        # (pretrain_gpt.py:51-52), even at one stage: DeepSpeed's PipelineEngine runs it
+        # (pretrain_gpt.py:51-52), even at one stage: DeepSpeed's PipelineEngine runs it (the
+        # older forks' pretrain_gpt2.py, DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3, does not)
         raise NdplanError("zero stage", stage, "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (deepspeed "
                           "runtime/pipe/engine.py:76-77), and Megatron-DeepSpeed's pretrain_gpt.py builds its pipeline "
                           "model unless --no-pipeline-parallel (pretrain_gpt.py:51-52)",
@@ -246,6 +249,9 @@ def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] =
     if args.zbh1:
         notes.append("--enable-zbh1-pipeline: Megatron-DeepSpeed's zero-bubble H1 schedule is estimated as 1F1B "
                      "(its bubble an upper bound; not modelled)")
+    if args.ds_kd or args.ds_mos:  # training.py:218-219, pretrain_gpt.py:235-262 load a teacher beside the student
+        notes.append(f"{'--kd' if args.ds_kd else '--mos'}: knowledge distillation; not modelled: the teacher model "
+                     "(--num-layers-teacher ..., its weights and forward activations) beside the student estimated here")
     notes.append("Megatron-DeepSpeed: the megatron profile (Megatron's model code and activations) with ZeRO "
                  f"stage {stage}'s sharding; DeepSpeed's own optimizer buffers are not modelled")
     return out

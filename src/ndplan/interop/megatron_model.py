@@ -122,7 +122,9 @@ def moe_pattern(text: str, layers: int) -> list[int]:
 
 GPT2_DEFAULT_ENTRIES = {"pretrain_gpt.py": "Megatron-LM@d98e8a64 pretrain_gpt.py:527; Megatron-DeepSpeed :364",
                         "pretrain_hybrid.py": "pretrain_hybrid.py:544", "pretrain_vlm.py": "pretrain_vlm.py:498",
-                        "pretrain_gpt_core.py": "Megatron-DeepSpeed pretrain_gpt_core.py:126"}
+                        "pretrain_gpt_core.py": "Megatron-DeepSpeed pretrain_gpt_core.py:126",
+                        "pretrain_gpt2.py": "Megatron-LM v1.1.5 pretrain_gpt2.py:158 (DeepSpeedExamples@1bee84f6 "
+                                            "Megatron-LM-v1.1.5-3D_parallelism)"}
 """Entry scripts that default --tokenizer-type to GPT2BPETokenizer (their args_defaults)."""
 
 

@@ -318,6 +318,10 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
         notes.append("vocab_emb_dp=True: embedding/head replicated over TP in MindFormers, sharded by tp in ndplan")
     if (mc.get("fine_grain_interleave") or 1) > 1:
         notes.append(f"fine_grain_interleave={mc['fine_grain_interleave']} not modelled")
+    pet = model_config(doc).get("pet_config")
+    if isinstance(pet, dict) and pet:  # MindFormers' parameter-efficient tuning (pet/ : LoRA, P-tuning, ...)
+        notes.append(f"{MC}.pet_config {pet.get('pet_type', '(no pet_type)')}: not modelled: the frozen base is counted with "
+                     "gradients and optimizer states (over-counted), the adapters' own are not")
     if (doc.get("micro_batch_interleave_num") or 1) > 1:
         notes.append(f"micro_batch_interleave_num={doc['micro_batch_interleave_num']} not modelled")
     if kw["zero"]:

@@ -104,6 +104,8 @@ class _Reader:
         """Open ``do ... done`` bodies (read once; what they assign is known only at run time)."""
         self.uncertain: set[str] = set()
         """Names assigned inside a loop or a branch not decided: a condition on them is not decided."""
+        self.sourced: list[str] = []
+        """Files the script sources (not read)."""
         self.conditional: set[int] = set()
         """Lines of words passed inside an if, case or loop (an edit adds flags elsewhere)."""
 
@@ -438,6 +440,7 @@ class _Reader:
                 self.env.unset.add(name)
             return
         if toks[0] in ("source", ".") and len(toks) > 1 and self.array is None:
+            self.sourced.append(shown(_expand(toks[1], self.env, i, [])))
             warn(f"line {i + 1}", f"{toks[0]} {toks[1]}", "is not read (ndplan reads this script alone): the variables "
                  "and flags that file sets are missing here", "give them in the environment or on ndplan's command line, "
                  "or check a script with the values written in")
@@ -483,6 +486,11 @@ class _Reader:
 
 COMMAND_VALUE = "$(runtime:command)"
 """What a command substitution gives here: its output exists only when the script runs."""
+
+
+def shown(text: str) -> str:
+    """``text`` for a message: COMMAND_VALUE as ``$( )``, a run-time variable as ``$NAME``."""
+    return re.sub(r"\$\(runtime:(\w+)\)", lambda m: "$( )" if m.group(1) == "command" else f"${m.group(1)}", text)
 
 
 def _commands(stmt: str) -> str:
@@ -589,6 +597,8 @@ class Script:
     """The ``if`` conditions ndplan decided whose branches held flags, with the values used."""
     conditional: frozenset[int] = frozenset()
     """0-based lines whose words are passed inside an ``if``, ``case`` or loop."""
+    sourced: tuple[str, ...] = ()
+    """Files the script ``source``s, which are not read."""
 
     def value(self, name: str, environ: dict) -> str | None:
         """``name`` as the launched program sees it: the script's value, else the environment's
@@ -613,7 +623,8 @@ def read_script(text: str, environ: dict | None = None) -> Script:
     got, said = _READ[key]
     for message in said:  # a read from the cache says what the first read said
         warnings.warn(message, stacklevel=2)
-    return Script(list(got.words), dict(got.heredocs), dict(got.variables), got.unset, got.decisions, got.conditional)
+    return Script(list(got.words), dict(got.heredocs), dict(got.variables), got.unset, got.decisions, got.conditional,
+                  got.sourced)
 
 
 READ_CACHE = 64
@@ -629,7 +640,7 @@ def _read(text: str, environ: dict) -> Script:
             r.heredoc(joined, body, quoted, i)
     r.finish(len(lines))
     return Script(r.out, r.heredocs, {k: v.value for k, v in r.env.vars.items()}, frozenset(r.env.unset),
-                  tuple(dict.fromkeys(r.decisions)), frozenset(r.conditional))
+                  tuple(dict.fromkeys(r.decisions)), frozenset(r.conditional), tuple(r.sourced))
 
 
 def read_words(text: str, environ: dict | None = None) -> list[Word]:

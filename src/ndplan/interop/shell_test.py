@@ -97,6 +97,8 @@ def _test(words: list[str], raws: list[str], double: bool) -> bool | None:
             else:
                 same = a == b
             return same if op != "!=" else not same
+        if double:  # [[ ]] evaluates -eq ... operands arithmetically: an empty (unset) one is 0
+            a, b = a or "0", b or "0"
         if not (re.fullmatch(r"-?[0-9]{1,18}", a) and re.fullmatch(r"-?[0-9]{1,18}", b)):
             return None
         if double and any(re.fullmatch(r"-?0[0-9]+", v) for v in (a, b)):

@@ -272,6 +272,10 @@ def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=N
     if guess:
         origin = f"[model] name/flavor -> catalog {guess}"
     notes: list[str] = list(notes)
+    if spec.mtp_layers:  # torchtitan's flavors build none (0.3.0 models/deepseek_v3/__init__.py num_mtp_layers=0;
+        import dataclasses  # only config_registry's deepseek_v3_debugmodel_mtp passes 1; 0.2.x has no MTP)
+        notes.append(f"{spec.name}'s {spec.mtp_layers} MTP layer(s) left out: torchtitan builds none for this flavor")
+        spec = dataclasses.replace(spec, mtp_layers=0)
     variant = X.FLAVOR_VARIANTS.get((flat.get(KEY["model_name"]), flat.get(KEY["model_flavor"])))
     if variant:
         notes.append(variant[1])

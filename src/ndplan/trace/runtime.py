@@ -445,8 +445,11 @@ def predicted(case: Case) -> dict[str, int]:
     rec = dict(recompute="full", recompute_layers=None if wrapped == spec.num_hidden_layers else wrapped) if wrapped else {}
     if case.op_sac:
         rec = dict(recompute="selective")
-    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine=engine, mbs=b, seq=s, gbs=dp * b * case.microbatches,
-                            **rec)
+    # fsdp-pp: the stage reduces once after its last micro-batch (requires_gradient_sync False), so its
+    # gradients are the pipelined Terms' below, not pp 1's accumulated sharded ones (fsdp_phases.accumulating):
+    # the base is the one-micro-batch estimate
+    m = 1 if case.mode == "fsdp-pp" else case.microbatches
+    strat = ndplan.Strategy(dp=dp, tp=case.tp, zero=3, engine=engine, mbs=b, seq=s, gbs=dp * b * m, **rec)
     st = ndplan.estimate(spec, ndplan.load_hardware("h100-sxm"), strat).per_stage[0]
     dense, expert = device_params(P.embedding_pieces(spec, M) + P.head_pieces(spec, M, tied_copy=False)
                                   + [pc for k in spec.layer_kinds for pc in P.layer_pieces(spec, M, k)])
