@@ -681,6 +681,7 @@ BASH_SCRIPTS = {
     "command-substitution-options": 'N=$(echo --query-gpu=name --format=csv)\nM=`echo --x 1`\n'
                                     'K="$(echo --list-gpus | wc -l)"\nO="$(true) --seq-length 4096"\n'
                                     'torchrun pretrain_gpt.py $O --micro-batch-size 1\n',
+    "escaped-dollar-paren": 'X="\\$(echo a) --seq-length 8"\ntorchrun pretrain_gpt.py $X\n',
     "until-and-for-after": 'N=3\nuntil [ $N -ge 2 ]; do N=9; done\nfor i in a; do\n  :\ndone\n'
                            'torchrun pretrain_gpt.py --seq-length $N\n',
     "heredoc-and-loop-arithmetic": 'Z=1\ncat <<EOT > /dev/null\n{"train_batch_size": 8, "zero_optimization": {"stage": $Z}}\n'

@@ -805,6 +805,11 @@ def test_megatron_v1_1_5_zero3_runs_without_a_pipeline_module(tmp_path):
             "--vocab-file v.json --merge-file m.txt --fp16 --deepspeed --zero-stage 3\n")
     f.write_text(text.format(prog="pretrain_gpt2.py"))
     assert read_config(f).strategy.zero == 3
+    f.write_text(text.format(prog="pretrain_gpt2.py --pipe-parallel-size 0"))  # the fork's default: no pipeline
+    assert read_config(f).strategy.zero == 3
+    f.write_text(text.format(prog="pretrain_gpt2.py --pipe-parallel-size 1"))  # GPT2ModelPipe even at one stage
+    with pytest.raises(NdplanError):
+        read_config(f)
     f.write_text(text.format(prog="pretrain_gpt.py").replace("--merge-file m.txt", "--merge-file m.txt "))
     with pytest.raises(NdplanError) as e:
         read_config(f)
@@ -859,6 +864,10 @@ def test_fsdp_gradients_accumulated_over_micro_batches_sit_beside_the_activation
     g1, g2 = one.per_stage[0]["terms"]["mem.grads"], two.per_stage[0]["terms"]["mem.grads"]
     assert g2 == pytest.approx(4 * params(model) / 8, rel=1e-9)
     assert g1 < g2 and two.peak_bytes - one.peak_bytes > 0.5 * (g2 - g1)
+    # the Hugging Face Trainer runs the micro-batches before the last under accelerator.no_sync (transformers 5.17
+    # trainer.py:1832-1840): FSDP accumulates the gradients unsharded in fp32 (4 B per parameter, every rank)
+    hf = estimate(model, hw, Strategy(dp=8, gbs=16, mbs=1, zero=3, seq=8192, engine="hf", recompute="full"), 8)
+    assert hf.per_stage[0]["terms"]["mem.grads"] == pytest.approx(4 * params(model), rel=1e-9)
 
 
 def test_encoder_models_are_refused():
@@ -959,6 +968,9 @@ BAD_FILES = {  # file name, text, extra arguments, the field the one-line error 
     "bert": ("run.sh", RUN.replace("pretrain_gpt.py", "pretrain_bert.py") + "\n", ["-m", "llama3-8b"], "FILE"),
     "server": ("run.sh", RUN.replace("pretrain_gpt.py", "tools/run_text_generation_server.py") + "\n",
                ["-m", "llama3-8b"], "FILE"),
+    # preprocessing with tools/ before the training program is no refusal (its error is the -m one here)
+    "tools-then-train": ("run.sh", "python tools/preprocess_data.py --input x.json\n" + RUN.replace(
+        " --seq-length 4096", "") + "\n", ["-m", "llama3-8b"], "--seq-length"),
     "mds-ep-over-dp": ("run.sh", RUN.replace("torchrun --nproc_per_node 8", "deepspeed --num_gpus 8")
                        + " --deepspeed --no-pipeline-parallel --num-experts 8 --moe-expert-parallel-size 2\n",
                        ["-m", "mixtral-8x7b"], "--moe-expert-parallel-size"),  # dp 1 (DeepSpeed groups.py:634)

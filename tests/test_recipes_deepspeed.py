@@ -548,3 +548,11 @@ def test_deprecated_cpu_offload_switches_are_read_as_deepspeed_reads_them(tmp_pa
     assert ci.strategy.offload_optimizer and "weights_offloaded=1" in ci.strategy.engine
     assert sum("(deprecated)" in n for n in ci.notes) == 2
     assert not {"zero_optimization.cpu_offload", "zero_optimization.cpu_offload_param"} & set(ci.unknown)
+    f.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                             "zero_optimization": {"stage": 2, "cpu_offload": False}}))
+    assert not read_config(f, model="llama3-8b", gpus=8, seq=4096).strategy.offload_optimizer
+    f.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {
+        "stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}}))
+    with pytest.raises(NdplanError) as e:  # config_utils.py:89-91 asserts
+        read_config(f, model="llama3-8b", gpus=8, seq=4096)
+    assert e.value.field == "zero_optimization.cpu_offload"

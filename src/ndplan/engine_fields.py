@@ -502,3 +502,10 @@ class EngineProfile(TimeChoices):
     (torchao float8/float8_linear.py matmul_with_hp_or_float8_args). The GEMMs are timed at the FP8
     peak with their operands quantised (engines.fp8_gemms, Hardware.kernel_values); memory is the
     16-bit one. Set by the torchtitan readers."""
+    grads_accumulate_unsharded: bool = False
+    """Micro-batches before the last run without gradient sync: Hugging Face Trainer wraps each in
+    ``accelerator.no_sync`` (transformers 5.17 trainer.py:1832-1840), under which FSDP keeps the
+    gradients unsharded and accumulates them (torch 2.13 FSDP2 ``set_requires_gradient_sync(False)``,
+    _fsdp_param.py:802-821: in reduce_dtype, fp32), reducing once at the last micro-batch. With
+    micro-batches (pp 1, m >= 2) the gradients Term is then the unsharded one beside the activations,
+    not the sharded one torchtitan accumulates (fsdp_phases.accumulating)."""

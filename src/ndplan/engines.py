@@ -236,6 +236,7 @@ HF = replace(
     FSDP, name="hf",  # the fsdp profile's states, logits and reserve; the activations as transformers saves them
     norm_input_bytes=6, norm_stat_bytes=4, swiglu_bytes_per_f=8, score_bytes=6, attention_kv_expanded=True,
     rope_table_bytes=2, mla_value_keeps_kv_up=True, repeat_kv_always=False, selective_op_sac=False,
+    grads_accumulate_unsharded=True,  # the Trainer's no_sync micro-batches (engine_fields.py)
     sources={
         "states": "Hugging Face Trainer / Accelerate with FSDP or FSDP2 mixed precision (param_dtype bf16) keeps "
                   "what the fsdp profile keeps: " + FSDP.sources["states"] + ". Autocast over fp32 weights "

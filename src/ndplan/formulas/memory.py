@@ -30,7 +30,7 @@ from ndplan.formulas.fsdp_phases import (accumulating, backward_phases_on, float
                                          loss_chunk_buffers, rebuilds_in_backward, rebuilt_layer)
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params, vocab_params
 from ndplan.formulas.muon import muon_step_bytes
-from ndplan.formulas.states import _sharding, static_terms
+from ndplan.formulas.states import _sharding, gradient_bytes, static_terms
 from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
 from ndplan.structure import Structure, peaks_over_held_vectors, structure
@@ -93,18 +93,22 @@ def stage_memory(spec: ModelSpec, M: ModelSymbols, view: Structure, stage=S.stag
     terms += dynamic
     if eng.grads_built_in_backward and view.zero >= eng.weights_sharded_from:
         acc = accumulating(spec, view)
-        terms = [_grads_beside(t, dynamic, acc) if t.key == "mem.grads" else t for t in terms]
+        # no-sync accumulation holds the unsharded gradients instead (EngineProfile.grads_accumulate_unsharded)
+        extra = (G.grad_bytes(view, eng) * (dense + expert) - gradient_bytes(spec, view, eng, dense, expert, emb)
+                 if eng.grads_accumulate_unsharded else 0)
+        terms = [_grads_beside(t, dynamic, acc, extra) if t.key == "mem.grads" else t for t in terms]
     terms += buffer_terms(spec, M, view, eng, stage)
     terms.insert(-1, allocator_term(eng, terms[:-1]))  # before the reserve, over the tensor Terms
     return hooks.apply(Breakdown(tuple(terms)), spec, view)
 
 
-def _grads_beside(grads: Term, dynamic: list[Term], acc) -> Term:
+def _grads_beside(grads: Term, dynamic: list[Term], acc, extra=0) -> Term:
     """Gradients that build up during backward (EngineProfile.grads_built_in_backward): the
     part of them above the activations, transients and gather buffers they replace; all of them
-    where they accumulate over micro-batches (``acc``: fsdp_phases.accumulating)."""
+    where they accumulate over micro-batches (``acc``: fsdp_phases.accumulating), plus ``extra``
+    there (the unsharded no-sync gradients' excess over the sharded ones)."""
     dyn = sp.Add(*(t.expr for t in dynamic))
-    return Term(key=grads.key, expr=Max(grads.expr - (1 - acc) * dyn, 0), unit=grads.unit,
+    return Term(key=grads.key, expr=Max(grads.expr + acc * extra - (1 - acc) * dyn, 0), unit=grads.unit,
                 source=grads.source + "; freed when each step begins and written group by group in backward, "
                        "so the peak holds max(gradients, activations + transient + gather) above the other states; "
                        "with micro-batches (pp 1, m >= 2) all of them, beside the later micro-batches' activations "

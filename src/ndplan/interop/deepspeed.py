@@ -148,14 +148,25 @@ LEGACY_OFFLOAD = {"zero_optimization.cpu_offload": "zero_optimization.offload_op
 runtime/zero/config.py:188-219: ``new_param_fn`` gives the offload section device cpu when true)."""
 
 
+TRUE_WORDS = (True, 1, "true", "True", "1", "yes", "on")
+"""What pydantic's bool takes as true (DeepSpeed's config models)."""
+
+
 def _legacy_offload(flat: dict, notes: list) -> dict:
-    """The flattened config with a true deprecated offload switch read as DeepSpeed reads it."""
+    """The flattened config with a deprecated offload switch read as DeepSpeed reads it; given with
+    its replacement, refused as DeepSpeed refuses it (runtime/config_utils.py:89-91)."""
     out = dict(flat)
     for old, new in LEGACY_OFFLOAD.items():
-        if out.get(old) is True and new not in out:
+        if old not in out:
+            continue
+        section = new.rsplit(".", 1)[0]
+        if any(k.startswith(section + ".") or k == section for k in out if k != old):
+            raise NdplanError(old, out[old], f"given with {section}: DeepSpeed refuses the deprecated key beside the "
+                              "one that replaces it (runtime/config_utils.py:89-91)", f"drop {old}")
+        value = out.pop(old)
+        if value in TRUE_WORDS and not isinstance(value, float):
             out[new] = "cpu"
-            notes.append(f"{old} true (deprecated): DeepSpeed reads it as {new} cpu (runtime/zero/config.py:188-219)")
-        out.pop(old, None) if out.get(old) is True else None
+            notes.append(f"{old} {value} (deprecated): DeepSpeed reads it as {new} cpu (runtime/zero/config.py:188-219)")
     return out
 
 

@@ -194,15 +194,21 @@ vision, Mamba pretraining; downstream tasks; text generation and inference serve
 
 def _program(ws, name: str) -> None:
     """Refuse, in one line, a launch of a program ndplan does not model (OTHER_PROGRAMS)."""
-    prog = next((w.text for w in ws if w.text.endswith(".py")), None)
-    if prog is not None and OTHER_PROGRAMS.search(prog):
+    progs = [w.text for w in ws if w.text.endswith(".py")]  # a script may run tools/ before its training program
+    prog = progs[0] if progs else None
+    if progs and all(OTHER_PROGRAMS.search(p) for p in progs):
         raise NdplanError("FILE", name, f"runs {prog}: not decoder-only language-model training, which is what "
                           "ndplan models", "check a pretrain_gpt.py (or LLaVA train.py) launch")
 
 
 def _legacy(args, notes: list) -> int:
     """LEGACY_FLAGS as Megatron-LM v1.1.5 (and DeepSpeed's fork) took them, where the current flag is
-    absent; returns the gradient accumulation steps (--gas, 1)."""
+    absent; returns the gradient accumulation steps (--gas, 1). The fork's pretrain_gpt2.py builds
+    its PipelineModule whenever --pipe-parallel-size > 0 (pretrain_gpt2.py:40-43), 0 being none:
+    ``args.pipe_module`` (megatron_deepspeed.settings refuses ZeRO-2/3 under it)."""
+    args.pipe_module = args.legacy_pp is not None and args.legacy_pp.strip() not in ("0", "")
+    if args.legacy_pp is not None and not args.pipe_module:  # the fork's default 0: no pipeline
+        args.legacy_pp = "1"
     for old, new in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
         if getattr(args, old) is not None and getattr(args, new) is None:
             setattr(args, new, getattr(args, old))
@@ -453,12 +459,12 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     notes += [f"read the branch bash runs: {why}" for why in script.decisions]
     MM.default_tokenizer(args, [w.text for w in ws], notes)
     get = _getter(args)
+    gas = _legacy(args, notes)
     ds = MDS.settings(args, script.heredocs, path.parent, notes, [w.text for w in ws]) | MDS.recompute(args, notes)
     for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         if name in ds:
             setattr(args, name, ds[name])
     _hybrid(args)
-    gas = _legacy(args, notes)
     _moe_layer_recompute(args, notes)
     tp = get("tp", 1)
     spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
@@ -541,12 +547,13 @@ fields = X.fields
 
 def proposal_space(ci: CheckInput) -> dict:
     """Dimensions a proposal keeps at the file's value: a Megatron-DeepSpeed script's ZeRO stage,
-    which its DeepSpeed config (or --zero-stage) sets and Megatron's flags do not edit, and its
-    expert degrees."""
+    which its DeepSpeed config (or --zero-stage) sets and Megatron's flags do not edit, its expert
+    degrees and its Ulysses degree (--ds-sequence-parallel-size: Megatron-DeepSpeed has no
+    --context-parallel-size, and parses with parse_args, arguments.py:21-60)."""
     if not ci.origin.get("zero", "").startswith(MDS.ZERO_SOURCES):
         return {}
     # its expert flags are DeepSpeed MoE's (--moe-expert-parallel-size), which the export does not write
-    return {"zero": [ci.strategy.zero], "ep": [ci.strategy.ep], "etp": [ci.strategy.etp]}
+    return {"zero": [ci.strategy.zero], "ep": [ci.strategy.ep], "etp": [ci.strategy.etp], "cp": [ci.strategy.cp]}
 
 
 def set_devices(text: str, devices: int) -> str | None:

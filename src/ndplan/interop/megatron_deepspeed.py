@@ -233,7 +233,7 @@ def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] =
         raise NdplanError("--pipeline-model-parallel-size", pp, "Megatron-DeepSpeed asserts 1 with "
                           "--no-pipeline-parallel (megatron/arguments.py:94-96)", "give 1, or drop --no-pipeline-parallel")
     gpt_py = any(w.rsplit("/", 1)[-1] == "pretrain_gpt.py" for w in words) or not any(w.endswith(".py") for w in words)
-    if stage >= 2 and (pp > 1 or gpt_py and not args.no_pipeline_parallel):
+    if stage >= 2 and (pp > 1 or gpt_py and not args.no_pipeline_parallel or getattr(args, "pipe_module", False)):
         # pretrain_gpt.py builds GPTModelPipe, a PipelineModule, unless --no-pipeline-parallel
         # (pretrain_gpt.py:51-52), even at one stage: DeepSpeed's PipelineEngine runs it (the
         # older forks' pretrain_gpt2.py, DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3, does not)

@@ -504,6 +504,10 @@ def _commands(stmt: str) -> str:
         ch = stmt[k]
         if quote == "'":
             quote = None if ch == "'" else quote
+        elif ch == "\\":  # an escaped character is itself (\$( is no command)
+            out.append(stmt[k:k + 2])
+            k += 2
+            continue
         elif ch == "'" and quote is None:
             quote = "'"
         elif ch == '"':

@@ -249,8 +249,9 @@ def _step(model, ids, case: Case, meter: StorageMeter) -> int:
     held after the last backward, before any final reduce. ``use_cache=False``: torchtitan's
     modules keep no KV cache, and transformers' DynamicCache would append a recomputed layer's
     keys and values a second time under checkpointing (measured: +12.8 MB at w2 (8, 256))."""
-    if case.mode == "fsdp":
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    if case.mode == "fsdp":  # torchtitan's loop: every micro-batch's backward reduce-scatters (train.py:550-561)
+        for _ in range(case.microbatches):
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         return meter.sample()
     if case.mode == "tp":  # torchtitan's loss on vocab-sharded logits (loss_parallel, its default)
         from torch.distributed.tensor.parallel import loss_parallel
@@ -436,8 +437,9 @@ def predicted(case: Case) -> dict[str, int]:
     if case.source == "torchtitan":
         from ndplan.trace.titan import TITAN_SETTINGS
         engine = gloo_engine("fsdp", TITAN_SETTINGS | ({"loss_chunks": case.loss_chunks} if case.loss_chunks else {}))
-    else:
-        engine = gloo_engine("hf", {"float8_all_gather": 1} if case.float8 and case.float8_all_gather else {})
+    else:  # the harness syncs every micro-batch as torchtitan does, not under the Trainer's no_sync
+        engine = gloo_engine("hf", ({"float8_all_gather": 1} if case.float8 and case.float8_all_gather else {})
+                             | ({"grads_accumulate_unsharded": 0} if case.microbatches > 1 else {}))
     M, eng = model_symbols(spec), ndplan.engines.profile(engine)
     b, s = case.tokens
     dp = case.world // case.tp
