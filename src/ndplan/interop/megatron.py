@@ -48,7 +48,8 @@ from ndplan.errors import NdplanError
 from ndplan.export import megatron as X
 from ndplan.interop import launcher, megatron_deepspeed as MDS, megatron_fsdp as MF, megatron_memory as MX, \
     megatron_model as MM, megatron_validate as MV, shell
-from ndplan.interop.base import CheckInput, choice_arg, int_arg, positive, resolve_model, world_dp
+from ndplan.interop import megatron_launch as ML, megatron_textedit as MT
+from ndplan.interop.base import CheckInput, choice_arg, int_arg, resolve_model, world_dp
 from ndplan.interop.textedit import REMOVE
 from ndplan.points import default_schedule
 from ndplan.layouts import layers_per_stage
@@ -63,20 +64,6 @@ the amax flags are read into the fp8 note (their per-tensor history is not model
 MEMORY_SWITCHES = {"megatron_fsdp": "--use-megatron-fsdp", "fp16": "--fp16",
                    "grads_fp32": "--accumulate-allreduce-grads-in-fp32",
                    "moe_layer_recompute": "--moe-layer-recompute"} | MX.SWITCHES | MF.SWITCHES
-MULTIMODAL_FLAGS = {"decoder_seq": "--decoder-seq-length", "vision_model": "--vision-model-type",
-                    "encoder_seq": "--encoder-seq-length", "img_h": "--img-h"}
-MULTIMODAL_SWITCHES = {"freeze_lm": "--freeze-LM", "freeze_vit": "--freeze-ViT"}
-LEGACY_FLAGS = {"legacy_tp": "--model-parallel-size", "legacy_mbs": "--batch-size", "legacy_pp": "--pipe-parallel-size",
-                "legacy_gas": "--gas"}
-"""Megatron-LM v1.1.5's tensor-parallel size and per-GPU batch (and, in DeepSpeed's 3D fork of it,
-DeepSpeedExamples Megatron-LM-v1.1.5-3D_parallelism, the pipeline size and gradient accumulation
-steps): read as that version runs them; Megatron-LM@d98e8a64 refuses the first two
-(arguments.py:591-599)."""
-HYBRID_FLAGS = {"hybrid_pattern": "--hybrid-layer-pattern", "hybrid_override": "--hybrid-override-pattern"}
-"""A hybrid (Mamba) model's layer pattern; --hybrid-override-pattern is its deprecated name
-(arguments.py:743-755 at d98e8a64). Its layers are not modelled: refused in one line."""
-"""Megatron-LM's multimodal (LLaVA) launch (examples/multimodal/train.py; NVIDIA/Megatron-LM@d98e8a64)."""
-"""(--bf16, --grad-reduce-in-bf16, --fp8-format, --fp8-param-gather are in the exporter's FLAG.)"""
 FSDP_GRAD_DTYPES = ("fp32", "bf16", "fp16", "auto")
 """--megatron-fsdp-main-grads-dtype choices (arguments.py:3691)."""
 FP8_FORMATS = ("e4m3", "hybrid")
@@ -118,9 +105,9 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(flag, dest=name, action="store_true")
     for name, flag in MEMORY_FLAGS.items():
         p.add_argument(flag, dest=name, type=str)
-    for name, flag in (MEMORY_SWITCHES | MULTIMODAL_SWITCHES).items():
+    for name, flag in (MEMORY_SWITCHES | ML.MULTIMODAL_SWITCHES).items():
         p.add_argument(flag, dest=name, action="store_true")
-    for name, flag in (MULTIMODAL_FLAGS | HYBRID_FLAGS | LEGACY_FLAGS).items():
+    for name, flag in (ML.MULTIMODAL_FLAGS | ML.HYBRID_FLAGS | ML.LEGACY_FLAGS).items():
         p.add_argument(flag, dest=name, type=str)
     p.add_argument("--recompute-modules", dest="recompute_modules", nargs="+")
     MDS.add_arguments(p)
@@ -138,7 +125,7 @@ def words(text: str, environ: dict | None = None) -> list[tuple[str, int]]:
 
 def locate(text: str) -> dict[str, int]:
     """Known flag -> 0-based line of its last occurrence."""
-    known = set(FLAG.values()) | set(MODEL_FLAGS.values()) | set(MODEL_SWITCHES.values()) | set(MULTIMODAL_FLAGS.values())
+    known = set(FLAG.values()) | set(MODEL_FLAGS.values()) | set(MODEL_SWITCHES.values()) | set(ML.MULTIMODAL_FLAGS.values())
     out = {}
     for w, i in words(text):
         flag = w.split("=", 1)[0]
@@ -184,61 +171,6 @@ def _layers(args, L: int, pp: int, vpp: int):
             raise NdplanError(flag, n, f"not divisible by the {vpp} virtual stages per rank",
                               "give layer counts divisible by --num-virtual-stages-per-pipeline-rank")
     return layers_per_stage(L, pp, vpp, default_schedule(vpp), first, last)
-
-
-OTHER_PROGRAMS = re.compile(r"(?:^|/)(?:pretrain_(?:bert|t5|retro|ict|vision_\w+|mamba)\.py|tasks/main\.py|"
-                            r"\w*text_generation\w*\.py|tools/\w+\.py)$")
-"""Megatron-LM programs that are not decoder-only language-model training (BERT, T5, RETRO, ICT,
-vision, Mamba pretraining; downstream tasks; text generation and inference servers; tools)."""
-
-
-def _program(ws, name: str) -> None:
-    """Refuse, in one line, a launch of a program ndplan does not model (OTHER_PROGRAMS)."""
-    progs = [w.text for w in ws if w.text.endswith(".py")]  # a script may run tools/ before its training program
-    prog = progs[0] if progs else None
-    if progs and all(OTHER_PROGRAMS.search(p) for p in progs):
-        raise NdplanError("FILE", name, f"runs {prog}: not decoder-only language-model training, which is what "
-                          "ndplan models", "check a pretrain_gpt.py (or LLaVA train.py) launch")
-
-
-def _legacy(args, notes: list) -> int:
-    """LEGACY_FLAGS as Megatron-LM v1.1.5 (and DeepSpeed's fork) took them, where the current flag is
-    absent; returns the gradient accumulation steps (--gas, 1). The fork's pretrain_gpt2.py builds
-    its PipelineModule whenever --pipe-parallel-size > 0 (pretrain_gpt2.py:40-43), 0 being none:
-    ``args.pipe_module`` (megatron_deepspeed.settings refuses ZeRO-2/3 under it)."""
-    args.pipe_module = args.legacy_pp is not None and args.legacy_pp.strip() not in ("0", "")
-    if args.legacy_pp is not None and not args.pipe_module:  # the fork's default 0: no pipeline
-        args.legacy_pp = "1"
-    for old, new in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
-        if getattr(args, old) is not None and getattr(args, new) is None:
-            setattr(args, new, getattr(args, old))
-            notes.append(f"{LEGACY_FLAGS[old]} {getattr(args, old)}: Megatron-LM v1.1.5's {FLAG[new]} (read as that "
-                         "version and DeepSpeed's fork of it run it; today's Megatron-LM refuses it)")
-    gas = _int(args, "legacy_gas", LEGACY_FLAGS["legacy_gas"], 1)
-    if args.legacy_gas is not None:
-        notes.append(f"--gas {gas}: gradient accumulation steps (DeepSpeed's Megatron-LM v1.1.5 fork)")
-    return gas
-
-
-def _hybrid(args) -> None:
-    for name, flag in HYBRID_FLAGS.items():
-        pattern = getattr(args, name)
-        if pattern is not None:
-            raise NdplanError(flag, pattern[:40], "the layer pattern of a hybrid model (M Mamba, * attention, - MLP, "
-                              "E MoE; it also sets the layer count), which ndplan does not model",
-                              "check a transformer launch; Mamba and hybrid layers are not estimated")
-
-
-def _script_mtp(spec, mtp: int | None, notes: list):
-    """The model as the script builds it: Megatron-LM adds MTP layers only with --mtp-num-layers
-    (default None: none, arguments.py _add_mtp_args), whatever the -m model's config has."""
-    if (mtp or 0) == spec.mtp_layers:
-        return spec
-    import dataclasses
-    n = mtp or 0
-    notes.append(f"{spec.name}'s {spec.mtp_layers} MTP layer(s) replaced by the script's {FLAG['mtp_layers']} {n}"
-                 + ("" if mtp is not None else " (not given: Megatron-LM builds none)"))
-    return dataclasses.replace(spec, mtp_layers=n)
 
 
 def _moe_layer_recompute(args, notes: list) -> None:
@@ -366,38 +298,6 @@ def _moe_notes(args, spec, notes: list) -> None:
                      "tp x ep; transformer_config.py:891-903)")
 
 
-def _sequence(args) -> int | None:
-    """--seq-length, else --encoder-seq-length, which Megatron-LM takes as it (arguments.py:1346-1351
-    at d98e8a64: it asserts the two are not both given)."""
-    enc = _int(args, "encoder_seq", MULTIMODAL_FLAGS["encoder_seq"])
-    if enc is not None and args.seq is not None:
-        raise NdplanError(MULTIMODAL_FLAGS["encoder_seq"], enc, f"Megatron-LM asserts it is not given with {FLAG['seq']} "
-                          "(arguments.py:1346-1351)", "give one of them")
-    return _int(args, "seq", FLAG["seq"]) if enc is None else enc
-
-
-def _multimodal(args, notes: list) -> int | None:
-    """A multimodal (LLaVA) launch: the language model's sequence, or None. examples/multimodal/
-    model.py sets --seq-length to the image embeddings (:48-70, the vision encoder's length) and
-    builds the language model at --decoder-seq-length (:81-87, 234); ``freeze`` sets
-    requires_grad False on the frozen parts (:276-279; llava_model.py:553-586)."""
-    seq = _int(args, "decoder_seq", MULTIMODAL_FLAGS["decoder_seq"])
-    if seq is not None and args.encoder_seq is not None:
-        raise NdplanError(MULTIMODAL_FLAGS["encoder_seq"], args.encoder_seq, "with --decoder-seq-length: an "
-                          "encoder-decoder (T5) launch (pretrain_t5.py), which ndplan does not model",
-                          "check a decoder-only launch")
-    frozen = [f for n, f in MULTIMODAL_SWITCHES.items() if getattr(args, n)]
-    if seq is None and not frozen and args.vision_model is None and args.img_h is None:  # --img-h: pretrain_vlm.py
-        return None
-    notes.append("multimodal (LLaVA) launch: the language model alone is estimated"
-                 + (f", at --decoder-seq-length {seq} tokens (--seq-length is the vision encoder's image "
-                    "embeddings, examples/multimodal/model.py:48-87)" if seq else "")
-                 + "; not modelled: the vision encoder and projection (weights, gradients, activations)"
-                 + (f", and {' '.join(frozen)} (frozen parameters hold no gradients or optimizer states, "
-                    "llava_model.py:553-586: those are over-counted)" if frozen else ""))
-    return seq
-
-
 def _expansions(ws, notes: list) -> None:
     """One note per value the script took from the environment or a default, for the
     flags the reader uses; a ``$(( ))`` value it could not evaluate is refused with the reason."""
@@ -424,53 +324,8 @@ def _expansions(ws, notes: list) -> None:
                 notes.append(shell.shown(f"{flag} {text}: {src}"))
 
 
-HF_TRAINER_FLAGS = ("--per_device_train_batch_size", "--per-device-train-batch-size", "--model_name_or_path")
-"""Flags of a Hugging Face Trainer script (TrainingArguments), which a Megatron script does not take."""
-
-
-def _hf_trainer(ws, name: str) -> None:
-    """A Hugging Face Trainer launch (DeepSpeedExamples training/*, DeepSpeed-Chat): its layout is
-    the DeepSpeed JSON it passes with --deepspeed; say so in one line."""
-    texts = [w.text for w in ws]
-    if not any(t.split("=", 1)[0] in HF_TRAINER_FLAGS for t in texts):
-        return
-    cfg = next((texts[k + 1] for k, t in enumerate(texts[:-1]) if t == "--deepspeed" and texts[k + 1].endswith(".json")),
-               None)
-    raise NdplanError("FILE", name, "a Hugging Face Trainer launch (--per_device_train_batch_size / "
-                      "--model_name_or_path), not a Megatron-LM one", f"check its DeepSpeed JSON"
-                      + (f" ({cfg})" if cfg else "") + " with -m MODEL --gpus N --seq N --gbs N (per-device batch x "
-                      "accumulation steps x ranks)")
-
-
-def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
-    script = shell.read_script(text, os.environ)
-    ws = script.words
-    args, unknown = parser().parse_known_args([w.text for w in ws])
-    _hf_trainer(ws, path.name)
-    if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
-        raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
-                          "--tensor-model-parallel-size)" + (f"; it sources {', '.join(script.sourced)}, which ndplan "
-                                                            "does not read" if script.sourced else ""),
-                          "give a Megatron launch script, or --format for another framework")
-    notes: list[str] = []
-    _program(ws, path.name)
-    MDS.experts(args)
-    _expansions(ws, notes)
-    notes += [f"read the branch bash runs: {why}" for why in script.decisions]
-    MM.default_tokenizer(args, [w.text for w in ws], notes)
-    get = _getter(args)
-    gas = _legacy(args, notes)
-    ds = MDS.settings(args, script.heredocs, path.parent, notes, [w.text for w in ws]) | MDS.recompute(args, notes)
-    for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
-        if name in ds:
-            setattr(args, name, ds[name])
-    _hybrid(args)
-    _moe_layer_recompute(args, notes)
-    tp = get("tp", 1)
-    spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
-                                 f"flags in {path.name}", _missing_model(args, path.name))
-    spec = _script_mtp(spec, get("mtp_layers", None, lo=0), notes)
-    pp, cp = get("pp", 1), ds.get("cp", get("cp", 1))
+def _devices(args, ws, gpus, notes: list) -> tuple[int | None, str]:
+    """(device count, where it came from): ``--gpus``, else the launcher's (interop.launcher)."""
     got = launcher.launched(ws)
     launched = got[0] * got[1] if got else None
     if gpus is None and launched is None and args.nproc:  # torchrun also takes gpu, cpu, auto, elastic 1:4
@@ -478,13 +333,14 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
             else ("--nnodes", args.nnodes)
         raise NdplanError(*bad, "not a device count ndplan can read (a whole number >= 1)", "give --gpus N")
     if gpus is None and launched is not None:
-        gpus, gsrc = launched, "the launcher (torchrun --nproc_per_node x --nnodes, deepspeed --num_gpus x --num_nodes)"
-    else:
-        gsrc = "--gpus"
-        if launched is not None and launched != gpus:
-            notes.append(f"--gpus {gpus} replaces the script's torchrun count ({launched}); dp follows it")
-    gpus, dp = world_dp(gpus, tp, pp, cp, "Megatron-LM parallel sizes", path.name)
-    L = spec.num_hidden_layers
+        return launched, "the launcher (torchrun --nproc_per_node x --nnodes, deepspeed --num_gpus x --num_nodes)"
+    if launched is not None and launched != gpus:
+        notes.append(f"--gpus {gpus} replaces the script's torchrun count ({launched}); dp follows it")
+    return gpus, "--gpus"
+
+
+def _virtual_stages(args, L: int, pp: int) -> int:
+    """vpp from --num-virtual-stages-per-pipeline-rank, or --num-layers-per-virtual-pipeline-stage."""
     vpp = _int(args, "vstages_per_rank", FLAG["vstages_per_rank"])
     per_v = _int(args, "layers_per_vstage", FLAG["layers_per_vstage"])
     if vpp is None and per_v is not None:
@@ -492,10 +348,63 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
             raise NdplanError(FLAG["layers_per_vstage"], per_v, f"pp*{per_v} does not divide num_layers={L}",
                               "change it or --pipeline-model-parallel-size")
         vpp = L // (pp * per_v)
-    vpp = vpp or 1
+    return vpp or 1
+
+
+def _origins(args, loc: dict, tp: int, seq, decoder_seq) -> dict:
+    """Where the layout's fields came from: the line of their flag, an old or aliased flag, the default."""
+    org = {f: f"line {loc[FLAG[f]] + 1}: {FLAG[f]}" if FLAG[f] in loc else "Megatron-LM default"
+           for f in ("tp", "pp", "cp", "mbs", "gbs", "seq", "sp")}
+    for old, field in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
+        if getattr(args, old) is not None and FLAG[field] not in loc:
+            org[field] = ML.LEGACY_FLAGS[old]
+    if tp == 1 and FLAG["sp"] not in loc:
+        org["sp"] = "tp 1 (sequence parallelism is a no-op; ndplan writes it on)"
+    if seq is not None:
+        org["seq"] = "--seq"
+    else:
+        flag = ML.MULTIMODAL_FLAGS["decoder_seq" if decoder_seq else "encoder_seq"]
+        if decoder_seq or args.encoder_seq is not None and args.seq is None:
+            org["seq"] = f"line {loc[flag] + 1}: {flag}" if flag in loc else flag
+    return org
+
+
+def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) -> CheckInput:
+    script = shell.read_script(text, os.environ)
+    ws = script.words
+    args, unknown = parser().parse_known_args([w.text for w in ws])
+    ML.hf_trainer(ws, path.name)
+    if not any(getattr(args, n) is not None and getattr(args, n) is not False for n in FLAG):
+        raise NdplanError("FILE", path.name, "no Megatron-LM parallel/batch flag found (e.g. "
+                          "--tensor-model-parallel-size)" + (f"; it sources {', '.join(script.sourced)}, which ndplan "
+                                                            "does not read" if script.sourced else ""),
+                          "give a Megatron launch script, or --format for another framework")
+    notes: list[str] = []
+    ML.program(ws, path.name)
+    MDS.experts(args)
+    _expansions(ws, notes)
+    notes += [f"read the branch bash runs: {why}" for why in script.decisions]
+    MM.default_tokenizer(args, [w.text for w in ws], notes)
+    get = _getter(args)
+    gas = ML.legacy(args, notes)
+    ds = MDS.settings(args, script.heredocs, path.parent, notes, [w.text for w in ws]) | MDS.recompute(args, notes)
+    for name in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
+        if name in ds:
+            setattr(args, name, ds[name])
+    ML.hybrid(args)
+    _moe_layer_recompute(args, notes)
+    tp = get("tp", 1)
+    spec, origin = resolve_model(model, MM.model(args, get, get("layers"), tp, path.name, notes),
+                                 f"flags in {path.name}", _missing_model(args, path.name))
+    spec = ML.script_mtp(spec, get("mtp_layers", None, lo=0), notes)
+    pp, cp = get("pp", 1), ds.get("cp", get("cp", 1))
+    gpus, gsrc = _devices(args, ws, gpus, notes)
+    gpus, dp = world_dp(gpus, tp, pp, cp, "Megatron-LM parallel sizes", path.name)
+    L = spec.num_hidden_layers
+    vpp = _virtual_stages(args, L, pp)
     mbs = _int(args, "mbs", FLAG["mbs"], 1)
-    decoder_seq = _multimodal(args, notes)
-    seq_ = seq if seq is not None else decoder_seq or _sequence(args)
+    decoder_seq = ML.multimodal(args, notes)
+    seq_ = seq if seq is not None else decoder_seq or ML.sequence(args)
     if seq_ is None:
         raise NdplanError(FLAG["seq"], None, f"missing in {path.name}; add it or give --seq")
     zero, zero_src = _zero(args, script.value("CUDA_DEVICE_MAX_CONNECTIONS", os.environ))
@@ -519,21 +428,9 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
     strat = Strategy(**kw)
     strat.check(spec, gpus)
     loc = locate(text)
-    org = {f: f"line {loc[FLAG[f]] + 1}: {FLAG[f]}" if FLAG[f] in loc else "Megatron-LM default"
-           for f in ("tp", "pp", "cp", "mbs", "gbs", "seq", "sp")}
-    org |= {"gpus": gsrc, "dp": "gpus / (tp*pp*cp)", "zero": zero_src, "grad_dtype": grad_src,
-            "recompute": "--recompute-* flags"}
-    for old, field in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
-        if getattr(args, old) is not None and FLAG[field] not in loc:
-            org[field] = LEGACY_FLAGS[old]
-    if tp == 1 and FLAG["sp"] not in loc:
-        org["sp"] = "tp 1 (sequence parallelism is a no-op; ndplan writes it on)"
-    if seq is not None:
-        org["seq"] = "--seq"
-    else:
-        flag = MULTIMODAL_FLAGS["decoder_seq" if decoder_seq else "encoder_seq"]
-        if decoder_seq or args.encoder_seq is not None and args.seq is None:
-            org["seq"] = f"line {loc[flag] + 1}: {flag}" if flag in loc else flag
+    org = _origins(args, loc, tp, seq, decoder_seq) | {
+        "gpus": gsrc, "dp": "gpus / (tp*pp*cp)", "zero": zero_src, "grad_dtype": grad_src,
+        "recompute": "--recompute-* flags"}
     return CheckInput(path=path, fmt="megatron", text=text, model=spec, model_origin=origin, strategy=strat,
                       gpus=gpus, origin=org, lines={k: v + 1 for k, v in loc.items()},
                       unknown=tuple(dict.fromkeys(u for u in unknown if u.startswith("--") and not re.search(r"\s", u))),
@@ -592,11 +489,6 @@ def follow_up(ci: CheckInput, strat) -> dict:
     return out | ({MEMORY_FLAGS["sharding"]: name} if strat.zero != ci.strategy.zero else {})
 
 
-def _flag_re(flag: str, switch: bool) -> re.Pattern:
-    val = "" if switch else r"(?:=|[ \t]+)(\"[^\"]*\"|'[^']*'|[^\s\\;)\"']+)"
-    return re.compile(r"(?<![\w-])" + re.escape(flag) + val + r"(?![\w-])")
-
-
 def edit(text: str, changes: dict) -> str:
     """Set, add (after the last known flag) or remove flags; ``True`` adds a switch;
     ``UNSET_MAX_CONNECTIONS`` adds that line after the script's last assignment of the
@@ -612,7 +504,7 @@ def edit(text: str, changes: dict) -> str:
         switch = value is True or (value is REMOVE and flag in {FLAG[s] for s in SWITCHES})
         if flag in loc:
             i = loc[flag]
-            rx = _flag_re(flag, switch)
+            rx = MT.flag_re(flag, switch)
             if value is REMOVE:
                 new = rx.sub("", lines[i], count=1)
                 if new.strip() in ("", "\\"):
@@ -632,50 +524,5 @@ def edit(text: str, changes: dict) -> str:
                 continue
         if value is REMOVE:
             continue
-        _add(lines, loc, " ".join(shlex.quote(w) for w in X.flag_words(flag, value)))
+        MT.add(lines, loc, " ".join(shlex.quote(w) for w in X.flag_words(flag, value)))
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
-
-
-def _in_array(lines: list[str], i: int) -> bool:
-    """Is line ``i`` inside a bash array written over several lines (``NAME=(`` above it, its
-    ``)`` not yet)?"""
-    for k in range(i - 1, -1, -1):
-        code = shell.split_comment(lines[k])[0].strip()
-        if code.endswith(")") or code == ")":
-            return False
-        if re.fullmatch(r"(?:export\s+)?[A-Za-z_]\w*\+?=\(", code):
-            return True
-    return False
-
-
-_LAUNCHER = re.compile(r"(?:^|\s)(?:torchrun|python3?|srun|deepspeed|mpirun)\s|pretrain_\w+\.py")
-"""A line that runs a command (its flags are arguments of that line, not of the next)."""
-
-
-def _add(lines: list[str], loc: dict, words_: str) -> None:
-    """``words_`` after the last known flag that bash passes whatever the branches (not one inside
-    an if or case: NVIDIA's train_llama3_8b_h100_fp8.sh ends its arguments in a mock-data branch)."""
-    import warnings
-    with warnings.catch_warnings():  # the script's warnings were said when it was read
-        warnings.simplefilter("ignore")
-        cond = shell.read_script("\n".join(lines), os.environ).conditional
-    plain = [v for v in loc.values() if v not in cond]
-    i = max(plain or loc.values()) if loc else len(lines) - 1
-    line, comment = shell.split_comment(lines[i].rstrip())
-    tail = f"  {comment}" if comment else ""  # the words go before a trailing comment
-    indent = re.match(r"\s*", line).group(0) or ("    " if "\\" in "".join(lines) else "")
-    if shell.ASSIGN.match(line.strip()) and line.endswith(("'", '"')):  # ARGS="... --flag v"
-        lines[i] = line[:-1] + f" {words_}" + line[-1] + tail
-    elif line.endswith(")") and line.count(")") > line.count("("):  # last word of an array (not $((2*2048)))
-        lines[i] = line[:-1].rstrip() + f" {words_} )" + tail
-    elif _in_array(lines, i) and not line.endswith("\\"):  # an element line of NAME=( ... ): a new element line
-        lines.insert(i + 1, f"{indent}{words_}")
-    elif line.endswith("\\"):
-        lines.insert(i + 1, f"{indent}{words_} \\")
-    elif comment or (_LAUNCHER.search(line) and not any(x.rstrip().endswith("\\") for x in lines)):
-        lines[i] = f"{line} {words_}{tail}"  # on the command's own line ("\\" cannot follow a comment)
-    elif any(x.rstrip().endswith("\\") for x in lines):  # last line of a continued command
-        lines[i] = line + " \\"
-        lines.insert(i + 1, f"{indent}{words_}")
-    else:  # argument file: one flag per line
-        lines.insert(i + 1, f"{indent}{words_}")

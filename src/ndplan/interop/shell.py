@@ -41,9 +41,9 @@ import warnings
 from dataclasses import dataclass
 
 from ndplan.errors import warn
-from ndplan.interop.shell_lex import CASE_END, CASE_ENDS, heredoc_at, heredoc_target, logical_lines, split_comment, statements
-from ndplan.interop.shell_test import decide
-from ndplan.interop.shell_vars import FLAG_WORD, VAR, Word, _arith, _Env, _expand, _substitute, _Var, paren_end
+from ndplan.interop.shell_lex import CASE_ENDS, heredoc_at, heredoc_target, logical_lines, split_comment, statements
+from ndplan.interop.shell_test import alternatives, decide, glob_match, pattern_end
+from ndplan.interop.shell_vars import FLAG_WORD, VAR, Word, _arith, _Env, _expand, _substitute, _Var, commands, shown
 
 __all__ = ["Word", "Script", "read_script", "read_words", "split_comment", "statements"]
 
@@ -230,10 +230,10 @@ class _Reader:
         pattern that matches, by glob; a quoted pattern literally). Returns the statement after ``)``."""
         b = self.blocks[-1]
         b.expect = False
-        close = _pattern_end(stmt)
+        close = pattern_end(stmt)
         head, rest = stmt[:close].strip(), stmt[close + 1:]
         head = head[1:] if head.startswith("(") else head
-        pats = [_expand(p.strip(), self.env, i, []) for p in _alternatives(head)]
+        pats = [_expand(p.strip(), self.env, i, []) for p in alternatives(head)]
         if not b.undecided and not b.taken and any("$" in p or "`" in p for p in pats):
             b.undecided, b.opened = True, (f"line {i + 1}", head[:60])  # a pattern not known here
         if b.undecided:
@@ -243,7 +243,7 @@ class _Reader:
             b.fall = False
             b.active = b.outer
             return rest
-        hit = any(_glob(p, b.case) for p in pats)
+        hit = any(glob_match(p, b.case) for p in pats)
         b.active = b.outer and hit and not b.taken
         if b.active:
             b.taken = True
@@ -383,7 +383,7 @@ class _Reader:
 
     def statement(self, stmt: str, i: int) -> None:
         src: list[str] = []
-        stmt = _arith(_commands(stmt), self.env, i, src)  # before splitting: $(( 16 * N )) holds spaces
+        stmt = _arith(commands(stmt), self.env, i, src)  # before splitting: $(( 16 * N )) holds spaces
         if any(c in stmt for c in "'\"\\#"):
             try:
                 toks = shlex.split(stmt)  # statements() cut the comments: a # inside a word stays
@@ -482,110 +482,6 @@ class _Reader:
         for b in self.blocks:
             what, end = ("case", "esac") if b.is_case else ("loop", "done") if b.is_loop else ("if", "fi")
             warn(f"line {b.line + 1}", what, f"has no {end} (bash refuses the script)", f"close it with {end}")
-
-
-COMMAND_VALUE = "$(runtime:command)"
-"""What a command substitution gives here: its output exists only when the script runs."""
-
-
-def shown(text: str) -> str:
-    """``text`` for a message: COMMAND_VALUE as ``$( )``, a run-time variable as ``$NAME``."""
-    return re.sub(r"\$\(runtime:(\w+)\)", lambda m: "$( )" if m.group(1) == "command" else f"${m.group(1)}", text)
-
-
-def _commands(stmt: str) -> str:
-    """``$( ... )`` and backquoted commands (not ``$(( ))``, not inside single quotes) replaced by
-    COMMAND_VALUE: their options are the command's, not the launch's (N=$(nvidia-smi --query-gpu=...)),
-    and their output is known only at run time."""
-    if "$(" not in stmt and "`" not in stmt:
-        return stmt
-    out, k, quote = [], 0, None
-    while k < len(stmt):
-        ch = stmt[k]
-        if quote == "'":
-            quote = None if ch == "'" else quote
-        elif ch == "\\":  # an escaped character is itself (\$( is no command)
-            out.append(stmt[k:k + 2])
-            k += 2
-            continue
-        elif ch == "'" and quote is None:
-            quote = "'"
-        elif ch == '"':
-            quote = None if quote == '"' else '"'
-        elif ch == "`":
-            end = stmt.find("`", k + 1)
-            if end > k:
-                out.append(COMMAND_VALUE)
-                k = end + 1
-                continue
-        elif stmt.startswith("$(", k) and not stmt.startswith("$((", k):
-            out.append(COMMAND_VALUE)
-            k = paren_end(stmt, k)
-            continue
-        out.append(ch)
-        k += 1
-    return "".join(out)
-
-
-def _pattern_end(stmt: str) -> int:
-    """Index of the ``)`` that ends a case pattern (outside quotes), or len(stmt)."""
-    quote = None
-    for k, ch in enumerate(stmt):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == ")":
-            return k
-    return len(stmt)
-
-
-def _alternatives(head: str) -> list[str]:
-    """``a|"b c"|*`` -> its patterns (the ``|`` outside quotes)."""
-    out, cur, quote = [], "", None
-    for ch in head:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "|":
-            out.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    return out + [cur]
-
-
-def _glob(pattern: str, value: str) -> bool:
-    """bash's case match: a glob (``*``, ``?``, ``[...]`` with ``!`` or ``^`` negating); quoted parts
-    match literally."""
-    out, k, quote = [], 0, None
-    while k < len(pattern):
-        ch = pattern[k]
-        if quote:
-            if ch == quote:
-                quote = None
-            else:
-                out.append(re.escape(ch))
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "\\" and k + 1 < len(pattern):
-            k += 1
-            out.append(re.escape(pattern[k]))
-        elif ch == "*":
-            out.append(".*")
-        elif ch == "?":
-            out.append(".")
-        elif ch == "[" and "]" in pattern[k + 2:]:
-            end = pattern.index("]", k + 2)
-            body = pattern[k + 1:end]
-            neg = body[:1] in ("!", "^")
-            out.append("[" + ("^" if neg else "") + re.escape(body[1:] if neg else body).replace("\\-", "-") + "]")
-            k = end
-        else:
-            out.append(re.escape(ch))
-        k += 1
-    return re.fullmatch("".join(out), value, re.S) is not None
 
 
 @dataclass(frozen=True)

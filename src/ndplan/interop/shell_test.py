@@ -151,3 +151,66 @@ def decide(text: str, expand: Expand) -> tuple[bool | None, list[str]]:
                 return None, sources
             op, k = raws[k], k + 1
     return result, sources
+
+
+# --------------------------------------------------------------------------- case patterns
+
+def pattern_end(stmt: str) -> int:
+    """Index of the ``)`` that ends a case pattern (outside quotes), or len(stmt)."""
+    quote = None
+    for k, ch in enumerate(stmt):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ")":
+            return k
+    return len(stmt)
+
+
+def alternatives(head: str) -> list[str]:
+    """``a|"b c"|*`` -> its patterns (the ``|`` outside quotes)."""
+    out, cur, quote = [], "", None
+    for ch in head:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "|":
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return out + [cur]
+
+
+def glob_match(pattern: str, value: str) -> bool:
+    """bash's case match: a glob (``*``, ``?``, ``[...]`` with ``!`` or ``^`` negating); quoted parts
+    match literally."""
+    out, k, quote = [], 0, None
+    while k < len(pattern):
+        ch = pattern[k]
+        if quote:
+            if ch == quote:
+                quote = None
+            else:
+                out.append(re.escape(ch))
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "\\" and k + 1 < len(pattern):
+            k += 1
+            out.append(re.escape(pattern[k]))
+        elif ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[" and "]" in pattern[k + 2:]:
+            end = pattern.index("]", k + 2)
+            body = pattern[k + 1:end]
+            neg = body[:1] in ("!", "^")
+            out.append("[" + ("^" if neg else "") + re.escape(body[1:] if neg else body).replace("\\-", "-") + "]")
+            k = end
+        else:
+            out.append(re.escape(ch))
+        k += 1
+    return re.fullmatch("".join(out), value, re.S) is not None

@@ -129,3 +129,46 @@ def _one_word(text: str) -> str:
 def _expand(word: str, env: _Env, line: int, sources: list) -> str:
     """Arithmetic evaluated, then variables substituted."""
     return _substitute(_arith(word, env, line, sources), env, line, sources)
+
+
+COMMAND_VALUE = "$(runtime:command)"
+"""What a command substitution gives here: its output exists only when the script runs."""
+
+
+def shown(text: str) -> str:
+    """``text`` for a message: COMMAND_VALUE as ``$( )``, a run-time variable as ``$NAME``."""
+    return re.sub(r"\$\(runtime:(\w+)\)", lambda m: "$( )" if m.group(1) == "command" else f"${m.group(1)}", text)
+
+
+def commands(stmt: str) -> str:
+    """``$( ... )`` and backquoted commands (not ``$(( ))``, not inside single quotes) replaced by
+    COMMAND_VALUE: their options are the command's, not the launch's (N=$(nvidia-smi --query-gpu=...)),
+    and their output is known only at run time."""
+    if "$(" not in stmt and "`" not in stmt:
+        return stmt
+    out, k, quote = [], 0, None
+    while k < len(stmt):
+        ch = stmt[k]
+        if quote == "'":
+            quote = None if ch == "'" else quote
+        elif ch == "\\":  # an escaped character is itself (\$( is no command)
+            out.append(stmt[k:k + 2])
+            k += 2
+            continue
+        elif ch == "'" and quote is None:
+            quote = "'"
+        elif ch == '"':
+            quote = None if quote == '"' else '"'
+        elif ch == "`":
+            end = stmt.find("`", k + 1)
+            if end > k:
+                out.append(COMMAND_VALUE)
+                k = end + 1
+                continue
+        elif stmt.startswith("$(", k) and not stmt.startswith("$((", k):
+            out.append(COMMAND_VALUE)
+            k = paren_end(stmt, k)
+            continue
+        out.append(ch)
+        k += 1
+    return "".join(out)
