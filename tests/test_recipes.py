@@ -971,6 +971,15 @@ BAD_FILES = {  # file name, text, extra arguments, the field the one-line error 
     # preprocessing with tools/ before the training program is no refusal (its error is the -m one here)
     "tools-then-train": ("run.sh", "python tools/preprocess_data.py --input x.json\n" + RUN.replace(
         " --seq-length 4096", "") + "\n", ["-m", "llama3-8b"], "--seq-length"),
+    "pipe-parallel-negative": ("run.sh", RUN + " --pipe-parallel-size -1\n", ["-m", "llama3-8b"], "--pipe-parallel-size"),
+    "ds-cpu-offload-maybe": ("ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, '
+                             '"cpu_offload": "maybe"}}', ["-m", "llama3-8b", "--gpus", "8", "--seq", "4096"],
+                             "zero_optimization.cpu_offload"),
+    "pet-config-number": ("mf.yaml", "model:\n  model_config:\n    seq_length: 4096\n    pet_config: 3\n"
+                          "parallel_config:\n  data_parallel: 8\n", ["-m", "llama3-8b"], "model.model_config.pet_config"),
+    "titan-param-dtype": ("t.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nmixed_precision_param = '
+                          '"float17"\n[parallelism]\ndata_parallel_shard_degree = -1\n', ["--gpus", "8"],
+                          "training.mixed_precision_param"),
     "mds-ep-over-dp": ("run.sh", RUN.replace("torchrun --nproc_per_node 8", "deepspeed --num_gpus 8")
                        + " --deepspeed --no-pipeline-parallel --num-experts 8 --moe-expert-parallel-size 2\n",
                        ["-m", "mixtral-8x7b"], "--moe-expert-parallel-size"),  # dp 1 (DeepSpeed groups.py:634)

@@ -149,7 +149,8 @@ runtime/zero/config.py:188-219: ``new_param_fn`` gives the offload section devic
 
 
 TRUE_WORDS = (True, 1, "true", "True", "1", "yes", "on")
-"""What pydantic's bool takes as true (DeepSpeed's config models)."""
+FALSE_WORDS = (False, 0, "false", "False", "0", "no", "off")
+"""What pydantic's bool takes as true and as false (DeepSpeed's config models)."""
 
 
 def _legacy_offload(flat: dict, notes: list) -> dict:
@@ -164,7 +165,9 @@ def _legacy_offload(flat: dict, notes: list) -> dict:
             raise NdplanError(old, out[old], f"given with {section}: DeepSpeed refuses the deprecated key beside the "
                               "one that replaces it (runtime/config_utils.py:89-91)", f"drop {old}")
         value = out.pop(old)
-        if value in TRUE_WORDS and not isinstance(value, float):
+        if value not in TRUE_WORDS + FALSE_WORDS or isinstance(value, float):
+            raise NdplanError(old, value, "not a boolean (DeepSpeed's config refuses it)", "give true or false")
+        if value in TRUE_WORDS:
             out[new] = "cpu"
             notes.append(f"{old} {value} (deprecated): DeepSpeed reads it as {new} cpu (runtime/zero/config.py:188-219)")
     return out

@@ -355,7 +355,7 @@ def _origins(args, loc: dict, tp: int, seq, decoder_seq) -> dict:
     """Where the layout's fields came from: the line of their flag, an old or aliased flag, the default."""
     org = {f: f"line {loc[FLAG[f]] + 1}: {FLAG[f]}" if FLAG[f] in loc else "Megatron-LM default"
            for f in ("tp", "pp", "cp", "mbs", "gbs", "seq", "sp")}
-    for old, field in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
+    for old, field in ML.LEGACY_FIELDS:
         if getattr(args, old) is not None and FLAG[field] not in loc:
             org[field] = ML.LEGACY_FLAGS[old]
     if tp == 1 and FLAG["sp"] not in loc:

@@ -28,6 +28,7 @@ code and activations) with the ZeRO stage's sharding.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -94,6 +95,8 @@ EXPERT_INTERVAL_DEFAULT = 2
 (i + 1) % interval == 0 (model/transformer.py get_num_experts_per_layer, :1650-1658)."""
 CAPACITY_FACTOR_DEFAULT = 1.0
 """``--moe-train-capacity-factor`` default (arguments.py:913)."""
+MIN_CAPACITY_DEFAULT = 4
+"""``--moe-min-capacity`` default (arguments.py:917)."""
 
 
 def experts(args) -> None:
@@ -154,7 +157,7 @@ def moe_settings(args, is_moe: bool, notes: list) -> dict:
         cf = float(text)
     except ValueError:
         cf = float("nan")
-    if not cf > 0 or cf > 1000:
+    if not (cf > 0 and math.isfinite(cf)):
         raise NdplanError(FLAGS["ds_capacity"], text, "not a capacity factor", "give a number above 0, e.g. 1.0")
     permille = round(cf * 1000)
     return {} if permille == 1000 else {"moe_capacity_permille": permille}
@@ -177,7 +180,8 @@ def moe_note(args) -> str:
                 "busiest expert's count, counted as balanced routing (tokens x top-k rows)" + residual)
     return (f"Megatron-DeepSpeed MoE (DeepSpeed's gating, moe/sharded_moe.py): every expert padded to capacity "
             f"ceil(top-k x tokens / experts x {cf}) (--moe-train-capacity-factor), at least "
-            f"{args.ds_min_capacity or 4}: counted as {cf} x tokens x top-k rows through an all-to-all" + residual)
+            f"{_int(args, 'ds_min_capacity', lo=0) if args.ds_min_capacity is not None else MIN_CAPACITY_DEFAULT} "
+            f"(--moe-min-capacity): counted as {cf} x tokens x top-k rows through an all-to-all" + residual)
 
 
 SED_STAGE = re.compile(r"^s(.)ZERO_STAGE\1(\d)\1g?$")

@@ -23,6 +23,8 @@ LEGACY_FLAGS = {"legacy_tp": "--model-parallel-size", "legacy_mbs": "--batch-siz
 DeepSpeedExamples Megatron-LM-v1.1.5-3D_parallelism, the pipeline size and gradient accumulation
 steps): read as that version runs them; Megatron-LM@d98e8a64 refuses the first two
 (arguments.py:591-599)."""
+LEGACY_FIELDS = (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp"))
+"""LEGACY_FLAGS -> the strategy field each one sets."""
 HYBRID_FLAGS = {"hybrid_pattern": "--hybrid-layer-pattern", "hybrid_override": "--hybrid-override-pattern"}
 """A hybrid (Mamba) model's layer pattern; --hybrid-override-pattern is its deprecated name
 (arguments.py:743-755 at d98e8a64). Its layers are not modelled: refused in one line."""
@@ -50,10 +52,11 @@ def legacy(args, notes: list) -> int:
     absent; returns the gradient accumulation steps (--gas, 1). The fork's pretrain_gpt2.py builds
     its PipelineModule whenever --pipe-parallel-size > 0 (pretrain_gpt2.py:40-43), 0 being none:
     ``args.pipe_module`` (megatron_deepspeed.settings refuses ZeRO-2/3 under it)."""
-    args.pipe_module = args.legacy_pp is not None and args.legacy_pp.strip() not in ("0", "")
-    if args.legacy_pp is not None and not args.pipe_module:  # the fork's default 0: no pipeline
-        args.legacy_pp = "1"
-    for old, new in (("legacy_tp", "tp"), ("legacy_mbs", "mbs"), ("legacy_pp", "pp")):
+    stages = _int(args, "legacy_pp", LEGACY_FLAGS["legacy_pp"], lo=0)
+    args.pipe_module = bool(stages)
+    if stages is not None:  # the fork's default 0: no pipeline
+        args.legacy_pp = str(stages or 1)
+    for old, new in LEGACY_FIELDS:
         if getattr(args, old) is not None and getattr(args, new) is None:
             setattr(args, new, getattr(args, old))
             notes.append(f"{LEGACY_FLAGS[old]} {getattr(args, old)}: Megatron-LM v1.1.5's {FLAG[new]} (read as that "

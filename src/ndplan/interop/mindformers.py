@@ -319,7 +319,9 @@ def read_doc(doc: dict, *, model=None, name: str = "mindformers.yaml", seq: int 
     if (mc.get("fine_grain_interleave") or 1) > 1:
         notes.append(f"fine_grain_interleave={mc['fine_grain_interleave']} not modelled")
     pet = model_config(doc).get("pet_config")
-    if isinstance(pet, dict) and pet:  # MindFormers' parameter-efficient tuning (pet/ : LoRA, P-tuning, ...)
+    if pet is not None and not isinstance(pet, dict):
+        raise NdplanError(f"{MC}.pet_config", pet, "not a mapping", "write it as keys (pet_type: lora, ...)")
+    if pet:  # MindFormers' parameter-efficient tuning (pet/ : LoRA, P-tuning, ...)
         notes.append(f"{MC}.pet_config {pet.get('pet_type', '(no pet_type)')}: not modelled: the frozen base is counted with "
                      "gradients and optimizer states (over-counted), the adapters' own are not")
     if (doc.get("micro_batch_interleave_num") or 1) > 1:

@@ -82,6 +82,8 @@ LEGACY_SUFFIXES = ("_degree", "pipeline_parallel_schedule", "pipeline_parallel_s
 (57387af0: --training.tensor_parallel_degree, --experimental.pipeline_parallel_degree, ...)."""
 
 
+PARAM_DTYPES = ("bfloat16", "float32")
+"""``training.mixed_precision_param``: Literal["bfloat16", "float32"] (v0.2.2 config/job_config.py:282)."""
 FLOAT8_LINEAR_CONVERTERS = ("float8", "quantize.linear.float8")
 """torchtitan's name of the float8 linear converter (2025; v0.2.x components/quantization/float8.py:238);
 quantize.grouped_mm.float8 (the MoE grouped GEMMs) is not one of them."""
@@ -297,6 +299,9 @@ def read_flat(path: Path, text: str, flat: dict, *, model=None, gpus=None, seq=N
                                   schedule, lps, notes)
     ep, etp = _experts(get, spec, tp, notes)
     param_dtype = flat.get(KEY["param_dtype"], "bfloat16")
+    if param_dtype not in PARAM_DTYPES:
+        raise NdplanError(KEY["param_dtype"], param_dtype, "not a dtype torchtitan takes (v0.2.2 job_config.py:282)",
+                          f"give {' or '.join(PARAM_DTYPES)}")
     if param_dtype != "bfloat16":  # MixedPrecisionPolicy(param_dtype=...) (v0.2.2 job_config.py:282-288)
         notes.append(f"{KEY['param_dtype']} {param_dtype}: FSDP gathers and computes in it; not modelled: "
                      "estimated with bf16 gathered weights, activations and GEMMs")
