@@ -114,6 +114,8 @@ SOURCES = {  # id prefix -> source label
     "nemo_longseq_": "nemo",
 }
 CORE_EXCLUDED = ("nemo",)
+FIT_SOURCES = ("narayanan", "korthikanti", "mcore", "torchtitan")
+"""The sources catalog/mamf.TRAINING_GEMM_FRACTION was fitted on; the others are held out."""
 HW = {"A100-SXM4-80GB": "a100-80gb", "H100-SXM5-80GB": "h100-sxm", "H100-96GB-HBM2e-500W": "h100-96gb-hbm2e"}
 YEAR = {"narayanan": 2021, "korthikanti": 2022, "bloom": 2022, "mtnlg": 2022, "mcore": 2024,
         "torchtitan": 2024, "llama3": 2024, "nemo": 2024}
@@ -236,9 +238,15 @@ def map_published(src: str, c: dict):
     engine = None
     if engine_name == "megatron":  # Megatron-Core <= r0.8 (module docstring)
         engine = replace(ENGINE_PROFILES[engine_name], stage_gather_at_first_forward=False)
-    if "tp-comm-overlap" in other:
+    if src == "torchtitan":  # 2024: torch 2.4 nightly's SDPA order, flash first on sm90 (engine_time.attention_fa2)
+        engine = replace(engine or ENGINE_PROFILES[engine_name], attention_fa2=True)
+        notes.append("SDPA flash (FA2)")
+        if kw.get("weight_dtype") == "fp8":  # train_configs/llama3_405b.toml:56-59 at 9515a140b (PR #554)
+            engine = replace(engine, float8_all_gather=True)
+            notes.append("float8 all-gather")
+    if "tp-comm-overlap" in other or (p.get("other") or {}).get("async_tp"):  # torchtitan async TP: the same overlap
         engine = replace(engine or ENGINE_PROFILES[engine_name], overlap_tp_comm=True)
-        notes.append("tp-comm-overlap")
+        notes.append("tp-comm-overlap" if "tp-comm-overlap" in other else "async TP")
     return model, hw, strat, engine, notes
 
 
@@ -262,12 +270,31 @@ def run_published(overrides: dict) -> tuple[list[dict], list[dict]]:
             skipped.append({"id": c["id"], "reason": str(e)})
             continue
         terms = est.time_terms
+        span = vpp_span(c, model, hw, strat, engine)
         RUNS.append((src, Run(name=c["id"], model=model, hardware=hw, strategy=strat, step_s=meas, engine=engine)))
         rows.append({"id": c["id"], "source": src, "model": model.name, "hardware": hw.name,
                      "strategy": strat.as_dict(), "predicted_s": est.step_s, "measured_s": meas,
                      "measured_from": how, "error_pct": (est.step_s - meas) / meas * 100,
-                     "mfu_pred": est.mfu, "terms": terms, "notes": notes})
+                     "mfu_pred": est.mfu, "terms": terms, "notes": notes, "vpp_span": span})
     return rows, skipped
+
+
+def vpp_span(c: dict, model, hw, strat, engine) -> dict[int, float]:
+    """Predicted seconds at each virtual-stage count the layers allow, for a row whose source
+    states an interleaved schedule but not its vpp (the Llama 3 paper): the configuration is not
+    fully known, so the benchmark prints the range instead of choosing one."""
+    p = c["parallel"]
+    if p["vpp"] is not None or "interleaved" not in str(p.get("pp_schedule") or "") or strat.pp == 1:
+        return {}
+    out, L, v = {}, model.num_hidden_layers, 2
+    while strat.pp * v <= L:
+        try:
+            sv = replace(strat, vpp=v, schedule="interleaved", layers_per_stage=uneven_split(L, strat.pp * v))
+            out[v] = ndplan.estimate(model, hw, sv, c["hardware"]["count"], engine=engine).step_s
+        except ndplan.NdplanError:
+            pass
+        v *= 2
+    return out
 
 
 def summary(rows: list[dict]) -> dict:
@@ -277,6 +304,10 @@ def summary(rows: list[dict]) -> dict:
     core = [abs(r["error_pct"]) for r in rows if r["source"] not in CORE_EXCLUDED]
     out["core"] = statistics.median(core) if core else float("nan")
     out["all"] = statistics.median(abs(r["error_pct"]) for r in rows)
+    for group, keep in (("fitted", True), ("held_out", False)):
+        errs = [abs(r["error_pct"]) for r in rows if (r["source"] in FIT_SOURCES) == keep]
+        out[group] = statistics.median(errs) if errs else float("nan")
+        out[group + "_mean"] = statistics.mean(errs) if errs else float("nan")
     return out
 
 
@@ -288,12 +319,24 @@ def print_published(rows, skipped, summ):
         t = r["terms"]
         print(f"{r['id']:48s} {r['predicted_s']:9.3f} {r['measured_s']:9.3f} {r['error_pct']:+7.1f} "
               + " ".join(f"{t.get(k, 0.0):7.2f}" for _, k in TERM_COLS) + "  " + "; ".join(r["notes"]))
+    for r in rows:
+        if r["vpp_span"]:
+            lo, hi = min(r["vpp_span"].values()), max(r["predicted_s"], *r["vpp_span"].values())
+            print(f"  {r['id']}: vpp not published; predicted {r['predicted_s']:.2f} s at vpp 1, "
+                  + ", ".join(f"{t:.2f} s at vpp {v}" for v, t in r["vpp_span"].items())
+                  + f"; measured {r['measured_s']:.2f} s {'inside' if lo <= r['measured_s'] <= hi else 'outside'} "
+                  f"the range ({(lo - r['measured_s']) / r['measured_s'] * 100:+.1f} % at the fastest)")
     for s in skipped:
         print(f"  skipped {s['id']}: {s['reason']}")
     print("median |error| per source: " + ", ".join(f"{k} {v:.1f}% (n={sum(r['source'] == k for r in rows)})"
-                                                   for k, v in summ.items() if k not in ("core", "all")))
+                                                   for k, v in summ.items() if k in SOURCES.values()))
     print(f"median |error| core (all but {', '.join(CORE_EXCLUDED)}): {summ['core']:.1f}%   "
           f"all {len(rows)} cases: {summ['all']:.1f}%")
+    print(f"fitted sources ({', '.join(FIT_SOURCES)}; catalog/mamf.TRAINING_GEMM_FRACTION): median |error| "
+          f"{summ['fitted']:.1f}%, mean {summ['fitted_mean']:.1f}%   held out (the others): median "
+          f"{summ['held_out']:.1f}%, mean {summ['held_out_mean']:.1f}%")
+    over = [r["id"] for r in rows if abs(r["error_pct"]) > 25]
+    print(f"rows beyond 25 %: {len(over)} of {len(rows)}" + (f" ({', '.join(over)})" if over else ""))
 
 
 # --------------------------------------------------------------------------- (b) MindFormers

@@ -87,6 +87,29 @@ def test_attention_core_time_uses_the_cp_shard_length(cp):
     assert lo - hi == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("hw_name", ["h100-sxm", "a100-80gb"])
+def test_flash_attention_2_runs_at_its_own_hopper_plateau(hw_name):
+    """An engine running FlashAttention-2 (attention_fa2: PyTorch SDPA's flash backend, the
+    flash-attn package) times the core at the device's fa2_attention_efficiency: on H100 the
+    plateau the FlashAttention-2 bars above fit (backward, the longer pass), 0.347 of the peak
+    against the fused kernels' 0.55; the A100 has no such field (FlashAttention-2 is its
+    reference kernel), so nothing changes."""
+    s = 4096
+    hw = ndplan.load_hardware(hw_name)
+    fused = _compute(ndplan.Strategy(seq=s, gbs=1, mbs=1, zero=0, engine="fsdp"), hw)
+    fa2 = _compute(ndplan.Strategy(seq=s, gbs=1, mbs=1, zero=0, engine="fsdp[attention_fa2=1]"), hw)
+    if hw_name == "a100-80gb":
+        assert fa2 == fused
+        return
+    top = _fit_top(np.array(FA3_PAPER[("FlashAttention-2", "backward")], dtype=float), ATTN_HALF_TOKENS)
+    assert hw.fa2_attention_efficiency == pytest.approx(top / 989.4, abs=5e-4)
+    m = LLAMA2_7B
+    core_flops = 0.5 * 2 * s * s * m["a"] * 2 * m["d"]
+    per_eff = 3.5 * m["L"] * core_flops / (hw.bf16_tflops * 1e12) * (s + ATTN_HALF_TOKENS) / s
+    expected = per_eff * (1 / hw.fa2_attention_efficiency - 1 / hw.attention_efficiency)
+    assert fa2 - fused == pytest.approx(expected, rel=1e-9)
+
+
 def test_fp8_changes_only_the_layer_gemms_and_their_casts():
     s = 4096
     hw = ndplan.load_hardware("h100-sxm")
@@ -100,8 +123,9 @@ def test_fp8_changes_only_the_layer_gemms_and_their_casts():
     flops = sum(2 * s * k * n for k, n in gemms)
     inputs = sum(s * k for k, _ in gemms)
     outputs = sum(s * n for _, n in gemms)
-    eff, hbm = hw.gemm_efficiency, hw.hbm_gb_per_s * 1e9 * hw.hbm_efficiency
-    gemm_delta = 3 * flops / eff * (1 / (hw.fp8_tflops * 1e12) - 1 / (hw.bf16_tflops * 1e12))
+    hbm = hw.hbm_gb_per_s * 1e9 * hw.hbm_efficiency
+    gemm_delta = 3 * flops * (1 / (hw.fp8_tflops * 1e12 * hw.fp8_gemm_efficiency)
+                              - 1 / (hw.bf16_tflops * 1e12 * hw.gemm_efficiency))
     casts = (3 * inputs + 4 * outputs + 2 * inputs) / hbm
     assert fp8 - bf16 == pytest.approx(m["L"] * (gemm_delta + casts), rel=1e-9)
 
@@ -147,7 +171,8 @@ def test_torchtitan_float8_leaves_the_routed_experts_16_bit():
     gemms = [(4096, 6144), (4096, 4096)]
     flops = sum(2 * s * k * n for k, n in gemms)
     inputs, outputs = sum(s * k for k, _ in gemms), sum(s * n for _, n in gemms)
-    eff, hbm = hw.gemm_efficiency, hw.hbm_gb_per_s * 1e9 * hw.hbm_efficiency
-    per_layer = (3 * flops / eff * (1 / (hw.fp8_tflops * 1e12) - 1 / (hw.bf16_tflops * 1e12))
+    hbm = hw.hbm_gb_per_s * 1e9 * hw.hbm_efficiency
+    per_layer = (3 * flops * (1 / (hw.fp8_tflops * 1e12 * hw.fp8_gemm_efficiency)
+                              - 1 / (hw.bf16_tflops * 1e12 * hw.gemm_efficiency))
                  + (3 * inputs + 4 * outputs + 2 * inputs) / hbm)
     assert fp8 - bf16 == pytest.approx(32 * per_layer, rel=1e-9)

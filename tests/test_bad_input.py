@@ -674,6 +674,11 @@ for field, value, name in [
         ("intra_node_latency_us", "-5", "latency-negative"),
         ("inter_node_latency_us", ".inf", "latency-inf"),
         ("attention_efficiency", "0", "attention-efficiency-zero"),
+        ("mamf_bf16_tflops", "5000", "mamf-above-the-peak"),
+        ("mamf_bf16_tflops", ".nan", "mamf-nan"),
+        ("mamf_fp8_tflops", "-3", "mamf-fp8-negative"),
+        ("fp8_gemm_efficiency", "1.2", "fp8-gemm-efficiency-above-one"),
+        ("fa2_attention_efficiency", "0", "fa2-attention-efficiency-zero"),
 ]:
     add(f"estimate-hardware/hw/{name}", EH, field=field, files={"hw.yaml": hw_yaml(**{field: value})})
 
@@ -689,6 +694,8 @@ add("estimate/edge/set-engine-bool-one", [*E, "--set", "overlap_tp_comm=1"], 0)
 add("estimate/edge/set-engine-int-zero", [*E, "--set", "gather_prefetch_layers=0"], 0)
 add("estimate-hardware/edge/latency-zero", EH, 0, files={"hw.yaml": hw_yaml(intra_node_latency_us="0")})
 add("estimate-hardware/edge/gemm-efficiency-one", EH, 0, files={"hw.yaml": hw_yaml(gemm_efficiency="1.0")})
+add("estimate-hardware/edge/mamf-at-the-peak", EH, 0, files={"hw.yaml": hw_yaml(mamf_bf16_tflops=HW_FIELDS["bf16_tflops"])})
+add("estimate/set/mamf_bf16_tflops=nan", [*E, "--set", "mamf_bf16_tflops=nan"], field="mamf_bf16_tflops")
 add("estimate-model/edge/dropout-one", EM, 0, files={"m.yaml": model_yaml(attention_dropout="1.0")})
 add("sweep/edge/top-zero", [*S, "--top", "0"], 0)
 add("sweep/edge/top-at-bound", [*S, "--top", "1000"], 0)

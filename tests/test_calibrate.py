@@ -182,3 +182,24 @@ def test_one_run_cannot_fit_a_constant(tmp_path):
     f.write_text(yaml.safe_dump(doc))
     r = CliRunner().invoke(main, ["calibrate", str(f)])
     assert r.exit_code == 2 and r.output.count("error:") == 1, r.output
+
+
+def test_runs_on_flash_attention_2_recover_its_plateau_and_write_it_there():
+    """Runs whose engine runs FlashAttention-2 on H100 read fa2_attention_efficiency: generated
+    at 0.30 there, the fitted attention constant is 0.30, written into that field of the YAML
+    (the fused kernels' attention_efficiency keeps the catalog's)."""
+    from ndplan.calibrate import hardware_yaml
+    base = ndplan.load_hardware("h100-sxm")
+    truth = base.with_overrides({"fa2_attention_efficiency": 0.30})
+    model = ndplan.load_model("llama3-8b")
+    runs = []
+    for k, seq in enumerate((1024, 2048, 4096, 8192)):
+        strat = ndplan.Strategy(dp=8, seq=seq, gbs=8, engine="fsdp[attention_fa2=1]")
+        runs.append(Run(name=f"fa2-{k}", model=model, hardware=base, strategy=strat,
+                        step_s=ndplan.estimate(model, truth, strat).step_s))
+    f = fit(runs, ["attention_efficiency"])
+    assert f.values["attention_efficiency"] == pytest.approx(0.30, abs=1e-4)
+    doc = yaml.safe_load(hardware_yaml(f, "runs.yaml"))
+    assert doc["fa2_attention_efficiency"]["value"] == pytest.approx(0.30, abs=1e-4)
+    assert "fitted by ndplan calibrate" in doc["fa2_attention_efficiency"]["source"]
+    assert doc["attention_efficiency"]["value"] == base.attention_efficiency

@@ -125,3 +125,51 @@ def test_deepspeed_communication_data_type_is_read(tmp_path):
     f.write_text(json.dumps(doc | {"communication_data_type": "int8"}))
     with pytest.raises(ndplan.NdplanError, match="communication_data_type"):
         read_config(f, model="llama3-8b", gpus=2, seq=4096)
+
+
+LINEARS = LAYER - 2 * 4096  # q, k, v, o, gate, up, down: the weights torchao's float8 converter swaps
+
+
+def test_fsdp_float8_all_gather_sends_one_byte_per_linear_weight():
+    """torchtitan's enable_fsdp_float8_all_gather (EngineProfile.float8_all_gather): the swapped
+    linears' weights are gathered at 1 B, the norms and the embedding at 2 (torchao
+    fsdp_utils.py fsdp_pre_all_gather); the fp32 reduce-scatter is unchanged. Exposed: the first
+    unit's gather and the last unit's reduce; exposed + hidden: every gather (forward and
+    backward) and the reduce-scatter of the whole model."""
+    strat = ndplan.Strategy(dp=2, gbs=2, seq=4096, zero=3, engine="fsdp", weight_dtype="fp8")
+    eng = dataclasses.replace(profile("fsdp"), float8_all_gather=True)
+    unit = VOCAB + LAYER
+    assert dp_comm(strat, eng) == pytest.approx(ring(2 * unit - LINEARS) + ring(4 * unit), rel=1e-9)
+    est = ndplan.estimate(ndplan.load_model("llama3-8b"), HW, strat, 2, engine=eng)
+    every = 2 * ring(2 * TOTAL - 32 * LINEARS) + ring(4 * TOTAL)
+    assert est.time_terms["time.dp_comm"] + est.hidden_terms["hidden.dp_comm"] == pytest.approx(every, rel=1e-9)
+
+
+def all_reduce(nbytes: float) -> float:
+    """All-reduce of ``nbytes`` over two ranks: twice a ring's bytes and latencies."""
+    return nbytes / LINK + 2 * LAT
+
+
+@pytest.mark.parametrize("overlap,recompute", [(False, "none"), (True, "none"), (True, "full")])
+def test_tp_collectives_are_exposed_or_hidden(overlap, recompute):
+    """TP = 2 with SP: 4 all-reduce equivalents of the 2 x s x h-byte activation per layer and
+    micro-batch (6 under full recompute), exposed (time.tp_comm, the recompute's in
+    time.recompute) or, under overlap_tp_comm, hidden (hidden.tp_comm)."""
+    strat = ndplan.Strategy(tp=2, gbs=1, seq=4096, zero=0, recompute=recompute)
+    eng = dataclasses.replace(profile("megatron"), overlap_tp_comm=overlap)
+    est = ndplan.estimate(ndplan.load_model("llama3-8b"), HW, strat, 2, engine=eng)
+    one = 32 * all_reduce(2 * 4096 * 4096)
+    runs = 6 if recompute == "full" else 4
+    assert est.hidden_terms["hidden.tp_comm"] == pytest.approx(runs * one if overlap else 0.0, rel=1e-9, abs=1e-12)
+    assert est.time_terms["time.tp_comm"] == pytest.approx(0.0 if overlap else 4 * one, rel=1e-9, abs=1e-12)
+
+
+def test_cp_ring_is_hidden_under_the_attention_core():
+    """CP = 2: per layer and micro-batch, forward K, V and backward K, V, dK, dV of the 2,048 local
+    tokens (2 x 8 KV heads x 128 x 2 B per token each pair) cross the one ring step; a 2,048-token
+    attention core hides them all."""
+    strat = ndplan.Strategy(cp=2, gbs=1, seq=4096, zero=0)
+    est = ndplan.estimate(ndplan.load_model("llama3-8b"), HW, strat, 2)
+    kv = 2 * 2048 * 2 * 8 * 128
+    assert est.time_terms["time.cp_comm"] == 0.0
+    assert est.hidden_terms["hidden.cp_comm"] == pytest.approx(32 * 3 * (kv / LINK + LAT), rel=1e-9)

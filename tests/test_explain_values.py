@@ -90,6 +90,10 @@ def test_explain_values_equal_the_estimate(name):
             for k, v in time.items():
                 assert est.time_terms[k] == pytest.approx(v, rel=REL, abs=1e-15), (name, k)
             assert est.step_s == pytest.approx(got["time.step"].value, rel=REL)
+            hidden = {k: e.value for k, e in got.items() if k.startswith("hidden.")}
+            assert set(hidden) == set(est.hidden_terms)
+            for k, v in hidden.items():
+                assert est.hidden_terms[k] == pytest.approx(v, rel=REL, abs=1e-15), (name, k)
 
 
 @pytest.mark.parametrize("name", ["dense-megatron-interleaved-selective", "moe-megatron-ep-pp",

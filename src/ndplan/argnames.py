@@ -11,7 +11,7 @@ STRATEGY_ARGS: tuple[str, ...] = ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "m
                                   "first_layers", "last_layers")
 
 #: Hardware arguments (catalog.hardware.Hardware.kernel_values gives their values).
-HW_ARGS: tuple[str, ...] = ("peak", "peak_bf16", "eff_gemm", "eff_attn", "hbm_bytes_per_s", "eff_hbm", "bw_intra",
+HW_ARGS: tuple[str, ...] = ("peak", "peak_bf16", "eff_gemm", "eff_gemm8", "eff_attn", "hbm_bytes_per_s", "eff_hbm", "bw_intra",
                             "bw_inter", "eff_intra", "eff_inter", "lat_intra", "lat_inter", "node", "fp8_gemm")
 
 #: Model sizes: kernel argument (the short math name of symbols.ModelSymbols) -> ModelSpec field.

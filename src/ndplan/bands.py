@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ndplan.catalog import mamf
 from ndplan.catalog.hardware import EFFICIENCY_ARGS
 
 Z95 = 1.959964
@@ -42,7 +43,10 @@ part (c) over its five sources (1.1, 2.1, 3.0, 3.1, 6.0 %: 3.0 %)."""
 PRIORS: dict[str, tuple[float, str]] = {
     "gemm_efficiency": (0.08, "log-scale standard deviation (n - 1) of the GEMM efficiencies ndplan calibrate "
                               "fits to four published 16-bit sources (benchmarks/steptime_validation.py part c: "
-                              "Narayanan 0.823, Megatron-Core 0.697, Korthikanti 0.711, torchtitan 0.684): 0.084"),
+                              "Narayanan 0.823, Megatron-Core 0.697, Korthikanti 0.711, torchtitan 0.684): 0.084; "
+                              "a device without a published MAMF adds catalog/mamf.PRIOR_BF16_SIGMA"),
+    "fp8_gemm_efficiency": (0.08, "as gemm_efficiency (the same TRAINING_GEMM_FRACTION scales the FP8 MAMF); "
+                                  "a device without a published FP8 MAMF adds catalog/mamf.PRIOR_FP8_SIGMA"),
     "attention_efficiency": (0.25, "the long-sequence plateaus of the kernels engines run on H100 (fits to Shah "
                                    "et al. 2024 Figs. 5-6): FlashAttention-2 0.34, cuDNN 0.55-0.57, "
                                    "ln(0.56 / 0.34) / 2 = 0.25"),
@@ -67,6 +71,9 @@ def spreads(hw) -> dict[str, tuple[float, str]]:
     (ndplan calibrate's source text, Z95 wide on each side) or the prior."""
     out = {}
     for field, (sigma, src) in PRIORS.items():
+        extra = mamf.prior_sigma(field, hw.sources.get(field, ""))
+        if extra:
+            sigma, src = math.hypot(sigma, extra), f"{src}; with the MAMF prior's {extra:.3g}"
         out[field] = _fitted(hw.sources.get(field, "")) or (sigma, src)
     return out
 

@@ -2,7 +2,7 @@
 (``ndplan calibrate RUNS.yaml``; issue 16 part 4).
 
 The model's time Terms depend on the hardware constants of catalog/hardware.py
-(``EFFICIENCY_DEFAULTS``: achieved fractions of the GEMM and attention peaks, of HBM bandwidth
+(``EFFICIENCY_ARGS``: achieved fractions of the 16-bit and FP8 GEMM and attention peaks, of HBM bandwidth
 and of the intra- and inter-node collective bandwidths). They are kernel arguments, so one
 compiled step-time kernel per run, evaluated on arrays of constant values, gives each run's
 step time at any candidate set (estimate.step_time_function).
@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from ndplan import limits
-from ndplan.catalog.hardware import _NUMERIC, EFFICIENCY_ARGS, EFFICIENCY_DEFAULTS, Hardware
+from ndplan.catalog.hardware import _NUMERIC, EFFICIENCY_ARGS, EFFICIENCY_FIELDS, Hardware
+from ndplan.catalog.mamf import MAMF_FIELDS
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 from ndplan.strategy import Strategy
@@ -322,23 +323,40 @@ def step_seconds(field: str, v) -> float:
     return limits.real(field, v, 0.0, MAX_STEP_S, lo_open=True, what="the measured seconds per step")
 
 
+def _fitted_field(f: Fit, field: str) -> str | None:
+    """The fitted constant that ``field`` of the written YAML takes: itself, except that the
+    attention kernel argument (eff_attn) is ``fa2_attention_efficiency`` in the runs whose engine
+    runs FlashAttention-2 (EngineProfile.attention_fa2) on a device that has one, so the fit goes
+    to the field those runs read (to both when the runs mix kernels)."""
+    from ndplan.catalog.hardware import FA2_FIELD
+    from ndplan.engines import profile
+    if field not in (FA2_FIELD, "attention_efficiency"):
+        return field
+    fa2 = [bool((r.engine or profile(r.strategy.engine)).attention_fa2 and r.hardware.fa2_attention_efficiency)
+           for r in f.runs]
+    reads = any(fa2) if field == FA2_FIELD else not all(fa2)
+    return "attention_efficiency" if reads else None
+
+
 def hardware_yaml(f: Fit, runs_file: str) -> str:
     """The runs' hardware entry with the fitted constants, as a hardware YAML (-H FILE)."""
     import yaml
     hw = f.runs[0].hardware
     names = ", ".join(r.name for r in f.runs)
     doc = {"display_name": f"{hw.display_name} (calibrated)"}  # its name is the file's (load_hardware)
-    for k in (*_NUMERIC, *EFFICIENCY_DEFAULTS):
+    for k in (*_NUMERIC, *MAMF_FIELDS, *EFFICIENCY_FIELDS):
         v = getattr(hw, k)
         if v is None:
             continue
         src = hw.sources.get(k, "")
-        if k in f.values:
-            iv, loo = f.intervals[k], _median_abs(f.loo)
-            v = min(max(round(f.values[k], DIGITS), 10.0 ** -DIGITS), 1.0)  # in (0, 1] (FIELD_RULES)
+        fitted = _fitted_field(f, k)
+        if fitted in f.values:
+            k_fit = fitted
+            iv, loo = f.intervals[k_fit], _median_abs(f.loo)
+            v = min(max(round(f.values[k_fit], DIGITS), 10.0 ** -DIGITS), 1.0)  # in (0, 1] (FIELD_RULES)
             src = (f"fitted by ndplan calibrate on {runs_file} ({len(f.runs)} runs: {names}); 95 % interval "
                    + (f"{iv[0]:.4g} to {iv[1]:.4g}" if iv else "not available (as many runs as constants)")
-                   + ("; at a bound of the fit" if k in f.at_bound else "")
+                   + ("; at a bound of the fit" if k_fit in f.at_bound else "")
                    + "; leave-one-out median |error| " + ("n/a" if loo is None else f"{100 * loo:.1f} %")
                    + f"; was {getattr(hw, k)}")
         doc[k] = {"value": v, "source": src}

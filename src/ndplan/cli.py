@@ -136,10 +136,13 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
     for it in items:
         click.echo(explained_text(it, latex))
     if term is None or term.startswith("time."):
-        from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS
+        from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, EFFICIENCY_FIELDS
         click.echo(f"hardware constants of the time Terms ({hw.name}):")
-        for f in EFFICIENCY_DEFAULTS:
-            click.echo(f"  {f} = {getattr(hw, f):.4g}  ({hw.sources.get(f) or EFFICIENCY_DEFAULTS[f][1]})")
+        for f in EFFICIENCY_FIELDS:
+            if getattr(hw, f) is None or (f == "fp8_gemm_efficiency" and not hw.fp8_tflops):
+                continue  # FlashAttention-2 is the device's reference kernel; no FP8
+            src = hw.sources.get(f) or EFFICIENCY_DEFAULTS.get(f, (None, "set in Python"))[1]
+            click.echo(f"  {f} = {getattr(hw, f):.4g}  ({src})")
 
 
 @main.command()

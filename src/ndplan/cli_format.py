@@ -41,7 +41,18 @@ def time_summary(est) -> str:
     parts = ", ".join(f"{_short(k)} {fmt_seconds(v)}" for k, v in est.time_terms.items() if v > 5e-7)
     return (f"step {fmt_seconds(est.step_s)} (95% band {_band(band(est))} from the time constants)  "
             f"MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
-            f"{est.tokens_per_s:,.0f} tokens/s/device\n  time: {parts}\n  ({MFU_NOTE})")
+            f"{est.tokens_per_s:,.0f} tokens/s/device\n  time: {parts}\n{overlap_line(est)}  ({MFU_NOTE})")
+
+
+def overlap_line(est) -> str:
+    """The collectives per axis as exposed (in the step) + hidden (under compute) seconds, one
+    line, or nothing when the step runs no collective."""
+    axes = []
+    for axis in ("tp", "cp", "ep", "dp", "pp"):
+        shown, hidden = est.time_terms.get(f"time.{axis}_comm", 0.0), est.hidden_terms.get(f"hidden.{axis}_comm", 0.0)
+        if shown + hidden > 5e-7:
+            axes.append(f"{axis} {fmt_seconds(shown)} + {fmt_seconds(hidden)}")
+    return f"  communication, exposed + hidden under compute: {', '.join(axes)}\n" if axes else ""
 
 
 def estimate_text(est, model, hw, strat) -> str:

@@ -57,6 +57,17 @@ class TimeChoices:
     """ZeRO 1-2 reduce the gradient buckets by all-reduce (twice a reduce-scatter's bytes):
     DeepSpeed's ``use_multi_rank_bucket_allreduce`` (default true, zero/config.py:119;
     stage_1_and_2.py ``allreduce_and_scatter``)."""
+    attention_fa2: bool = False
+    """The attention core runs FlashAttention-2, timed at the device's ``fa2_attention_efficiency``
+    (catalog/hardware.py; below the fused kernels on Hopper, where FlashAttention-2 uses no
+    wgmma/TMA). Megatron-DeepSpeed calls the flash-attn package (megatron/model/transformer.py:53,
+    409 at f4157bea: ``flash_attn_varlen_func`` under --use-flash-attn-v2), so the deepspeed
+    profile sets it. Off: Transformer Engine picks cuDNN's FusedAttention on sm90 from v1.2, also
+    under context parallelism from v1.3 (attention.py:2383-2388 at v1.2; dot_product_attention/
+    utils.py:1647-1653 at main); torchtitan puts SDPA's cuDNN backend first since Oct 2025
+    (models/attention.py:88-93 at v0.2.0; before, flash first except on sm100, v0.1.0 :200-207);
+    PyTorch's own SDPA order put flash first on sm90 in torch 2.4 and 2.5.1-2.8 (cuDNN first only
+    in 2.5.0 and, with cuDNN above 9.15, from 2.9): set ``attention_fa2=1`` for such a run."""
     zero2_reduce_per_microbatch: bool = False
     """ZeRO-2 reduces every micro-batch's gradients as its backward fills the buckets (DeepSpeed
     stage_1_and_2.py:1414-1427 from the gradient hooks, engine.py:3084-3086), so the reduction

@@ -121,6 +121,7 @@ DEEPSPEED = EngineProfile(
     # micro-batch; PipelineEngine reduces after the last backward (engine_fields.py)
     overlap_grad_reduce=False, overlap_param_gather=False, grads_all_reduced=True, zero2_reduce_per_microbatch=True,
     grad_reduce_after_last_backward=True, grad_comm_bytes=2,
+    attention_fa2=True,  # Megatron-DeepSpeed's flash-attn 2 (engine_time.py)
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",

@@ -74,6 +74,18 @@ def _step_breakdown(spec, M, view) -> Breakdown:
     return step_time(spec, M, view)
 
 
+def _hidden_breakdown(spec, M, view) -> Breakdown:
+    from ndplan.formulas.step import hidden_comm
+    return hidden_comm(spec, M, view)
+
+
+def hidden_kernel(model: ModelSpec, view: Structure):
+    """The compiled kernel of the collective seconds that overlap compute (formulas/step.py
+    ``hidden_comm``; arguments as time_kernel's): built when a report asks, not by sweeps."""
+    return model_kernel(model, kernel_key(None, view, "hidden"), lambda spec, M: _hidden_breakdown(spec, M, view),
+                        STRATEGY_ARGS + HW_ARGS, use_disk=not view.hooks)
+
+
 def time_kernel(model: ModelSpec, view: Structure):
     """The compiled step-time kernel of ``view`` (arguments: strategy and hardware symbols)."""
     return model_kernel(model, kernel_key(None, view, "time"), lambda spec, M: _step_breakdown(spec, M, view),
@@ -142,6 +154,14 @@ class Estimate:
     ``engine``), or None: what bands.band re-evaluates."""
     _breakdowns: list = field(repr=False, default_factory=list)
     _time_breakdown: object = field(repr=False, default=None)
+    _hidden: object = field(repr=False, default=None)
+
+    @functools.cached_property
+    def hidden_terms(self) -> dict[str, float]:
+        """Collective seconds per axis that overlap compute (``hidden.tp_comm``, ``hidden.cp_comm``,
+        ``hidden.dp_comm``; formulas/step.py hidden_comm): beside the exposed ``time.*_comm``, what the
+        overlap hides. Evaluated on first use (its kernel is not a sweep's)."""
+        return self._hidden() if self._hidden else {}
 
     @property
     def breakdowns(self) -> list[Breakdown]:
@@ -191,8 +211,8 @@ class Estimate:
             "hardware": {"name": self.hardware.name, "hbm_bytes": self.hardware.hbm_bytes},
             "memory": {"per_stage": self.per_stage, "peak_bytes": self.peak_bytes,
                        "peak_stage": self.peak_stage, "host_bytes": self.host_bytes},
-            "time": {"step_s": self.step_s, "terms": self.time_terms, "mfu": self.mfu, "hfu": self.hfu,
-                     "tokens_per_s": self.tokens_per_s, "flops_per_step": self.flops_per_step},
+            "time": {"step_s": self.step_s, "terms": self.time_terms, "hidden": self.hidden_terms, "mfu": self.mfu,
+                     "hfu": self.hfu, "tokens_per_s": self.tokens_per_s, "flops_per_step": self.flops_per_step},
             "fits": self.fits,
         }
 
@@ -240,7 +260,8 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
     totals = model_totals(model, strat.seq, strat.recompute)
     host = float(host_kernel(model, view)(**strategy_values(strat), stage=0.0)["total.host_bytes"])  # stage 0, as before
     tview = structure(model, strat, engine)
-    tvals = _time_values(model, strat, tview, time_hw_values(hardware, strat, tview.engine))
+    hw_values = time_hw_values(hardware, strat, tview.engine)
+    tvals = _time_values(model, strat, tview, hw_values)
     time_terms = {k: float(v) for k, v in tvals.items()}
     if sum(time_terms.values()) > SUSPICIOUS_STEP_S:
         warn("step", f"{sum(time_terms.values()) / 86400:,.1f} days", "one training step longer than a day",
@@ -252,14 +273,24 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
                     params_active=round(totals["total.params_active"]) if model.is_moe else None,
                     host_bytes=int(np.ceil(host)), time_terms=time_terms, flops_per_step=flops,
                     hardware_flops_per_step=flops + rec, time_engine=engine, _breakdowns=bds,
-                    _time_breakdown=lambda: _step_breakdown(model, _model_symbols(model), tview))
+                    _time_breakdown=lambda: _step_breakdown(model, _model_symbols(model), tview),
+                    _hidden=lambda: _hidden_values(model, strat, tview, hw_values))
+
+
+def _hidden_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict) -> dict[str, float]:
+    """hidden_kernel's Terms for ``strat`` (the reference stage, recompute counted there, as _time_values)."""
+    head = strategy_values(strat, head_stage(strat, strat.pp))["nrec"]
+    out = hidden_kernel(model, tview)(**(strategy_values(strat) | {"nrec": head}), stage=0.0, **hw_values)
+    return {k: float(v) for k, v in out.items()}
 
 
 def time_hw_values(hardware: Hardware, strat: Strategy, engine: EngineProfile | None = None) -> dict:
     """The hardware kernel values ``strat``'s step time is evaluated at: fp8 GEMMs by the one rule
-    (engines.fp8_gemms) under ``engine`` or the strategy's own profile."""
+    (engines.fp8_gemms) and the attention kernel (EngineProfile.attention_fa2) under ``engine`` or
+    the strategy's own profile."""
     from ndplan.engines import profile
-    return hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, engine or profile(strat.engine)))
+    eng = engine or profile(strat.engine)
+    return hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, eng), fa2=eng.attention_fa2)
 
 
 def _time_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict) -> dict:

@@ -17,7 +17,7 @@ from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.catalog.hardware import Hardware
 from ndplan.formulas.memory import stage_memory
-from ndplan.formulas.step import step_time
+from ndplan.formulas.step import hidden_comm, step_time
 from ndplan.strategy import Strategy
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
@@ -85,6 +85,7 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
         tbd = step_time(spec, M, strat)
         bd = bd.plus(tbd.terms).plus([Term(key="time.step", expr=tbd.total("time."), unit="s",
                                            source="sum of the time.* terms above", note="one training step")])
+        bd = bd.plus(hidden_comm(spec, M, strat).terms)
         point |= {S.BY_NAME[k]: v for k, v in time_hw_values(hardware, strat).items()}
         time_point = point | {S.nrec: strategy_point(strat, ref)[S.nrec]}  # memory keeps this stage's nrec
     keys = bd.keys()
@@ -97,7 +98,8 @@ def explain(spec: ModelSpec, strat: Strategy, *, stage: int = 0, symbolic: bool 
     out = []
     for t in bd:
         expr = sp.sympify(t.expr)
-        value = expr.xreplace(model_subs).xreplace(at["time" if t.key.startswith("time.") else "mem"]).evalf(30)
+        timed = t.key.startswith(("time.", "hidden."))
+        value = expr.xreplace(model_subs).xreplace(at["time" if timed else "mem"]).evalf(30)
         out.append(Explained(key=t.key, formula=sp.sstr(expr), latex=sp.latex(expr), value=float(value),
                              unit=t.unit, source=t.source, note=t.note))
     return out

@@ -219,7 +219,8 @@ def evaluate(model: ModelSpec, hw: Hardware, cands: Candidates, seq: int, gbs: i
     """Peak memory and step time of every valid candidate, group by group, written into columns
     allocated once at the candidate count (the table's other columns are the groups' own)."""
     from ndplan import hooks
-    hw_values = hw.kernel_values(fp8=fp8_gemms(base.get("weight_dtype"), profile(base.get("engine", "megatron"))))
+    eng = profile(base.get("engine", "megatron"))
+    hw_values = hw.kernel_values(fp8=fp8_gemms(base.get("weight_dtype"), eng), fa2=eng.attention_fa2)
     n_all = cands.valid
     group_of = np.empty(n_all, dtype=np.int16 if len(cands.groups) < 2 ** 15 else np.int32)
     row_of = np.empty(n_all, dtype=np.int32)

@@ -67,7 +67,8 @@ def _posreal(name: str) -> sp.Symbol:
 # and `--set name=value` needs no recompilation.
 peak = _posreal("peak")            #: dense tensor-core FLOP/s of the GEMMs' dtype (fp8 or 16-bit)
 peak_bf16 = _posreal("peak_bf16")  #: dense 16-bit FLOP/s: attention core, router, output layer
-eff_gemm = _posreal("eff_gemm")    #: achieved / peak FLOP/s of large GEMMs
+eff_gemm = _posreal("eff_gemm")    #: achieved / 16-bit peak FLOP/s of a training step's GEMMs
+eff_gemm8 = _posreal("eff_gemm8")  #: achieved / FP8 peak FLOP/s of fp8 GEMMs (read only when fp8_gemm = 1)
 eff_attn = _posreal("eff_attn")    #: achieved / 16-bit peak FLOP/s of the fused attention core, long sequences
 hbm_bytes_per_s = _posreal("hbm_bytes_per_s")  #: HBM bandwidth, B/s (the capacity is Hardware.hbm_gib)
 eff_hbm = _posreal("eff_hbm")      #: achieved / nominal HBM bandwidth of streaming kernels

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ndplan import limits
+from ndplan.catalog import mamf
 from ndplan.catalog.files import catalog_names, read_mapping, resolve
 from ndplan.errors import NdplanError, warn
 from ndplan.units import GIB, GIGA, TERA
@@ -18,13 +19,6 @@ _NUMERIC = ("bf16_tflops", "fp8_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_
 #: Performance-model efficiencies and latencies: optional in a hardware YAML (same
 #: {value, source} form), overridable with ``--set name=value``. Defaults and why:
 EFFICIENCY_DEFAULTS: dict[str, tuple[float, str]] = {
-    "gemm_efficiency": (0.67, "achieved / dense peak of training GEMMs on A100/H100 class parts, set once "
-                              "from the 45 published step times of benchmarks/steptime_validation.py (all "
-                              "sources but NeMo): at the former 0.75 the model was too fast (median signed "
-                              "error -10 %, 34/45 cases under; median |error| 12.8 %, mean 15.3 %); the mean "
-                              "|error| is lowest at 0.67 (13.0 %; median 9.4 %, signed -1 %), and leaving "
-                              "each source out in turn the best value stays in 0.62-0.68. Small per-device "
-                              "GEMMs fall further through the roofline in formulas/step.py"),
     "attention_efficiency": (0.55, "long-sequence plateau of the fused attention core over the 16-bit peak "
                                    "(the length factor L/(L+400) is formulas/step.ATTN_HALF_TOKENS): Dao 2023 "
                                    "(FlashAttention-2) Sec. 4.1, forward 50-73 % and backward lower of the A100 "
@@ -38,14 +32,22 @@ EFFICIENCY_DEFAULTS: dict[str, tuple[float, str]] = {
     "intra_node_latency_us": (5.0, "named default: NCCL per-step latency inside a node, microseconds"),
     "inter_node_latency_us": (10.0, "named default: NCCL per-step latency across nodes, microseconds"),
 }
-EFFICIENCY_ARGS = {"gemm_efficiency": "eff_gemm", "attention_efficiency": "eff_attn", "hbm_efficiency": "eff_hbm",
+GEMM_EFFICIENCIES = ("gemm_efficiency", "fp8_gemm_efficiency")
+"""Efficiencies derived per device and dtype from its MAMF (catalog/mamf.py) unless given."""
+FA2_FIELD = "fa2_attention_efficiency"
+"""The attention plateau of FlashAttention-2 where it differs from the fused kernels (Hopper);
+unset, ``attention_efficiency`` (engine_time.TimeChoices.attention_fa2 picks it)."""
+EFFICIENCY_FIELDS = (*GEMM_EFFICIENCIES, *EFFICIENCY_DEFAULTS, FA2_FIELD)
+"""Every efficiency and latency field of the time model."""
+EFFICIENCY_ARGS = {"gemm_efficiency": "eff_gemm", "fp8_gemm_efficiency": "eff_gemm8", "attention_efficiency": "eff_attn", "hbm_efficiency": "eff_hbm",
                    "intra_node_efficiency": "eff_intra", "inter_node_efficiency": "eff_inter"}
 """Each efficiency field -> the kernel argument it gives (symbols.HW_SYMBOLS; kernel_values)."""
 _REQUIRED = ("bf16_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s",
              "devices_per_node")
 MAX_RATE = 1e6
 """Ceiling of a peak in TFLOPS and of a bandwidth in GB/s (about 400x today's parts)."""
-MIN_RATE = {"bf16_tflops": 1.0, "fp8_tflops": 1.0, "hbm_gb_per_s": 10.0, "intra_node_gb_per_s": 1.0,
+MIN_RATE = {"bf16_tflops": 1.0, "fp8_tflops": 1.0, "mamf_bf16_tflops": 1.0, "mamf_fp8_tflops": 1.0,
+            "hbm_gb_per_s": 10.0, "intra_node_gb_per_s": 1.0,
             "inter_node_gb_per_s": 0.1}
 """Floors: 1 TFLOPS (a T4 does 65 dense fp16), 10 GB/s of device memory (one DDR4
 channel is 25), 1 GB/s inside a node (a PCIe 3.0 x1 lane) and 0.1 GB/s between nodes
@@ -64,11 +66,12 @@ def _latency(field: str, v) -> float:
 
 
 FIELD_RULES = {
-    "bf16_tflops": _rate, "fp8_tflops": _rate, "hbm_gb_per_s": _rate, "intra_node_gb_per_s": _rate,
+    "bf16_tflops": _rate, "fp8_tflops": _rate, "mamf_bf16_tflops": _rate, "mamf_fp8_tflops": _rate,
+    "hbm_gb_per_s": _rate, "intra_node_gb_per_s": _rate,
     "inter_node_gb_per_s": _rate, "hbm_gib": limits.gib,
     "devices_per_node": lambda f, v: limits.count(f, v, 1, MAX_DEVICES_PER_NODE, "a device count"),
-    "gemm_efficiency": limits.fraction, "attention_efficiency": limits.fraction, "hbm_efficiency": limits.fraction,
-    "intra_node_efficiency": limits.fraction, "inter_node_efficiency": limits.fraction,
+    "gemm_efficiency": limits.fraction, "fp8_gemm_efficiency": limits.fraction, FA2_FIELD: limits.fraction,
+    "attention_efficiency": limits.fraction, "hbm_efficiency": limits.fraction, "intra_node_efficiency": limits.fraction, "inter_node_efficiency": limits.fraction,
     "intra_node_latency_us": _latency, "inter_node_latency_us": _latency,
 }
 """The one rule per numeric hardware field (catalog YAML, --set, Python): rates and sizes
@@ -100,8 +103,14 @@ class Hardware:
     inter_node_gb_per_s: float
     """Per-device unidirectional NIC bandwidth across nodes, GB/s."""
     devices_per_node: int
-    gemm_efficiency: float = EFFICIENCY_DEFAULTS["gemm_efficiency"][0]
-    """Achieved / peak FLOP/s of large GEMMs."""
+    mamf_bf16_tflops: float | None = None
+    """Maximum achievable BF16 matmul TFLOPS (best shape), measured; None if unpublished (catalog/mamf.py)."""
+    mamf_fp8_tflops: float | None = None
+    """Maximum achievable FP8 matmul TFLOPS, measured; None if unpublished."""
+    gemm_efficiency: float | None = None
+    """Achieved / 16-bit peak FLOP/s of a training step's GEMMs; None: derived from the MAMF (catalog/mamf.py)."""
+    fp8_gemm_efficiency: float | None = None
+    """Achieved / FP8 peak FLOP/s of fp8 GEMMs; None: derived from the FP8 MAMF (catalog/mamf.py)."""
     attention_efficiency: float = EFFICIENCY_DEFAULTS["attention_efficiency"][0]
     """Achieved / 16-bit peak FLOP/s of the fused attention core at long sequences (forward + backward)."""
     hbm_efficiency: float = EFFICIENCY_DEFAULTS["hbm_efficiency"][0]
@@ -110,6 +119,8 @@ class Hardware:
     """Collective bus bandwidth / nominal intra-node bandwidth."""
     inter_node_efficiency: float = EFFICIENCY_DEFAULTS["inter_node_efficiency"][0]
     """Collective bus bandwidth / nominal NIC bandwidth."""
+    fa2_attention_efficiency: float | None = None
+    """attention_efficiency of FlashAttention-2 where it runs below the fused kernels (Hopper); None: the same."""
     intra_node_latency_us: float = EFFICIENCY_DEFAULTS["intra_node_latency_us"][0]
     inter_node_latency_us: float = EFFICIENCY_DEFAULTS["inter_node_latency_us"][0]
     sources: dict = field(default_factory=dict)
@@ -127,10 +138,12 @@ class Hardware:
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_gb_per_s * GIGA
 
-    def kernel_values(self, fp8: bool = False) -> dict[str, float]:
+    def kernel_values(self, fp8: bool = False, fa2: bool = False) -> dict[str, float]:
         """Values of the hardware symbols (symbols.HW_SYMBOLS) in base units; ``fp8``: the GEMMs
         run in fp8 (engines.fp8_gemms), timed at the FP8 peak with their operands quantised
-        (``fp8_gemm``); the attention core, router and output layer keep the 16-bit peak (``peak_bf16``)."""
+        (``fp8_gemm``) at ``eff_gemm8``; the attention core, router and output layer keep the 16-bit
+        peak (``peak_bf16``) and ``eff_gemm``. ``fa2``: the engine's attention core is FlashAttention-2
+        (EngineProfile.attention_fa2), at ``fa2_attention_efficiency`` where the device has one."""
         if fp8 and not self.fp8_tflops:
             warn("fp8 GEMMs", "on", f"{self.name} has no FP8 peak", "its GEMMs are timed at the bf16 peak")
         fp8_on = bool(fp8 and self.fp8_tflops)
@@ -139,6 +152,7 @@ class Hardware:
                 "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA,
                 "bw_intra": self.intra_node_gb_per_s * GIGA, "bw_inter": self.inter_node_gb_per_s * GIGA,
                 **{arg: getattr(self, f) for f, arg in EFFICIENCY_ARGS.items()},
+                **({"eff_attn": self.fa2_attention_efficiency} if fa2 and self.fa2_attention_efficiency else {}),
                 "lat_intra": self.intra_node_latency_us * 1e-6, "lat_inter": self.inter_node_latency_us * 1e-6,
                 "node": float(self.devices_per_node)}
 
@@ -153,6 +167,10 @@ class Hardware:
                                   f"did you mean {', '.join(close)}?" if close else f"choose from {', '.join(sorted(FIELD_RULES))}")
             vals[k] = check_field(k, v, "--set")
         sources = dict(self.sources) | {k: "--set on the command line" for k in overrides}
+        for k in GEMM_EFFICIENCIES:  # a new MAMF re-derives the efficiencies that came from one
+            if k not in vals and any(m in vals for m in mamf.MAMF_FIELDS) and \
+                    str(sources.get(k, "")).startswith((mamf.DERIVED, mamf.PRIOR)):
+                vals[k] = None
         return replace(self, **vals, sources=sources)
 
     def __post_init__(self):
@@ -163,6 +181,17 @@ class Hardware:
             if v is None:
                 raise NdplanError(f_, v, f"missing in hardware '{self.name}'", f"add `{f_}: {{value: <number>, source: ...}}`")
             object.__setattr__(self, f_, check_field(f_, v, f"hardware '{self.name}'"))
+        for rate, peak in zip(mamf.MAMF_FIELDS, ("bf16_tflops", "fp8_tflops")):
+            m, top = getattr(self, rate), getattr(self, peak)
+            if m is not None and (top is None or m > top):
+                raise NdplanError(rate, m, f"above {peak}={top} in hardware '{self.name}' (a measured matmul "
+                                  "rate cannot beat the dense peak)", f"check both values; MAMF is at most the peak")
+        derived = mamf.derived(self.bf16_tflops, self.fp8_tflops, self.mamf_bf16_tflops, self.mamf_fp8_tflops)
+        missing = [f_ for f_ in GEMM_EFFICIENCIES if getattr(self, f_) is None]
+        for f_ in missing:
+            object.__setattr__(self, f_, derived[f_][0])
+        if missing:
+            object.__setattr__(self, "sources", dict(self.sources) | {f_: derived[f_][1] for f_ in missing})
 
 
 def load_hardware(name_or_path: str) -> Hardware:
@@ -171,7 +200,7 @@ def load_hardware(name_or_path: str) -> Hardware:
     path = resolve("hardware", name_or_path, "hardware")
     raw = read_mapping(path, "hardware")
     vals, sources = {}, {}
-    for f_ in _NUMERIC + tuple(EFFICIENCY_DEFAULTS):
+    for f_ in _NUMERIC + mamf.MAMF_FIELDS + EFFICIENCY_FIELDS:
         entry = raw.get(f_)
         v, src = (entry.get("value"), str(entry.get("source", ""))) if isinstance(entry, dict) else (entry, "")
         if isinstance(entry, dict) and entry.get("unverified"):

@@ -29,11 +29,13 @@ from ndplan.symbols import ModelSymbols
 
 
 def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, ref: dict,
-                 params: tuple) -> tuple[sp.Expr, str]:
-    """Exposed data-parallel seconds per step and their description (module docstring):
+                 params: tuple, stage=0) -> tuple[sp.Expr, str, sp.Expr]:
+    """Exposed data-parallel seconds per step, their description (module docstring) and the
+    seconds of every data-parallel collective the step runs, exposed or not:
     16-bit weights gathered, gradients (groups.grad_bytes per element) reduced, over the
     dp*cp ranks for non-expert and edp ranks for expert parameters; ``params``: the reference
-    stage's (non-expert, expert, embedding) parameters per device (local.stage_params)."""
+    stage's (non-expert, expert, embedding) parameters per device (local.stage_params), ``stage``
+    its index."""
     dense, expert, emb = params
     order = view.order
     dense_span, exp_span = C.span(order, ("cp", "dp")), C.span(order, ("dp",), "expert")
@@ -43,11 +45,11 @@ def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
         return op(n_dense, nbytes * d, dense_span) + (op(n_exp, nbytes * e, exp_span) if spec.is_moe else 0)
     pp = pp_expr(spec, view)
     if view.zero >= 3:
-        return _zero3_exposed(spec, M, view, eng, ref, both, emb, C.vmin(pp - 1, 1))
+        return _zero3_exposed(spec, M, view, eng, ref, both, emb, C.vmin(pp - 1, 1), (stage, dense))
     return _zero012_exposed(view, eng, ref, both, (dense, expert), pp, n_dense)
 
 
-def _zero3_exposed(spec, M, view, eng, ref, both, emb, piped) -> tuple[sp.Expr, str]:  # piped: 1 at pp > 1
+def _zero3_exposed(spec, M, view, eng, ref, both, emb, piped, wire) -> tuple[sp.Expr, str, sp.Expr]:  # pp>1: piped 1
     """ZeRO-3/FSDP: per micro-batch the weights are all-gathered for forward and for backward and
     the gradients reduce-scattered, each layer's collective prefetched under the neighbouring
     layer's compute (FSDP2 one layer ahead, _fsdp_param_group.py:540-555, 795-830; DeepSpeed's
@@ -58,21 +60,37 @@ def _zero3_exposed(spec, M, view, eng, ref, both, emb, piped) -> tuple[sp.Expr, 
     763-766; stage3.py:1407-1414). Under pipelining with pp_unsharded_stage_bytes the stage
     gathers once (its weights stay unsharded, pp_unsharded_stage_bytes) and reduces once after its
     last backward, exposed (pp_unsharded_stage_bytes: torch.distributed.pipelining keeps the stage
-    unsharded, stage.py:843-848, and reduces once, stage.py:1164-1191)."""
+    unsharded, stage.py:843-848, and reduces once, stage.py:1164-1191). Under FSDP float8
+    all-gather (EngineProfile.float8_all_gather) the swapped linears' weights travel at one byte
+    per element (fsdp_phases.gathered_layer, the bytes the memory side holds)."""
     wb, gb = ACT_BYTES, _comm_bytes(view, eng)
     first_kind = "dense" if has_kind(spec, "dense") else "moe"  # dense layers come first
     unit_d, unit_e = device_params(P.layer_pieces(spec, M, first_kind))
-    gather, reduce = both(C.all_gather, wb), both(C.all_gather, gb)
-    unit_g = both(C.all_gather, wb, emb + unit_d, unit_e)
+    dense, first = params_gathered(spec, M, view, eng, *wire, first_kind)
+    gather, reduce = both(C.all_gather, wb, dense), both(C.all_gather, gb)
+    unit_g = both(C.all_gather, wb, emb + unit_d - first, unit_e)
     unit_r = both(C.all_gather, gb, emb + unit_d, unit_e)
     forward = unit_g + C.vmax(0, gather - unit_g - ref["F"])
     backward = unit_r + C.vmax(0, gather + reduce - unit_r - ref["B"] - ref["W"])
     src = ("ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, "
            "prefetched under compute; the first unit's all-gather and the last unit's reduce-scatter exposed")
     if not eng.pp_unsharded_stage_bytes:
-        return S.m * (forward + backward), src
+        return S.m * (forward + backward), src, S.m * (2 * gather + reduce)
     return ((1 - piped) * S.m * (forward + backward) + piped * (forward + reduce),
-            src + "; at pp > 1 gathered once per step and reduced after the last backward")
+            src + "; at pp > 1 gathered once per step and reduced after the last backward",
+            (1 - piped) * S.m * (2 * gather + reduce) + piped * (gather + reduce))
+
+
+def params_gathered(spec, M, view, eng, stage, dense, first_kind) -> tuple[sp.Expr, sp.Expr]:
+    """(the stage's ``dense`` non-expert parameters as 16-bit elements on the all-gather's wire,
+    how many fewer the first layer (of ``first_kind``) sends): every parameter at 2 B, except the
+    float8 all-gather's one byte per swapped linear weight element (fsdp_phases.float8_stage_saving)."""
+    from ndplan.formulas.fsdp_phases import float8_stage_saving, gathered_layer
+    from ndplan.formulas.local import layer_params
+    if not eng.float8_all_gather:
+        return dense, sp.Integer(0)
+    first = (ACT_BYTES * layer_params(spec, M, first_kind) - gathered_layer(spec, M, eng, first_kind)) / ACT_BYTES
+    return dense - float8_stage_saving(spec, M, view, stage) / ACT_BYTES, first
 
 
 def _comm_bytes(view, eng) -> int:
@@ -80,7 +98,7 @@ def _comm_bytes(view, eng) -> int:
     return eng.grad_comm_bytes or G.grad_bytes(view, eng)
 
 
-def _zero012_exposed(view, eng, ref, both, params, pp, dp_ranks) -> tuple[sp.Expr, str]:
+def _zero012_exposed(view, eng, ref, both, params, pp, dp_ranks) -> tuple[sp.Expr, str, sp.Expr]:
     """ZeRO 0-2: the gradient all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1-2; all-reduce where
     the engine all-reduces its buckets) once per step, or every micro-batch at ZeRO-2 where the
     engine reduces as backward fills its buckets, plus the updated 16-bit weights' all-gather
@@ -123,4 +141,5 @@ def _zero012_exposed(view, eng, ref, both, params, pp, dp_ranks) -> tuple[sp.Exp
             f"{how}, overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}"
             + (", last gradient and first gather bucket exposed" if eng.grad_bucket_min_elements else "")
             + ("; each later pipeline stage gathers its weights at its first forward ((pp-1) x the gather)"
-               if stage_gather and eng.overlap_param_gather and view.zero else ""))
+               if stage_gather and eng.overlap_param_gather and view.zero else ""),
+            (S.m if per_mb else 1) * reduce + gather)

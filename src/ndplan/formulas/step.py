@@ -6,7 +6,8 @@ per-layer communication C_i (TP/SP collectives, CP ring exchange beyond the atte
 core it hides behind, EP all-to-all): t_i = F_i + B_i + W_i + R_i + C_i.
 
 Compute time of a GEMM is a roofline (Williams et al. 2009): max(FLOPs / (peak *
-eff_gemm), bytes / (hbm_bytes_per_s * eff_hbm)). The efficiency therefore falls for small per-device
+eff_gemm), bytes / (hbm_bytes_per_s * eff_hbm)), with ``eff_gemm8`` for fp8 GEMMs; both come
+per device and dtype from its maximum achievable matmul FLOP/s (catalog/mamf.py). The efficiency therefore falls for small per-device
 matrices: once 2*M*K*N / (2*(MK + KN + MN)) drops below peak*eff_gemm / (hbm_bytes_per_s*eff_hbm)
 FLOP/byte (about 220 on H100 at the defaults) the GEMM is bandwidth-bound, e.g. the
 expert GEMMs of a fine-grained MoE with few tokens per expert, or a TP-split head with
@@ -133,10 +134,14 @@ def fp8_capable(spec: ModelSpec, M: ModelSymbols, kind: str, eng: EngineProfile,
 
 
 def gemm_time(g: FL.Gemm, fp8: bool = False) -> sp.Expr:
-    """Roofline seconds of ``g``: at the GEMMs' peak (``peak``, the FP8 one under fp8 GEMMs) when
-    ``fp8`` says it can run in fp8, else at the 16-bit peak."""
-    peak = S.peak if fp8 else S.peak_bf16
-    return C.vmax(g.flops / (peak * S.eff_gemm), g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
+    """Roofline seconds of ``g``: at the GEMMs' peak and efficiency (``peak`` and ``eff_gemm8``,
+    the FP8 ones, under fp8 GEMMs: ``fp8_gemm`` = 1) when ``fp8`` says it can run in fp8, else at
+    the 16-bit peak and ``eff_gemm`` (catalog/mamf.py derives both per device)."""
+    if fp8:
+        rate = S.peak * (S.eff_gemm + S.fp8_gemm * (S.eff_gemm8 - S.eff_gemm))
+    else:
+        rate = S.peak_bf16 * S.eff_gemm
+    return C.vmax(g.flops / rate, g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
 
 
 def attention_core_time(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
@@ -214,25 +219,31 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
         ep_f = 2 * ep_one  # dispatch + combine
     comm_f = tp_f + cp_f + ep_f
     R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[view.recompute]
-    return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f}
+    runs = 3 if view.recompute == "full" else 2  # forward, backward and a full recompute's forward
+    hidden = {"tp_hidden": runs * (2 * tp_one - tp_f),
+              "cp_hidden": (runs - 1) * (cp_f_raw - cp_f) + 2 * cp_f_raw - cp_b}
+    return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f, **hidden}
 
 
 def head_parts(spec, M, c) -> dict:
     gemm = sum((gemm_time(g) for g in FL.head_gemms(spec, M, c)), sp.Integer(0))
     loss = LOSS_PASSES * 4 * c.s * c.b * M.V / c.t / (S.hbm_bytes_per_s * S.eff_hbm)
-    return {"F": gemm + loss, "B": gemm + loss, "W": gemm, "R": sp.Integer(0), "tp": sp.Integer(0),
-            "cp": sp.Integer(0), "ep": sp.Integer(0)}
+    return _zero() | {"F": gemm + loss, "B": gemm + loss, "W": gemm}
 
 
 PARTS = ("F", "B", "W", "R", "tp", "cp", "ep")
+"""The parts that take time on the device's critical path (they sum to a micro-batch's time)."""
+HIDDEN_PARTS = ("tp_hidden", "cp_hidden")
+"""Collective seconds that overlap compute (not on the critical path): TP/SP under
+overlap_tp_comm, the CP ring under the attention core; ``hidden_comm`` reports them."""
 
 
 def _add(a: dict, b: dict, k=1) -> dict:
-    return {p: a[p] + k * b[p] for p in PARTS}
+    return {p: a[p] + k * b[p] for p in PARTS + HIDDEN_PARTS}
 
 
 def _zero() -> dict:
-    return {p: sp.Integer(0) for p in PARTS}
+    return {p: sp.Integer(0) for p in PARTS + HIDDEN_PARTS}
 
 
 def stage_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, eng: EngineProfile,
@@ -336,7 +347,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     t_sum = sum(all_layers[k] for k in PARTS)
     bubble = _pipeline_bubble(view, ref, t_ref, t_max, t_sum, all_layers["W"])
     dense, expert, emb = stage_params(spec, M, view, stages[ref_i])
-    dp_time, dp_src = dp_comm_time(spec, M, view, eng, ref, (dense, expert, emb))
+    dp_time, dp_src, _ = dp_comm_time(spec, M, view, eng, ref, (dense, expert, emb), stages[ref_i])
     order = view.order
 
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
@@ -369,3 +380,27 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
           f"{optimizer_bytes_per_param(eng, view)} bytes per local parameter at HBM bandwidth"),
     ]
     return hooks.apply(Breakdown(tuple(terms)), spec, view)
+
+
+def hidden_comm(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineProfile | None = None) -> Breakdown:
+    """Collective seconds per step that run under compute, per axis (not in the step time, whose
+    ``time.*_comm`` Terms are the exposed parts): TP/SP under overlap_tp_comm, the CP ring under the
+    attention core, the data-parallel collectives beyond what dp_comm_time exposes (at least 0: a
+    later pipeline stage's gather can delay the fill by more than the stage's own collectives).
+    The EP all-to-all and pipeline send/recv are never hidden in this model."""
+    view = structure(spec, view, engine)
+    eng = view.engine
+    _, _, stages, per_stage, ref_i = _stages(spec, M, view, eng, act_context(spec, view))
+    ref = per_stage[ref_i]
+    params = stage_params(spec, M, view, stages[ref_i])
+    dp_exposed, _, dp_total = dp_comm_time(spec, M, view, eng, ref, params, stages[ref_i])
+    scope = "one device of the stage holding the head; seconds that overlap compute, not in the step time"
+    T = lambda key, expr, src: Term(key=key, expr=expr, unit="s", source=src, note=scope)  # noqa: E731
+    return Breakdown((
+        T("hidden.tp_comm", S.m * ref["tp_hidden"], "TP/SP collectives under the GEMMs (overlap_tp_comm): "
+          "the 4 all-reduce equivalents per layer and micro-batch that time.tp_comm leaves out (6 under full recompute)"),
+        T("hidden.cp_comm", S.m * ref["cp_hidden"], "CP ring K/V exchanges under the attention core: forward "
+          "(cp-1) x K,V and backward (cp-1) x K,V,dK,dV, less what time.cp_comm exposes"),
+        T("hidden.dp_comm", C.vmax(0, dp_total - dp_exposed), "every data-parallel gather and reduction of the "
+          "step (formulas/dp_comm.py) less time.dp_comm"),
+    ))
