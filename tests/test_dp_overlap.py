@@ -150,18 +150,33 @@ def all_reduce(nbytes: float) -> float:
     return nbytes / LINK + 2 * LAT
 
 
-@pytest.mark.parametrize("overlap,recompute", [(False, "none"), (True, "none"), (True, "full")])
-def test_tp_collectives_are_exposed_or_hidden(overlap, recompute):
+@pytest.mark.parametrize("overlap,recompute,layers", [(False, "none", None), (True, "none", None),
+                                                     (True, "full", None), (True, "full", 4), (True, "full", 0)])
+def test_tp_collectives_are_exposed_or_hidden(overlap, recompute, layers):
     """TP = 2 with SP: 4 all-reduce equivalents of the 2 x s x h-byte activation per layer and
-    micro-batch (6 under full recompute), exposed (time.tp_comm, the recompute's in
-    time.recompute) or, under overlap_tp_comm, hidden (hidden.tp_comm)."""
-    strat = ndplan.Strategy(tp=2, gbs=1, seq=4096, zero=0, recompute=recompute)
+    micro-batch, and 2 more for each layer a full recompute reruns (all 32, or the first
+    ``--recompute-layers``), exposed (time.tp_comm, the recompute's in time.recompute) or,
+    under overlap_tp_comm, hidden (hidden.tp_comm)."""
+    strat = ndplan.Strategy(tp=2, gbs=1, seq=4096, zero=0, recompute=recompute, recompute_layers=layers)
     eng = dataclasses.replace(profile("megatron"), overlap_tp_comm=overlap)
     est = ndplan.estimate(ndplan.load_model("llama3-8b"), HW, strat, 2, engine=eng)
-    one = 32 * all_reduce(2 * 4096 * 4096)
-    runs = 6 if recompute == "full" else 4
-    assert est.hidden_terms["hidden.tp_comm"] == pytest.approx(runs * one if overlap else 0.0, rel=1e-9, abs=1e-12)
-    assert est.time_terms["time.tp_comm"] == pytest.approx(0.0 if overlap else 4 * one, rel=1e-9, abs=1e-12)
+    one = all_reduce(2 * 4096 * 4096)  # per layer
+    rerun = 0 if recompute == "none" else (32 if layers is None else layers)
+    hidden = (4 * 32 + 2 * rerun) * one
+    assert est.hidden_terms["hidden.tp_comm"] == pytest.approx(hidden if overlap else 0.0, rel=1e-9, abs=1e-12)
+    assert est.time_terms["time.tp_comm"] == pytest.approx(0.0 if overlap else 4 * 32 * one, rel=1e-9, abs=1e-12)
+
+
+def test_hidden_dp_leaves_out_the_later_stages_gathers():
+    """ZeRO-1 at pp = 4, 1F1B (the case of test_megatron_later_stages_gather_at_their_first_forward):
+    time.dp_comm holds the head stage's last bucket, first gather bucket and the three later
+    stages' gathers on the fill; hidden.dp_comm is the rest of the head stage's own collectives:
+    its fp32 reduce-scatter and bf16 all-gather less the two buckets."""
+    strat = ndplan.Strategy(dp=2, pp=4, gbs=16, seq=4096, zero=1)
+    est = ndplan.estimate(ndplan.load_model("llama3-8b"), HW, strat, 8)
+    head, bucket = 8 * LAYER + 4096 + VOCAB, 40_000_000
+    own = ring(4 * head) + ring(2 * head)
+    assert est.hidden_terms["hidden.dp_comm"] == pytest.approx(own - ring(4 * bucket) - ring(2 * bucket), rel=1e-9)
 
 
 def test_cp_ring_is_hidden_under_the_attention_core():
@@ -173,3 +188,25 @@ def test_cp_ring_is_hidden_under_the_attention_core():
     kv = 2 * 2048 * 2 * 8 * 128
     assert est.time_terms["time.cp_comm"] == 0.0
     assert est.hidden_terms["hidden.cp_comm"] == pytest.approx(32 * 3 * (kv / LINK + LAT), rel=1e-9)
+
+
+def test_hidden_cp_ring_holds_the_link_the_dp_collectives_hide_on(monkeypatch):
+    """CP = 2 and DP = 2 inside one node share NVLink: while the ring hides under the attention
+    core, the link is busy, so where the data-parallel collectives are the bottleneck of their
+    windows (ZeRO-1 at 512 tokens: the 8B model's fp32 reduce-scatter outlasts a micro-batch's
+    backward, the bf16 all-gather its forward) each hidden ring second exposes one more
+    data-parallel second. The same expression with the links taken as separate
+    (dp_comm._same_link = 0) is the counterfactual; the difference is the whole hidden ring."""
+    from ndplan.explain import explain
+    from ndplan.formulas import dp_comm as D
+    model = ndplan.load_model("llama3-8b")
+    strat = ndplan.Strategy(dp=2, cp=2, gbs=2, seq=512, zero=1)
+    eng = dataclasses.replace(profile("megatron"), grad_bucket_min_elements=0)  # no bucket floor
+    strat = dataclasses.replace(strat, engine="megatron[grad_bucket_min_elements=0]")
+    shared = explain(model, strat, hardware=HW, term="time.dp_comm")[0].value
+    est = ndplan.estimate(model, HW, strat, 4, engine=eng)
+    assert shared == pytest.approx(est.time_terms["time.dp_comm"], rel=1e-9)
+    monkeypatch.setattr(D, "_same_link", lambda a, b: 0)
+    apart = explain(model, strat, hardware=HW, term="time.dp_comm")[0].value
+    assert est.hidden_terms["hidden.cp_comm"] > 0
+    assert shared - apart == pytest.approx(est.hidden_terms["hidden.cp_comm"], rel=1e-9)

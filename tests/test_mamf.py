@@ -12,8 +12,11 @@ import statistics
 
 import pytest
 
+from click.testing import CliRunner
+
 import ndplan
 from ndplan import bands
+from ndplan.cli import main
 from ndplan.catalog import mamf
 from ndplan.errors import NdplanError
 
@@ -116,3 +119,31 @@ def test_a_prior_mamf_widens_the_band():
     assert sigma == pytest.approx(math.hypot(base, mamf.PRIOR_BF16_SIGMA), rel=1e-12)
     fp8 = bands.spreads(ndplan.load_hardware("mi300x"))["fp8_gemm_efficiency"][0]
     assert fp8 == pytest.approx(math.hypot(bands.PRIORS["fp8_gemm_efficiency"][0], mamf.PRIOR_FP8_SIGMA), rel=1e-12)
+
+
+def test_a_new_peak_keeps_the_mamf_ratio():
+    """--set bf16_tflops (a power-capped or other-clocked part) scales the catalog's MAMF with it:
+    the efficiency, a ratio, stays; the MAMF never ends above the new peak."""
+    hw = ndplan.load_hardware("h100-sxm")
+    for peak in (756.0, 900.0):
+        moved = hw.with_overrides({"bf16_tflops": peak})
+        assert moved.mamf_bf16_tflops == pytest.approx(794.5 * peak / 989.4, rel=1e-12)
+        assert moved.gemm_efficiency == pytest.approx(hw.gemm_efficiency, rel=1e-12)
+    r = CliRunner().invoke(main, ["estimate", "-m", "llama3-8b", "-H", "h100-sxm", "--set", "bf16_tflops=756"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_mamf_without_its_peak_is_one_line():
+    hw = ndplan.load_hardware("a100-80gb")
+    with pytest.raises(NdplanError, match="mamf_fp8_tflops.*has no fp8_tflops"):
+        hw.with_overrides({"mamf_fp8_tflops": 500})
+
+
+def test_a_calibrated_fa2_interval_sets_the_band():
+    """The band of an engine running FlashAttention-2 takes the fa2 field's calibrated interval,
+    not the attention prior (bands.spreads)."""
+    hw = ndplan.load_hardware("h100-sxm")
+    text = "fitted by ndplan calibrate on runs.yaml (4 runs: a); 95 % interval 0.2 to 0.4"
+    hw = dataclasses.replace(hw, sources=dict(hw.sources) | {"fa2_attention_efficiency": text})
+    assert bands.spreads(hw, fa2=True)["attention_efficiency"][0] == pytest.approx(math.log(2) / (2 * bands.Z95))
+    assert bands.spreads(hw)["attention_efficiency"][0] == bands.PRIORS["attention_efficiency"][0]

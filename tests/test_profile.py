@@ -59,6 +59,11 @@ def test_constants_of_a_profile_by_hand():
     assert found["intra_node_efficiency"][0] == pytest.approx(busbw / (HW.intra_node_gb_per_s * 1e9), rel=1e-12)
     assert found["intra_node_latency_us"][0] == pytest.approx(7e-5 / 7 * 1e6, rel=1e-12)
     assert "inter_node_efficiency" not in found  # one node: no inter-node group measured
+    # 16-bit GEMMs were timed: the FP8 efficiency moves with them at the catalog's MAMF ratio
+    # (1402.6 / 1978.9 over 794.5 / 989.4, Bekman's H100 SXM rows); the attention plateau is SDPA's
+    ratio = (1402.6 / 1978.9) / (794.5 / 989.4)
+    assert found["fp8_gemm_efficiency"][0] == pytest.approx(found["gemm_efficiency"][0] * ratio, rel=1e-9)
+    assert found["fa2_attention_efficiency"][0] == found["attention_efficiency"][0]
 
 
 def test_the_planned_model_shapes_are_interpolated():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ndplan.catalog import mamf
-from ndplan.catalog.hardware import EFFICIENCY_ARGS
+from ndplan.catalog.hardware import EFFICIENCY_ARGS, FA2_FIELD
 
 Z95 = 1.959964
 """Two-sided 95 % point of the normal distribution."""
@@ -66,15 +66,19 @@ _FITTED = re.compile(r"fitted by ndplan calibrate.*?95 % interval "
                      r"(?:([0-9.eE+-]+) to ([0-9.eE+-]+)|([0-9.]+)-([0-9.]+))")
 
 
-def spreads(hw) -> dict[str, tuple[float, str]]:
+def spreads(hw, fa2: bool = False) -> dict[str, tuple[float, str]]:
     """Each constant's log-scale deviation and where it comes from: a calibrated interval
-    (ndplan calibrate's source text, Z95 wide on each side) or the prior."""
+    (ndplan calibrate's source text, Z95 wide on each side) or the prior. ``fa2``: the engine
+    runs FlashAttention-2, so the attention constant is the device's fa2_attention_efficiency
+    where it has one (its calibrated interval, if any)."""
     out = {}
     for field, (sigma, src) in PRIORS.items():
-        extra = mamf.prior_sigma(field, hw.sources.get(field, ""))
+        read = FA2_FIELD if (field == "attention_efficiency" and fa2 and hw.fa2_attention_efficiency) else field
+        text = hw.sources.get(read, "")
+        extra = mamf.prior_sigma(field, text)
         if extra:
             sigma, src = math.hypot(sigma, extra), f"{src}; with the MAMF prior's {extra:.3g}"
-        out[field] = _fitted(hw.sources.get(field, "")) or (sigma, src)
+        out[field] = _fitted(text) or (sigma, src)
     return out
 
 
@@ -123,7 +127,8 @@ def band(est) -> Band:
     t = np.broadcast_to(step_time_function(est.model, strat, eng)(**args), (2 * len(fields) + 1,))
     lt = np.log(t)
     sens = {f: float((lt[1 + 2 * j] - lt[2 + 2 * j]) / (2 * STEP)) for j, f in enumerate(fields)}
-    sig = {f: s for f, (s, _) in spreads(hw).items()}
+    from ndplan.engines import profile
+    sig = {f: s for f, (s, _) in spreads(hw, (eng or profile(strat.engine)).attention_fa2).items()}
     half = Z95 * math.sqrt(sum((sens[f] * sig[f]) ** 2 for f in fields))
     return Band(step_s=float(t[0]), low_s=float(t[0] * math.exp(-half)), high_s=float(t[0] * math.exp(half)),
                 sensitivity=sens, sigma=sig)

@@ -107,6 +107,14 @@ class Fit:
     peaks: list[tuple[float, float] | None] = field(default_factory=list)
     """(predicted, measured) peak GiB of the runs that give peak_gib, else None."""
 
+    def was(self, name: str) -> float:
+        """The value of constant ``name`` the runs were predicted with before the fit (the first
+        run's kernel value: ``attention_efficiency`` is fa2_attention_efficiency where its engine
+        runs FlashAttention-2)."""
+        from ndplan.estimate import time_hw_values
+        r = self.runs[0]
+        return time_hw_values(r.hardware, r.strategy, r.engine)[FITTABLE[name]]
+
     def to_json(self) -> dict:
         def pct(x):
             return None if x is None else round(100 * x, 3)
@@ -358,7 +366,7 @@ def hardware_yaml(f: Fit, runs_file: str) -> str:
                    + (f"{iv[0]:.4g} to {iv[1]:.4g}" if iv else "not available (as many runs as constants)")
                    + ("; at a bound of the fit" if k_fit in f.at_bound else "")
                    + "; leave-one-out median |error| " + ("n/a" if loo is None else f"{100 * loo:.1f} %")
-                   + f"; was {getattr(hw, k)}")
+                   + f"; was {getattr(hw, k):.4g}")
         doc[k] = {"value": v, "source": src}
     return "# Written by ndplan calibrate: use it as -H FILE with any command.\n" + yaml.safe_dump(
         doc, sort_keys=False, width=120)

@@ -136,13 +136,17 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
     for it in items:
         click.echo(explained_text(it, latex))
     if term is None or term.startswith("time."):
-        from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, EFFICIENCY_FIELDS
+        from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, EFFICIENCY_FIELDS, FA2_FIELD
+        from ndplan.engines import profile
+        fa2 = bool(profile(strat.engine).attention_fa2 and hw.fa2_attention_efficiency)
+        unread = {FA2_FIELD: not fa2, "attention_efficiency": fa2}
         click.echo(f"hardware constants of the time Terms ({hw.name}):")
         for f in EFFICIENCY_FIELDS:
             if getattr(hw, f) is None or (f == "fp8_gemm_efficiency" and not hw.fp8_tflops):
                 continue  # FlashAttention-2 is the device's reference kernel; no FP8
             src = hw.sources.get(f) or EFFICIENCY_DEFAULTS.get(f, (None, "set in Python"))[1]
-            click.echo(f"  {f} = {getattr(hw, f):.4g}  ({src})")
+            mark = " [not read: the engine's attention kernel is the other one]" if unread.get(f) else ""
+            click.echo(f"  {f} = {getattr(hw, f):.4g}{mark}  ({src})")
 
 
 @main.command()
@@ -182,6 +186,8 @@ def hardware(as_json):
     rows = [{"name": h.name, "display_name": h.display_name, "bf16_tflops": h.bf16_tflops, "fp8_tflops": h.fp8_tflops,
              "hbm_gib": h.hbm_gib, "hbm_gb_per_s": h.hbm_gb_per_s, "intra_node_gb_per_s": h.intra_node_gb_per_s,
              "inter_node_gb_per_s": h.inter_node_gb_per_s, "devices_per_node": h.devices_per_node,
+             "mamf_bf16_tflops": h.mamf_bf16_tflops, "mamf_fp8_tflops": h.mamf_fp8_tflops,
+             "gemm_efficiency": h.gemm_efficiency, "fp8_gemm_efficiency": h.fp8_gemm_efficiency,
              "unverified": sorted(k for k, v in h.sources.items() if "(unverified)" in v)} for h in list_hardware()]
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -19,7 +19,7 @@ def report_text(f, out: str | None) -> str:
     lines = [f"fitted on {len(f.runs)} runs ({f.dof} degrees of freedom), hardware {f.runs[0].hardware.name}:"]
     for k, v in f.values.items():
         iv = f.intervals[k]
-        was = getattr(f.runs[0].hardware, k)
+        was = f"{f.was(k):.4g}"
         span = f"95 % interval {iv[0]:.3f}-{iv[1]:.3f}" if iv else "no interval (as many runs as constants)"
         bound = "; AT A BOUND: the runs disagree with the model's structure, not this constant" \
             if k in f.at_bound else ""
@@ -50,8 +50,8 @@ def register(main):
     @click.argument("runs_file", metavar="RUNS.yaml", type=click.Path(dir_okay=False))
     @click.option("--fit", "names", default=None,
                   help="Comma-separated constants to fit (default: every one the runs can tell apart): "
-                       "gemm_efficiency, attention_efficiency, hbm_efficiency, intra_node_efficiency, "
-                       "inter_node_efficiency.")
+                       "gemm_efficiency, fp8_gemm_efficiency, attention_efficiency, hbm_efficiency, "
+                       "intra_node_efficiency, inter_node_efficiency.")
     @click.option("--out", "-o", default=None, type=click.Path(dir_okay=False),
                   help="Write the runs' hardware entry with the fitted values as a hardware YAML (-H FILE).")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

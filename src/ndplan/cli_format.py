@@ -52,7 +52,9 @@ def overlap_line(est) -> str:
         shown, hidden = est.time_terms.get(f"time.{axis}_comm", 0.0), est.hidden_terms.get(f"hidden.{axis}_comm", 0.0)
         if shown + hidden > 5e-7:
             axes.append(f"{axis} {fmt_seconds(shown)} + {fmt_seconds(hidden)}")
-    return f"  communication, exposed + hidden under compute: {', '.join(axes)}\n" if axes else ""
+    again = ("; a full recompute's exposed collectives are inside recompute"
+             if est.strategy.recompute == "full" and axes else "")
+    return f"  communication, exposed + hidden under compute: {', '.join(axes)}{again}\n" if axes else ""
 
 
 def estimate_text(est, model, hw, strat) -> str:
@@ -108,8 +110,9 @@ def hardware_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         flag = f"  unverified: {', '.join(r['unverified'])}" if r["unverified"] else ""
         link = f"{r['intra_node_gb_per_s']:g}/{r['inter_node_gb_per_s']:g}"
-        out.append(f"{r['name']:<{name_w}} {r['bf16_tflops']:>7g} TFLOPS bf16  {r['hbm_gib']:>5g} GiB  "
-                   f"{link:>8} GB/s intra/inter  {r['devices_per_node']:>2}/node  {r['display_name']}{flag}")
+        out.append(f"{r['name']:<{name_w}} {r['bf16_tflops']:>7g} TFLOPS bf16 (GEMMs at {r['gemm_efficiency']:.0%})  "
+                   f"{r['hbm_gib']:>5g} GiB  {link:>8} GB/s intra/inter  {r['devices_per_node']:>2}/node  "
+                   f"{r['display_name']}{flag}")
     return out
 
 

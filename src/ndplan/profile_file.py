@@ -6,12 +6,15 @@ it came from the profile (``ndplan explain`` prints the sources of the hardware 
   micro-batch, tp and cp; a sweep or compare, which rank many degrees, takes tp 1), each timed
   at the rate interpolated in log space between the measured GEMMs (log TFLOP/s against log
   FLOPs per GEMM, piecewise linear, held flat beyond the ends), weighted by how often each runs
-  (local experts, layers of its kind): sum FLOPs / sum seconds / the 16-bit peak. The profile
-  times 16-bit GEMMs; under fp8 GEMMs this efficiency is applied to the FP8 peak.
+  (local experts, layers of its kind): sum FLOPs / sum seconds / the 16-bit peak.
+* fp8_gemm_efficiency: the profile times 16-bit GEMMs only, so the FP8 one moves with it, at the
+  catalog's ratio fp8_gemm_efficiency / gemm_efficiency (their MAMF ratios, catalog/mamf.py).
 * attention_efficiency: the longest measured causal attention, forward + backward FLOPs (2 and
   5 of the 4 b h s^2 d / 2 causal products, FlashAttention-2 Sec. 3.2) over its seconds, over the
   16-bit peak, divided by the length factor s / (s + formulas.step.ATTN_HALF_TOKENS): the
-  plateau that ``attention_efficiency`` means.
+  plateau that ``attention_efficiency`` means, of the kernel torch's SDPA picks on the profiled
+  machine; it is also ``fa2_attention_efficiency`` where the device has one (the profile cannot
+  tell the engine's kernel from SDPA's).
 * hbm_efficiency: the copy's read + write bytes per second over the nominal bandwidth.
 * intra_node_efficiency / inter_node_efficiency: all-gather bus bandwidth at the largest size
   (the 'intra' group, or 'world' on one node; 'inter' across nodes) over the nominal link;
@@ -163,8 +166,16 @@ def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, wh
             out[name] = (v, f"{tag}: {how}")
     eff("gemm_efficiency", gemm_efficiency(doc, peak, model, seq, tp, mbs, cp),
         "the planned layer GEMMs at rates interpolated in log space between the measured ones, over the 16-bit peak")
-    eff("attention_efficiency", attention_efficiency(doc, peak),
-        "the longest causal attention's forward + backward FLOP/s over the 16-bit peak, over the length factor")
+    if "gemm_efficiency" in out and hw.fp8_tflops:
+        ratio = hw.fp8_gemm_efficiency / hw.gemm_efficiency
+        eff("fp8_gemm_efficiency", out["gemm_efficiency"][0] * ratio,
+            f"the profiled gemm_efficiency x the catalog's fp8 / 16-bit GEMM efficiency ratio {ratio:.3g} "
+            "(16-bit GEMMs were timed)")
+    attn = attention_efficiency(doc, peak)
+    how = "the longest causal attention's forward + backward FLOP/s over the 16-bit peak, over the length factor"
+    eff("attention_efficiency", attn, how)
+    if hw.fa2_attention_efficiency:
+        eff("fa2_attention_efficiency", attn, how + " (SDPA's kernel on the profiled machine)")
     if doc.get("hbm"):
         r = max(doc["hbm"], key=lambda x: x["bytes"])
         eff("hbm_efficiency", 2 * r["bytes"] / r["seconds"] / (hw.hbm_gb_per_s * 1e9), "copy read + write bytes/s")

@@ -167,9 +167,14 @@ class Hardware:
                                   f"did you mean {', '.join(close)}?" if close else f"choose from {', '.join(sorted(FIELD_RULES))}")
             vals[k] = check_field(k, v, "--set")
         sources = dict(self.sources) | {k: "--set on the command line" for k in overrides}
-        for k in GEMM_EFFICIENCIES:  # a new MAMF re-derives the efficiencies that came from one
-            if k not in vals and any(m in vals for m in mamf.MAMF_FIELDS) and \
-                    str(sources.get(k, "")).startswith((mamf.DERIVED, mamf.PRIOR)):
+        for rate, peak in zip(mamf.MAMF_FIELDS, ("bf16_tflops", "fp8_tflops")):
+            old, top = getattr(self, rate), vals.get(peak)
+            if top and old and rate not in vals and getattr(self, peak):  # a new peak keeps the MAMF's ratio
+                vals[rate] = old * top / getattr(self, peak)
+                sources[rate] = f"{self.sources.get(rate, '')}; scaled with {peak} set on the command line"
+        moved = set(vals) & {*mamf.MAMF_FIELDS, "bf16_tflops", "fp8_tflops"}
+        for k in GEMM_EFFICIENCIES:  # a new MAMF or peak re-derives the efficiencies that came from them
+            if k not in vals and moved and str(sources.get(k, "")).startswith((mamf.DERIVED, mamf.PRIOR)):
                 vals[k] = None
         return replace(self, **vals, sources=sources)
 
@@ -183,9 +188,12 @@ class Hardware:
             object.__setattr__(self, f_, check_field(f_, v, f"hardware '{self.name}'"))
         for rate, peak in zip(mamf.MAMF_FIELDS, ("bf16_tflops", "fp8_tflops")):
             m, top = getattr(self, rate), getattr(self, peak)
-            if m is not None and (top is None or m > top):
+            if m is not None and top is None:
+                raise NdplanError(rate, m, f"given for hardware '{self.name}', which has no {peak}",
+                                  f"give {peak} too, or remove {rate}")
+            if m is not None and m > top:
                 raise NdplanError(rate, m, f"above {peak}={top} in hardware '{self.name}' (a measured matmul "
-                                  "rate cannot beat the dense peak)", f"check both values; MAMF is at most the peak")
+                                  "rate cannot beat the dense peak)", "check both values; MAMF is at most the peak")
         derived = mamf.derived(self.bf16_tflops, self.fp8_tflops, self.mamf_bf16_tflops, self.mamf_fp8_tflops)
         missing = [f_ for f_ in GEMM_EFFICIENCIES if getattr(self, f_) is None]
         for f_ in missing:

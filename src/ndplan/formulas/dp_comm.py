@@ -7,8 +7,9 @@ gather behind the first forward, except the last gradient bucket and the first g
 without overlap, or where a pipeline reduces after its last backward, they are exposed.
 ZeRO-3 (``_zero3_exposed``): per micro-batch the gathers for forward and backward and the
 reduce-scatter, prefetched under the neighbouring layer's compute, except the first unit's
-gather and the last unit's reduce-scatter. The EngineProfile time fields cite each engine's
-lines; tests/test_dp_overlap.py derives the exposed seconds by hand.
+gather and the last unit's reduce-scatter. The compute windows they hide in lose the time the
+hidden TP and CP collectives hold the same links (``shared_window``). The EngineProfile time
+fields cite each engine's lines; tests/test_dp_overlap.py derives the exposed seconds by hand.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ndplan.symbols import ModelSymbols
 def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfile, ref: dict,
                  params: tuple, stage=0) -> tuple[sp.Expr, str, sp.Expr]:
     """Exposed data-parallel seconds per step, their description (module docstring) and the
-    seconds of every data-parallel collective the step runs, exposed or not:
+    seconds of the stage's own data-parallel collectives that hide under compute:
     16-bit weights gathered, gradients (groups.grad_bytes per element) reduced, over the
     dp*cp ranks for non-expert and edp ranks for expert parameters; ``params``: the reference
     stage's (non-expert, expert, embedding) parameters per device (local.stage_params), ``stage``
@@ -44,6 +45,7 @@ def dp_comm_time(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineP
     def both(op, nbytes, d=dense, e=expert):  # a dense model runs no expert collective (nor its latency)
         return op(n_dense, nbytes * d, dense_span) + (op(n_exp, nbytes * e, exp_span) if spec.is_moe else 0)
     pp = pp_expr(spec, view)
+    ref = shared_window(view, ref, dense_span)  # the windows the collectives hide in
     if view.zero >= 3:
         return _zero3_exposed(spec, M, view, eng, ref, both, emb, C.vmin(pp - 1, 1), (stage, dense))
     return _zero012_exposed(view, eng, ref, both, (dense, expert), pp, n_dense)
@@ -70,15 +72,35 @@ def _zero3_exposed(spec, M, view, eng, ref, both, emb, piped, wire) -> tuple[sp.
     gather, reduce = both(C.all_gather, wb, dense), both(C.all_gather, gb)
     unit_g = both(C.all_gather, wb, emb + unit_d - first, unit_e)
     unit_r = both(C.all_gather, gb, emb + unit_d, unit_e)
-    forward = unit_g + C.vmax(0, gather - unit_g - ref["F"])
-    backward = unit_r + C.vmax(0, gather + reduce - unit_r - ref["B"] - ref["W"])
+    forward = unit_g + C.vmax(0, gather - unit_g - ref["fwd_window"])
+    backward = unit_r + C.vmax(0, gather + reduce - unit_r - ref["bwd_window"])
     src = ("ZeRO-3/FSDP: per micro-batch, weights all-gathered for forward and backward, grads reduce-scattered, "
            "prefetched under compute; the first unit's all-gather and the last unit's reduce-scatter exposed")
+    hidden = (gather - unit_g) - C.vmax(0, gather - unit_g - ref["fwd_window"])
+    hidden_b = (gather + reduce - unit_r) - C.vmax(0, gather + reduce - unit_r - ref["bwd_window"])
     if not eng.pp_unsharded_stage_bytes:
-        return S.m * (forward + backward), src, S.m * (2 * gather + reduce)
+        return S.m * (forward + backward), src, S.m * (hidden + hidden_b)
     return ((1 - piped) * S.m * (forward + backward) + piped * (forward + reduce),
             src + "; at pp > 1 gathered once per step and reduced after the last backward",
-            (1 - piped) * S.m * (2 * gather + reduce) + piped * (gather + reduce))
+            (1 - piped) * S.m * (hidden + hidden_b) + piped * hidden)
+
+
+def shared_window(view, ref: dict, dp_span) -> dict:
+    """The forward and backward (B + W) seconds of one micro-batch of ``ref`` that the
+    data-parallel collectives hide in (``fwd_window``, ``bwd_window``), shortened by the hidden TP and CP collectives that hold the same links meanwhile: a link is
+    NVLink inside a node or the NICs across nodes (comm.bandwidth), so a TP or CP group on the
+    same side of the node boundary as the (dense) data-parallel group shares it, and the link's
+    busy time, not each collective's alone, must fit under the compute (never below 0)."""
+    same = {axis: _same_link(C.span(view.order, (axis,)), dp_span) for axis in ("tp", "cp")}
+    busy_f = sum(same[a] * ref[f"{a}_hidden_f"] for a in same)
+    busy_b = sum(same[a] * (ref[f"{a}_hidden_b"] + ref[f"{a}_hidden_r"]) for a in same)
+    return {"fwd_window": C.vmax(0, ref["F"] - busy_f), "bwd_window": C.vmax(0, ref["B"] + ref["W"] - busy_b)}
+
+
+def _same_link(a, b) -> sp.Expr:
+    """1 when groups spanning ``a`` and ``b`` consecutive ranks use the same kind of link (both
+    inside a node or both across nodes), else 0."""
+    return sp.Piecewise((1, sp.And(a <= S.node, b <= S.node)), (1, sp.And(a > S.node, b > S.node)), (0, True))
 
 
 def params_gathered(spec, M, view, eng, stage, dense, first_kind) -> tuple[sp.Expr, sp.Expr]:
@@ -121,25 +143,24 @@ def _zero012_exposed(view, eng, ref, both, params, pp, dp_ranks) -> tuple[sp.Exp
         first_g = both(C.all_gather, wb, C.vmin(size, dense), C.vmin(size, expert)) if view.zero else 0
     per_mb = view.zero == 2 and eng.zero2_reduce_per_microbatch
     if eng.overlap_grad_reduce:
-        hidden_r = C.vmax(last_r, reduce - ref["B"] - ref["W"])
+        exposed_r = C.vmax(last_r, reduce - ref["bwd_window"])
         if eng.grad_reduce_after_last_backward:
-            hidden_r = (1 - piped) * hidden_r + piped * reduce
+            exposed_r = (1 - piped) * exposed_r + piped * reduce
     else:
-        hidden_r = reduce
-    reduce_time = S.m * hidden_r if per_mb else hidden_r
+        exposed_r = reduce
+    times = S.m if per_mb else 1
     stage_gather = eng.stage_gather_at_first_forward and view.schedule in ("1f1b", "gpipe")
     if eng.overlap_param_gather and view.zero:
-        gather_time = C.vmax(first_g, gather - ref["F"])
-        if stage_gather:
-            gather_time += (pp - 1) * gather
+        exposed_g = C.vmax(first_g, gather - ref["fwd_window"])
+        fill = (pp - 1) * gather if stage_gather else 0  # the later stages' gathers, waited for on the fill
     else:
-        gather_time = gather
+        exposed_g, fill = gather, 0
     how = ("gradient all-reduce (ZeRO 0)" if view.zero == 0 else
            f"gradient {'all-reduce' if eng.grads_all_reduced else 'reduce-scatter'}"
            f"{' every micro-batch' if per_mb else ''} + weight all-gather (ZeRO {view.zero})")
-    return (reduce_time + gather_time,
+    return (times * exposed_r + exposed_g + fill,
             f"{how}, overlap grad reduce={eng.overlap_grad_reduce}, param gather={eng.overlap_param_gather}"
             + (", last gradient and first gather bucket exposed" if eng.grad_bucket_min_elements else "")
             + ("; each later pipeline stage gathers its weights at its first forward ((pp-1) x the gather)"
                if stage_gather and eng.overlap_param_gather and view.zero else ""),
-            (S.m if per_mb else 1) * reduce + gather)
+            times * (reduce - exposed_r) + gather - exposed_g)

@@ -9,7 +9,7 @@ Compute time of a GEMM is a roofline (Williams et al. 2009): max(FLOPs / (peak *
 eff_gemm), bytes / (hbm_bytes_per_s * eff_hbm)), with ``eff_gemm8`` for fp8 GEMMs; both come
 per device and dtype from its maximum achievable matmul FLOP/s (catalog/mamf.py). The efficiency therefore falls for small per-device
 matrices: once 2*M*K*N / (2*(MK + KN + MN)) drops below peak*eff_gemm / (hbm_bytes_per_s*eff_hbm)
-FLOP/byte (about 220 on H100 at the defaults) the GEMM is bandwidth-bound, e.g. the
+FLOP/byte (about 230 on H100 at the defaults) the GEMM is bandwidth-bound, e.g. the
 expert GEMMs of a fine-grained MoE with few tokens per expert, or a TP-split head with
 tiny micro-batches. Attention-core FLOPs run at the 16-bit peak ``peak_bf16`` (under fp8
 GEMMs too: Megatron-LM enables Transformer Engine's fp8 attention only from
@@ -55,7 +55,9 @@ gather at their first forward (Megatron-LM, non-interleaved) expose more
 weights before forward and again before backward and reduce-scatters gradients every
 micro-batch, prefetched layer by layer: exposed per micro-batch the first unit's gather
 and the last unit's reduce-scatter, + max(0, gather - first - F) + max(0, gather + reduce
-- last - B - W) (``_zero3_exposed``).
+- last - B - W) (``_zero3_exposed``). Those windows are shortened by the hidden TP and CP
+collectives on the same links (NVLink or the NICs, dp_comm.shared_window): a link's busy time,
+not each collective alone, must fit under the compute.
 Pipeline send/recv of the 2*s*b*h/t_sp boundary tensor lies on the critical path
 twice (activation forward, gradient backward) for each of the m*vpp + pp - 1 steps
 of the fill-steady-drain timeline. The optimizer step streams every local parameter's
@@ -219,9 +221,9 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
         ep_f = 2 * ep_one  # dispatch + combine
     comm_f = tp_f + cp_f + ep_f
     R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[view.recompute]
-    runs = 3 if view.recompute == "full" else 2  # forward, backward and a full recompute's forward
-    hidden = {"tp_hidden": runs * (2 * tp_one - tp_f),
-              "cp_hidden": (runs - 1) * (cp_f_raw - cp_f) + 2 * cp_f_raw - cp_b}
+    again = 1 if view.recompute == "full" else 0  # a full recompute reruns the forward's collectives in backward
+    hidden = {"tp_hidden_f": 2 * tp_one - tp_f, "tp_hidden_b": 2 * tp_one - tp_f, "tp_hidden_r": again * (2 * tp_one - tp_f),
+              "cp_hidden_f": cp_f_raw - cp_f, "cp_hidden_b": 2 * cp_f_raw - cp_b, "cp_hidden_r": again * (cp_f_raw - cp_f)}
     return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f, **hidden}
 
 
@@ -233,9 +235,12 @@ def head_parts(spec, M, c) -> dict:
 
 PARTS = ("F", "B", "W", "R", "tp", "cp", "ep")
 """The parts that take time on the device's critical path (they sum to a micro-batch's time)."""
-HIDDEN_PARTS = ("tp_hidden", "cp_hidden")
-"""Collective seconds that overlap compute (not on the critical path): TP/SP under
-overlap_tp_comm, the CP ring under the attention core; ``hidden_comm`` reports them."""
+HIDDEN_PARTS = ("tp_hidden_f", "tp_hidden_b", "tp_hidden_r", "cp_hidden_f", "cp_hidden_b", "cp_hidden_r")
+"""Collective seconds that overlap compute (not on the critical path), in the forward, the
+backward and a full recompute's forward (in the backward window; trimmed with R under
+recompute_layers): TP/SP under overlap_tp_comm, the CP ring under the attention core. They hold
+their links while the data-parallel collectives hide in the same windows (dp_comm.shared_window);
+``hidden_comm`` reports them."""
 
 
 def _add(a: dict, b: dict, k=1) -> dict:
@@ -259,7 +264,8 @@ def stage_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, eng: E
             # only the first nrec layers of the chunk recompute (dense layers come first)
             rd = C.vmin(S.nrec, nd)
             rm = C.vmin(S.nrec - rd, nm)
-            out["R"] += (rd - nd) * layer["dense"]["R"] + (rm - nm) * layer["moe"]["R"]
+            for part in ("R", "tp_hidden_r", "cp_hidden_r"):
+                out[part] += (rd - nd) * layer["dense"][part] + (rm - nm) * layer["moe"][part]
     last = head_device_flag(view.schedule, stage, pp)
     out = _add(out, head, last)
     if spec.mtp_layers:
@@ -385,22 +391,23 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
 def hidden_comm(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineProfile | None = None) -> Breakdown:
     """Collective seconds per step that run under compute, per axis (not in the step time, whose
     ``time.*_comm`` Terms are the exposed parts): TP/SP under overlap_tp_comm, the CP ring under the
-    attention core, the data-parallel collectives beyond what dp_comm_time exposes (at least 0: a
-    later pipeline stage's gather can delay the fill by more than the stage's own collectives).
-    The EP all-to-all and pipeline send/recv are never hidden in this model."""
+    attention core, the data-parallel collectives the stage hides (dp_comm_time). The EP all-to-all
+    and pipeline send/recv are never hidden in this model; hooks on time.* Terms do not reach them."""
     view = structure(spec, view, engine)
     eng = view.engine
     _, _, stages, per_stage, ref_i = _stages(spec, M, view, eng, act_context(spec, view))
     ref = per_stage[ref_i]
     params = stage_params(spec, M, view, stages[ref_i])
-    dp_exposed, _, dp_total = dp_comm_time(spec, M, view, eng, ref, params, stages[ref_i])
+    _, _, dp_hidden = dp_comm_time(spec, M, view, eng, ref, params, stages[ref_i])
     scope = "one device of the stage holding the head; seconds that overlap compute, not in the step time"
     T = lambda key, expr, src: Term(key=key, expr=expr, unit="s", source=src, note=scope)  # noqa: E731
     return Breakdown((
-        T("hidden.tp_comm", S.m * ref["tp_hidden"], "TP/SP collectives under the GEMMs (overlap_tp_comm): "
-          "the 4 all-reduce equivalents per layer and micro-batch that time.tp_comm leaves out (6 under full recompute)"),
-        T("hidden.cp_comm", S.m * ref["cp_hidden"], "CP ring K/V exchanges under the attention core: forward "
-          "(cp-1) x K,V and backward (cp-1) x K,V,dK,dV, less what time.cp_comm exposes"),
-        T("hidden.dp_comm", C.vmax(0, dp_total - dp_exposed), "every data-parallel gather and reduction of the "
-          "step (formulas/dp_comm.py) less time.dp_comm"),
+        T("hidden.tp_comm", S.m * sum(ref[f"tp_hidden_{p}"] for p in "fbr"), "TP/SP collectives under the GEMMs "
+          "(overlap_tp_comm): the 4 all-reduce equivalents per layer and micro-batch that time.tp_comm leaves out "
+          "(6 under full recompute)"),
+        T("hidden.cp_comm", S.m * sum(ref[f"cp_hidden_{p}"] for p in "fbr"), "CP ring K/V exchanges under the "
+          "attention core: forward (cp-1) x K,V and backward (cp-1) x K,V,dK,dV (and a full recompute's forward), "
+          "less what time.cp_comm exposes"),
+        T("hidden.dp_comm", dp_hidden, "the data-parallel gathers and reductions of the step (formulas/dp_comm.py) "
+          "less the stage's own exposed ones (time.dp_comm also holds the later stages' gathers on the fill)"),
     ))
