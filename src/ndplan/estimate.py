@@ -202,8 +202,10 @@ class Estimate:
     def fits(self) -> bool:
         return self.peak_bytes <= self.hardware.hbm_bytes
 
-    def to_json(self) -> dict:
-        return {
+    def to_json(self, hidden: bool = True) -> dict:
+        """The DESIGN.md estimate schema; ``hidden``: with ``time.hidden`` (hidden_terms, whose kernel
+        a sweep's top rows would otherwise compile; the sweep leaves it out)."""
+        doc = {
             "strategy": self.strategy.as_dict(),
             "model": {"name": self.model.name, "architecture": self.model.architecture,
                       "params_total": self.params_total,
@@ -211,10 +213,13 @@ class Estimate:
             "hardware": {"name": self.hardware.name, "hbm_bytes": self.hardware.hbm_bytes},
             "memory": {"per_stage": self.per_stage, "peak_bytes": self.peak_bytes,
                        "peak_stage": self.peak_stage, "host_bytes": self.host_bytes},
-            "time": {"step_s": self.step_s, "terms": self.time_terms, "hidden": self.hidden_terms, "mfu": self.mfu,
+            "time": {"step_s": self.step_s, "terms": self.time_terms, "mfu": self.mfu,
                      "hfu": self.hfu, "tokens_per_s": self.tokens_per_s, "flops_per_step": self.flops_per_step},
             "fits": self.fits,
         }
+        if hidden:
+            doc["time"]["hidden"] = self.hidden_terms
+        return doc
 
 
 def _stage_rows(values: list[dict[str, np.ndarray]], stages) -> list[dict]:

@@ -80,7 +80,7 @@ class SweepResult:
 
     def _top_json(self, i: int) -> dict:
         """Top candidate i (the estimate schema), its step's 95 % band and whether it ties with #1."""
-        out = self.top[i].to_json()
+        out = self.top[i].to_json(hidden=False)  # an estimate of the row gives them
         if self.bands:
             out["time"]["band_95"] = self.bands[i].to_json()
         if self.tied:
