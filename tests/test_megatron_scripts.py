@@ -149,6 +149,17 @@ def test_megatron_deepspeed_checkpoint_activations_and_ulysses(tmp_path):
     assert ci.strategy.recompute == "full" and ci.strategy.cp == 4 and ci.strategy.dp == 4
 
 
+@pytest.mark.parametrize("flag,flash", [("", False), ("--use-flash-attn-v2", True), ("--use-flash-attn", True),
+                                        ("--use-flash-attn-triton", True)])
+def test_megatron_deepspeed_attention_is_unfused_without_a_flash_flag(tmp_path, flag, flash):
+    """megatron/arguments.py:433 (f4157bea): use_flash_attn is any of the four switches; without
+    one CoreAttention materialises the s x s scores (69 of the 75 examples_deepspeed scripts)."""
+    ci = _read(tmp_path, MDS + flag + "\n")
+    assert ci.strategy.flash_attention is flash
+    assert any("runs CoreAttention" in n for n in ci.notes) is not flash
+    assert flag == "" or flag not in ci.unknown
+
+
 def test_megatron_deepspeed_refusals(tmp_path):
     """DeepSpeed's pipeline engine refuses ZeRO-2/3 with stages (runtime/pipe/engine.py:76-77);
     --num-experts takes one count per layer group (arguments.py:608): a pyramid is not modelled."""

@@ -415,7 +415,8 @@ def read(path: Path, text: str, *, model=None, gpus=None, seq=None, gbs=None) ->
               etp=get("etp", tp) if moe else 1,  # ETP defaults to TP (arguments.py:587-588)
               vpp=vpp, mbs=mbs, gbs=gbs or get("gbs", mbs * dp * gas), seq=seq_, zero=zero, sp=bool(args.sp) or tp == 1,
               schedule=default_schedule(vpp), grad_dtype=grad_dtype, weight_dtype=_fp8(args, notes),
-              offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp))
+              offload_optimizer=bool(args.offload_optimizer), layers_per_stage=_layers(args, L, pp, vpp),
+              flash_attention=ds.get("flash_attention", True))
     if "zero" in ds and moe:
         MDS.check_experts(kw["dp"], kw["ep"])
     if not moe and (get("ep", 1) != 1 or args.experts):

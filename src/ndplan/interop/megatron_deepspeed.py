@@ -39,7 +39,14 @@ SWITCHES = {"deepspeed": "--deepspeed", "checkpoint_activations": "--checkpoint-
             "ds_activation_checkpointing": "--deepspeed-activation-checkpointing",
             "zbh1": "--enable-zbh1-pipeline", "no_pipeline_parallel": "--no-pipeline-parallel",
             "ds_etp": "--enable-expert-tensor-parallelism", "ds_no_drop": "--disable-moe-token-dropping",
-            "ds_kd": "--kd", "ds_mos": "--mos"}
+            "ds_kd": "--kd", "ds_mos": "--mos", "ds_flash": "--use-flash-attn", "ds_flash_v1": "--use-flash-attn-v1",
+            "ds_flash_v2": "--use-flash-attn-v2", "ds_flash_triton": "--use-flash-attn-triton",
+            "ds_flash_builder": "--use-flash-attn-builder"}
+FLASH = ("ds_flash", "ds_flash_v1", "ds_flash_v2", "ds_flash_triton", "ds_flash_builder")
+"""Megatron-DeepSpeed's flash-attention switches: any of them sets ``args.use_flash_attn``
+(megatron/arguments.py:433, 927-935 at f4157bea; --use-flash-attn is --use-flash-attn-v1);
+without one, ParallelAttention runs CoreAttention, which materialises the scores
+(model/transformer.py:389-409, 541)."""
 FLAGS = {"zero_stage": "--zero-stage", "ds_config": "--deepspeed_config", "ds_sp": "--ds-sequence-parallel-size",
          "checkpoint_num_layers": "--checkpoint-num-layers", "ds_ep": "--moe-expert-parallel-size", "ds_topk": "--topk",
          "ds_interval": "--expert-interval", "ds_mlp_type": "--mlp-type", "ds_capacity": "--moe-train-capacity-factor",
@@ -230,7 +237,10 @@ def settings(args, heredocs: dict, folder: Path, notes: list, words: list[str] =
             notes.append(f"--zero-stage {flag} differs from {src}: DeepSpeed's engine takes the file's")
     if stage not in (0, 1, 2, 3):
         raise NdplanError("--zero-stage", stage, "not a ZeRO stage", "give 0, 1, 2 or 3")
-    out = {"zero": stage, "zero_src": src}
+    out = {"zero": stage, "zero_src": src, "flash_attention": any(getattr(args, n) for n in FLASH)}
+    if not out["flash_attention"]:
+        notes.append("Megatron-DeepSpeed without --use-flash-attn(-v1/-v2/-triton/-builder) runs CoreAttention: "
+                     "the attention scores are materialised and saved (megatron/arguments.py:433)")
     pp_text = str(getattr(args, "pp", None) or "1")
     pp = int(pp_text) if pp_text.isdigit() else 1  # the reader checks it
     if args.no_pipeline_parallel and pp != 1:
