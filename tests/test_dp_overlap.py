@@ -210,3 +210,37 @@ def test_hidden_cp_ring_holds_the_link_the_dp_collectives_hide_on(monkeypatch):
     apart = explain(model, strat, hardware=HW, term="time.dp_comm")[0].value
     assert est.hidden_terms["hidden.cp_comm"] > 0
     assert shared - apart == pytest.approx(est.hidden_terms["hidden.cp_comm"], rel=1e-9)
+
+
+def test_hidden_tp_across_nodes_holds_the_nics_of_the_dp_group(monkeypatch):
+    """With 4 devices per node, tp 8 and its dp 2 both cross nodes: the TP collectives hidden
+    under the GEMMs (overlap_tp_comm) hold the NICs the data-parallel collectives hide on. The
+    step's DP collectives are the same seconds either way (exposed + hidden is conserved), more
+    of them exposed, by at most the hidden TP seconds; the counterfactual has the links apart."""
+    from ndplan.explain import explain
+    from ndplan.formulas import dp_comm as D
+    hw = HW.with_overrides({"devices_per_node": 4})
+    model = ndplan.load_model("llama3-8b")
+    strat = ndplan.Strategy(tp=8, dp=2, gbs=2, seq=512, zero=1,
+                            engine="megatron[grad_bucket_min_elements=0,overlap_tp_comm=1]")
+
+    def dp():
+        got = {e.key: e.value for e in explain(model, strat, hardware=hw)}
+        return got["time.dp_comm"], got["hidden.dp_comm"], got["hidden.tp_comm"]
+    shared, shared_hidden, tp_hidden = dp()
+    monkeypatch.setattr(D, "_same_link", lambda a, b: 0)
+    apart, apart_hidden, _ = dp()
+    assert shared > apart and shared - apart <= tp_hidden
+    assert shared + shared_hidden == pytest.approx(apart + apart_hidden, rel=1e-9)
+
+
+def test_a_full_recompute_exposes_no_more_data_parallel_time():
+    """The backward window is B + W with or without a recompute, and the TP collectives the
+    recompute reruns (hidden under overlap_tp_comm) are not charged to it: turning full
+    recompute on never exposes more data-parallel time."""
+    model = ndplan.load_model("llama3-8b")
+    eng = "megatron[overlap_tp_comm=1]"
+    for seq in (256, 1024):
+        dp = [ndplan.estimate(model, HW, ndplan.Strategy(tp=2, dp=4, gbs=4, seq=seq, zero=1, recompute=rc, engine=eng),
+                              8).time_terms["time.dp_comm"] for rc in ("none", "full")]
+        assert dp[1] <= dp[0], (seq, dp)

@@ -147,3 +147,9 @@ def test_a_calibrated_fa2_interval_sets_the_band():
     hw = dataclasses.replace(hw, sources=dict(hw.sources) | {"fa2_attention_efficiency": text})
     assert bands.spreads(hw, fa2=True)["attention_efficiency"][0] == pytest.approx(math.log(2) / (2 * bands.Z95))
     assert bands.spreads(hw)["attention_efficiency"][0] == bands.PRIORS["attention_efficiency"][0]
+
+
+def test_a_tiny_peak_scales_the_mamf_below_the_peak_floor():
+    """--set bf16_tflops=1 (the floor) keeps H100's 80.3 % MAMF ratio: 0.803 TFLOPS, accepted."""
+    moved = ndplan.load_hardware("h100-sxm").with_overrides({"bf16_tflops": 1})
+    assert moved.mamf_bf16_tflops == pytest.approx(794.5 / 989.4, rel=1e-12)

@@ -64,6 +64,9 @@ def test_constants_of_a_profile_by_hand():
     ratio = (1402.6 / 1978.9) / (794.5 / 989.4)
     assert found["fp8_gemm_efficiency"][0] == pytest.approx(found["gemm_efficiency"][0] * ratio, rel=1e-9)
     assert found["fa2_attention_efficiency"][0] == found["attention_efficiency"][0]
+    # an entry whose 16-bit efficiency was set (calibrated) still scales by the MAMF ratio
+    calibrated = profile_file.overrides(_doc(), HW.with_overrides({"gemm_efficiency": 0.5}))
+    assert calibrated["fp8_gemm_efficiency"][0] == pytest.approx(found["fp8_gemm_efficiency"][0], rel=1e-12)
 
 
 def test_the_planned_model_shapes_are_interpolated():

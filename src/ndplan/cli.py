@@ -139,13 +139,16 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
         from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, EFFICIENCY_FIELDS, FA2_FIELD
         from ndplan.engines import profile
         fa2 = bool(profile(strat.engine).attention_fa2 and hw.fa2_attention_efficiency)
-        unread = {FA2_FIELD: not fa2, "attention_efficiency": fa2}
+        from ndplan.engines import fp8_gemms
+        unread = {FA2_FIELD: not fa2, "attention_efficiency": fa2,
+                  "fp8_gemm_efficiency": not fp8_gemms(strat.weight_dtype, profile(strat.engine))}
         click.echo(f"hardware constants of the time Terms ({hw.name}):")
         for f in EFFICIENCY_FIELDS:
             if getattr(hw, f) is None or (f == "fp8_gemm_efficiency" and not hw.fp8_tflops):
                 continue  # FlashAttention-2 is the device's reference kernel; no FP8
             src = hw.sources.get(f) or EFFICIENCY_DEFAULTS.get(f, (None, "set in Python"))[1]
-            mark = " [not read: the engine's attention kernel is the other one]" if unread.get(f) else ""
+            mark = (" [not read: " + ("the GEMMs are 16-bit" if f.startswith("fp8") else
+                                      "the engine's attention kernel is the other one") + "]") if unread.get(f) else ""
             click.echo(f"  {f} = {getattr(hw, f):.4g}{mark}  ({src})")
 
 

@@ -8,7 +8,7 @@ it came from the profile (``ndplan explain`` prints the sources of the hardware 
   FLOPs per GEMM, piecewise linear, held flat beyond the ends), weighted by how often each runs
   (local experts, layers of its kind): sum FLOPs / sum seconds / the 16-bit peak.
 * fp8_gemm_efficiency: the profile times 16-bit GEMMs only, so the FP8 one moves with it, at the
-  catalog's ratio fp8_gemm_efficiency / gemm_efficiency (their MAMF ratios, catalog/mamf.py).
+  device's FP8 / BF16 MAMF ratio (catalog/mamf.py; kept from the hardware entry if that lands above 1).
 * attention_efficiency: the longest measured causal attention, forward + backward FLOPs (2 and
   5 of the 4 b h s^2 d / 2 causal products, FlashAttention-2 Sec. 3.2) over its seconds, over the
   16-bit peak, divided by the length factor s / (s + formulas.step.ATTN_HALF_TOKENS): the
@@ -167,10 +167,13 @@ def overrides(doc: dict, hw, model=None, seq: int | None = None, tp: int = 1, wh
     eff("gemm_efficiency", gemm_efficiency(doc, peak, model, seq, tp, mbs, cp),
         "the planned layer GEMMs at rates interpolated in log space between the measured ones, over the 16-bit peak")
     if "gemm_efficiency" in out and hw.fp8_tflops:
-        ratio = hw.fp8_gemm_efficiency / hw.gemm_efficiency
-        eff("fp8_gemm_efficiency", out["gemm_efficiency"][0] * ratio,
-            f"the profiled gemm_efficiency x the catalog's fp8 / 16-bit GEMM efficiency ratio {ratio:.3g} "
-            "(16-bit GEMMs were timed)")
+        from ndplan.catalog.mamf import derived
+        d = derived(hw.bf16_tflops, hw.fp8_tflops, hw.mamf_bf16_tflops, hw.mamf_fp8_tflops)
+        ratio = d["fp8_gemm_efficiency"][0] / d["gemm_efficiency"][0]
+        fp8 = out["gemm_efficiency"][0] * ratio
+        if fp8 <= 1:  # derived, not measured: above 1 it is left to the hardware entry
+            out["fp8_gemm_efficiency"] = (fp8, f"{tag}: the profiled gemm_efficiency x the FP8 / BF16 MAMF ratio "
+                                               f"{ratio:.3g} (catalog/mamf.py; 16-bit GEMMs were timed)")
     attn = attention_efficiency(doc, peak)
     how = "the longest causal attention's forward + backward FLOP/s over the 16-bit peak, over the length factor"
     eff("attention_efficiency", attn, how)

@@ -46,12 +46,13 @@ _REQUIRED = ("bf16_tflops", "hbm_gib", "hbm_gb_per_s", "intra_node_gb_per_s", "i
              "devices_per_node")
 MAX_RATE = 1e6
 """Ceiling of a peak in TFLOPS and of a bandwidth in GB/s (about 400x today's parts)."""
-MIN_RATE = {"bf16_tflops": 1.0, "fp8_tflops": 1.0, "mamf_bf16_tflops": 1.0, "mamf_fp8_tflops": 1.0,
+MIN_RATE = {"bf16_tflops": 1.0, "fp8_tflops": 1.0, "mamf_bf16_tflops": 0.1, "mamf_fp8_tflops": 0.1,
             "hbm_gb_per_s": 10.0, "intra_node_gb_per_s": 1.0,
             "inter_node_gb_per_s": 0.1}
 """Floors: 1 TFLOPS (a T4 does 65 dense fp16), 10 GB/s of device memory (one DDR4
 channel is 25), 1 GB/s inside a node (a PCIe 3.0 x1 lane) and 0.1 GB/s between nodes
-(1 Gb Ethernet); below them a step takes years and is surely a unit slip."""
+(1 Gb Ethernet); below them a step takes years and is surely a unit slip. A MAMF may sit below
+its peak's floor (it is at most the peak, and --set on the peak scales it)."""
 MAX_DEVICES_PER_NODE = 1024
 MAX_LATENCY_US = 1e6
 

@@ -86,14 +86,18 @@ def _zero3_exposed(spec, M, view, eng, ref, both, emb, piped, wire) -> tuple[sp.
 
 
 def shared_window(view, ref: dict, dp_span) -> dict:
-    """The forward and backward (B + W) seconds of one micro-batch of ``ref`` that the
-    data-parallel collectives hide in (``fwd_window``, ``bwd_window``), shortened by the hidden TP and CP collectives that hold the same links meanwhile: a link is
-    NVLink inside a node or the NICs across nodes (comm.bandwidth), so a TP or CP group on the
+    """The forward and backward seconds of one micro-batch of ``ref`` that the data-parallel
+    collectives hide in (``fwd_window`` F, ``bwd_window`` B + W: the windows _zero3_exposed and
+    _zero012_exposed always took; a recompute, which runs inside the backward, is left out of the
+    window and so are the collectives it reruns), shortened by the hidden TP and CP
+    collectives that hold the same links meanwhile: a link is NVLink inside a node or the NICs
+    across nodes (comm.bandwidth), so a TP or CP group on the
     same side of the node boundary as the (dense) data-parallel group shares it, and the link's
-    busy time, not each collective's alone, must fit under the compute (never below 0)."""
+    busy time, not each collective's alone, must fit under the compute (never below 0). The test
+    takes the dense group's span; an expert group spans the same ranks in the default order."""
     same = {axis: _same_link(C.span(view.order, (axis,)), dp_span) for axis in ("tp", "cp")}
     busy_f = sum(same[a] * ref[f"{a}_hidden_f"] for a in same)
-    busy_b = sum(same[a] * (ref[f"{a}_hidden_b"] + ref[f"{a}_hidden_r"]) for a in same)
+    busy_b = sum(same[a] * ref[f"{a}_hidden_b"] for a in same)  # the recompute is not in the window
     return {"fwd_window": C.vmax(0, ref["F"] - busy_f), "bwd_window": C.vmax(0, ref["B"] + ref["W"] - busy_b)}
 
 

@@ -190,7 +190,8 @@ def elementwise_bytes(spec: ModelSpec, M: ModelSymbols, c: ActContext, kind: str
 
 
 def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext, kind: str, eng: EngineProfile) -> dict:
-    """Per micro-batch seconds of one layer of ``kind``: F, B, W, R and exposed comm."""
+    """Per micro-batch seconds of one layer of ``kind``: F, B, W, R, the exposed comm (tp, cp, ep)
+    and the hidden comm per pass (HIDDEN_PARTS)."""
     gemms = FL.layer_gemms(spec, M, c, kind)
     fp8 = fp8_capable(spec, M, kind, eng, view.weight_dtype, gemms)
     gemm = sum((gemm_time(g, any(g is f for f in fp8)) for g in gemms), sp.Integer(0))
@@ -222,7 +223,8 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
     comm_f = tp_f + cp_f + ep_f
     R = {"none": sp.Integer(0), "selective": core, "full": F + comm_f}[view.recompute]
     again = 1 if view.recompute == "full" else 0  # a full recompute reruns the forward's collectives in backward
-    hidden = {"tp_hidden_f": 2 * tp_one - tp_f, "tp_hidden_b": 2 * tp_one - tp_f, "tp_hidden_r": again * (2 * tp_one - tp_f),
+    hidden = {"tp_hidden_f": 2 * tp_one - tp_f, "tp_hidden_b": 2 * tp_one - tp_f,
+              "tp_hidden_r": again * (2 * tp_one - tp_f),
               "cp_hidden_f": cp_f_raw - cp_f, "cp_hidden_b": 2 * cp_f_raw - cp_b, "cp_hidden_r": again * (cp_f_raw - cp_f)}
     return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f, **hidden}
 
@@ -404,7 +406,7 @@ def hidden_comm(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: Engin
     return Breakdown((
         T("hidden.tp_comm", S.m * sum(ref[f"tp_hidden_{p}"] for p in "fbr"), "TP/SP collectives under the GEMMs "
           "(overlap_tp_comm): the 4 all-reduce equivalents per layer and micro-batch that time.tp_comm leaves out "
-          "(6 under full recompute)"),
+          "(6 in each layer a full recompute reruns)"),
         T("hidden.cp_comm", S.m * sum(ref[f"cp_hidden_{p}"] for p in "fbr"), "CP ring K/V exchanges under the "
           "attention core: forward (cp-1) x K,V and backward (cp-1) x K,V,dK,dV (and a full recompute's forward), "
           "less what time.cp_comm exposes"),
