@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ndplan.catalog import mamf
-from ndplan.catalog.hardware import EFFICIENCY_ARGS, FA2_FIELD
+from ndplan.catalog.hardware import EFFICIENCY_ARGS
 
 Z95 = 1.959964
 """Two-sided 95 % point of the normal distribution."""
@@ -73,7 +73,7 @@ def spreads(hw, fa2: bool = False) -> dict[str, tuple[float, str]]:
     where it has one (its calibrated interval, if any)."""
     out = {}
     for field, (sigma, src) in PRIORS.items():
-        read = FA2_FIELD if (field == "attention_efficiency" and fa2 and hw.fa2_attention_efficiency) else field
+        read = hw.attention_field(fa2) if field == "attention_efficiency" else field
         text = hw.sources.get(read, "")
         extra = mamf.prior_sigma(field, text)
         if extra:

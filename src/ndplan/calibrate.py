@@ -340,7 +340,7 @@ def _fitted_field(f: Fit, field: str) -> str | None:
     from ndplan.engines import profile
     if field not in (FA2_FIELD, "attention_efficiency"):
         return field
-    fa2 = [bool((r.engine or profile(r.strategy.engine)).attention_fa2 and r.hardware.fa2_attention_efficiency)
+    fa2 = [r.hardware.attention_field((r.engine or profile(r.strategy.engine)).attention_fa2) == FA2_FIELD
            for r in f.runs]
     reads = any(fa2) if field == FA2_FIELD else not all(fa2)
     return "attention_efficiency" if reads else None

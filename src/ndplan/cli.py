@@ -138,7 +138,7 @@ def explain(term, stage, symbolic, latex, as_json, **kw):
     if term is None or term.startswith("time."):
         from ndplan.catalog.hardware import EFFICIENCY_DEFAULTS, EFFICIENCY_FIELDS, FA2_FIELD
         from ndplan.engines import profile
-        fa2 = bool(profile(strat.engine).attention_fa2 and hw.fa2_attention_efficiency)
+        fa2 = hw.attention_field(profile(strat.engine).attention_fa2) == FA2_FIELD
         from ndplan.engines import fp8_gemms
         unread = {FA2_FIELD: not fa2, "attention_efficiency": fa2,
                   "fp8_gemm_efficiency": not fp8_gemms(strat.weight_dtype, profile(strat.engine))}

@@ -283,9 +283,8 @@ def estimate(model: ModelSpec, hardware: Hardware, strat: Strategy, gpus: int | 
 
 
 def _hidden_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict) -> dict[str, float]:
-    """hidden_kernel's Terms for ``strat`` (the reference stage, recompute counted there, as _time_values)."""
-    head = strategy_values(strat, head_stage(strat, strat.pp))["nrec"]
-    out = hidden_kernel(model, tview)(**(strategy_values(strat) | {"nrec": head}), stage=0.0, **hw_values)
+    """hidden_kernel's Terms for ``strat``, evaluated as _time_values evaluates the step's."""
+    out = _time_values(model, strat, tview, hw_values, hidden_kernel)
     return {k: float(v) for k, v in out.items()}
 
 
@@ -298,11 +297,12 @@ def time_hw_values(hardware: Hardware, strat: Strategy, engine: EngineProfile | 
     return hardware.kernel_values(fp8=fp8_gemms(strat.weight_dtype, eng), fa2=eng.attention_fa2)
 
 
-def _time_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict) -> dict:
-    """The step-time kernel's Terms for ``strat`` at the hardware kernel values ``hw_values``
-    (symbols.HW_SYMBOLS by name; numpy arrays broadcast); recompute counts at the head stage."""
+def _time_values(model: ModelSpec, strat: Strategy, tview: Structure, hw_values: dict, kernel=None) -> dict:
+    """The step-time kernel's Terms (or ``kernel``'s, another of the time arguments) for ``strat`` at
+    the hardware kernel values ``hw_values`` (symbols.HW_SYMBOLS by name; numpy arrays broadcast);
+    recompute counts at the head stage."""
     head = strategy_values(strat, head_stage(strat, strat.pp))["nrec"]
-    return time_kernel(model, tview)(**(strategy_values(strat) | {"nrec": head}), stage=0.0, **hw_values)
+    return (kernel or time_kernel)(model, tview)(**(strategy_values(strat) | {"nrec": head}), stage=0.0, **hw_values)
 
 
 def step_time_function(model: ModelSpec, strat: Strategy, engine: EngineProfile | None = None):

@@ -139,6 +139,12 @@ class Hardware:
     def hbm_bytes_per_s(self) -> float:
         return self.hbm_gb_per_s * GIGA
 
+    def attention_field(self, fa2: bool) -> str:
+        """The field the attention core's ``eff_attn`` reads: ``fa2_attention_efficiency`` when the
+        engine runs FlashAttention-2 (EngineProfile.attention_fa2) and the device has one, else
+        ``attention_efficiency``; the one rule kernel_values, bands, calibrate and explain follow."""
+        return FA2_FIELD if fa2 and self.fa2_attention_efficiency else "attention_efficiency"
+
     def kernel_values(self, fp8: bool = False, fa2: bool = False) -> dict[str, float]:
         """Values of the hardware symbols (symbols.HW_SYMBOLS) in base units; ``fp8``: the GEMMs
         run in fp8 (engines.fp8_gemms), timed at the FP8 peak with their operands quantised
@@ -153,7 +159,7 @@ class Hardware:
                 "hbm_bytes_per_s": self.hbm_gb_per_s * GIGA,
                 "bw_intra": self.intra_node_gb_per_s * GIGA, "bw_inter": self.inter_node_gb_per_s * GIGA,
                 **{arg: getattr(self, f) for f, arg in EFFICIENCY_ARGS.items()},
-                **({"eff_attn": self.fa2_attention_efficiency} if fa2 and self.fa2_attention_efficiency else {}),
+                "eff_attn": getattr(self, self.attention_field(fa2)),
                 "lat_intra": self.intra_node_latency_us * 1e-6, "lat_inter": self.inter_node_latency_us * 1e-6,
                 "node": float(self.devices_per_node)}
 
