@@ -10,6 +10,9 @@
   the Llama-2-7B shapes and Transformer Engine's casts (3 B per input element forward; 4 B per
   output-gradient element and 2 B per input element backward).
 * The MLP backward's two fp8 copies of the up projection's output gradient (memory).
+* The GEMM roofline with fp8 operands (1 B per input element, formulas/step.FP8_OPERAND_BYTES)
+  against DeepGEMM's published H800 FP8 table (deepseek-ai/DeepGEMM README.md at a6d97a1,
+  "Normal GEMMs for dense models"), transcribed here.
 """
 
 import dataclasses
@@ -176,3 +179,57 @@ def test_torchtitan_float8_leaves_the_routed_experts_16_bit():
                               - 1 / (hw.bf16_tflops * 1e12 * hw.gemm_efficiency))
                  + (3 * inputs + 4 * outputs + 2 * inputs) / hbm)
     assert fp8 - bf16 == pytest.approx(32 * per_layer, rel=1e-9)
+
+
+DEEPGEMM_H800 = [  # (M, N, K, TFLOPS) as published; FP8 operands, bf16 output
+    (64, 2112, 7168, 206), (64, 24576, 1536, 289), (64, 32768, 512, 219), (64, 7168, 16384, 336),
+    (64, 4096, 7168, 287), (64, 7168, 2048, 295), (128, 2112, 7168, 352), (128, 24576, 1536, 535),
+    (128, 32768, 512, 358), (128, 7168, 16384, 645), (128, 4096, 7168, 533), (128, 7168, 2048, 510),
+    (4096, 2112, 7168, 1058), (4096, 24576, 1536, 990), (4096, 32768, 512, 590), (4096, 7168, 16384, 1358),
+    (4096, 4096, 7168, 1304), (4096, 7168, 2048, 1025),
+]
+
+
+def _roofline_tflops(m, n, k, hw, operand_bytes):
+    """TFLOP/s of an (m x k) @ (k x n) GEMM through formulas/step.gemm_time on ``hw`` under fp8 GEMMs,
+    beside the same roofline written out by hand with ``operand_bytes`` per input element."""
+    from ndplan.formulas.flops import Gemm
+    from ndplan.formulas.step import gemm_time
+    values = {S.peak: hw.fp8_tflops * 1e12, S.peak_bf16: hw.bf16_tflops * 1e12, S.fp8_gemm: 1,
+              S.eff_gemm: hw.gemm_efficiency, S.eff_gemm8: hw.fp8_gemm_efficiency,
+              S.hbm_bytes_per_s: hw.hbm_gb_per_s * 1e9, S.eff_hbm: hw.hbm_efficiency}
+    seconds = float(gemm_time(Gemm("g", m, k, n), fp8=True).subs(values))
+    by_hand = max(2 * m * n * k / (hw.fp8_tflops * 1e12 * hw.fp8_gemm_efficiency),
+                  (operand_bytes * (m * k + k * n) + 2 * m * n) / (hw.hbm_gb_per_s * 1e9 * hw.hbm_efficiency))
+    return 2 * m * n * k / seconds / 1e12, 2 * m * n * k / by_hand / 1e12
+
+
+def test_fp8_gemm_roofline_reads_one_byte_operands():
+    """The table's bandwidth-bound rows (M = 64 and 128 tokens; N >= 4096, so at least 32 of the 132
+    SMs hold a 128-wide output tile) are within 30 % of the roofline with 1-byte operands (median
+    |error| 12.5 %: the roofline's 80 % of the HBM bandwidth is a little above what the kernel
+    draws), where 2-byte operands would put the median 41 % low. The N = 2112 rows (17 tiles:
+    too few SMs to draw the full bandwidth, +59 % and +78 %) and the M = 4096 rows (compute-bound, at
+    the training fraction of the MAMF, catalog/mamf.py) are outside this check."""
+    hw = ndplan.load_hardware("h800")
+    rows = [r for r in DEEPGEMM_H800 if r[0] <= 128 and r[1] >= 4096]
+    assert len(rows) == 10
+    errs, errs_2b = [], []
+    for m, n, k, published in rows:
+        model, one_byte = _roofline_tflops(m, n, k, hw, 1)
+        assert model == pytest.approx(one_byte, rel=1e-12)
+        errs.append(model / published - 1)
+        errs_2b.append(_roofline_tflops(m, n, k, hw, 2)[1] / published - 1)
+    assert max(abs(e) for e in errs) < 0.30, np.round(errs, 3)
+    assert float(np.median(np.abs(errs))) < 0.15
+    assert float(np.median(errs_2b)) < -0.35
+
+
+def test_deepgemm_peak_is_below_the_fp8_mamf():
+    """Two independent sources agree on the FP8 ceiling: DeepGEMM's fastest published shape (1358
+    TFLOPS on H800) lies below Bekman's brute-force FP8 MAMF of the same die (1402.6 on H100 SXM,
+    hardware/h800.yaml), within 5 %."""
+    best = max(r[3] for r in DEEPGEMM_H800)
+    mamf = ndplan.load_hardware("h800").mamf_fp8_tflops
+    assert best <= mamf and best / mamf > 0.95
+

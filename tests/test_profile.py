@@ -109,6 +109,19 @@ def test_launch_environments():
         environment({"RANK": "0", "WORLD_SIZE": "2"})
 
 
+def test_the_backend_follows_the_device():
+    """NCCL on a CUDA GPU, HCCL on an Ascend NPU (torch_npu's torch.npu, the same calls as
+    torch.cuda), gloo otherwise; a CUDA GPU wins when both are present."""
+    from types import SimpleNamespace as NS
+
+    from ndplan.profile_run import accelerator
+    gpu, npu, none = NS(is_available=lambda: True), NS(is_available=lambda: True), NS(is_available=lambda: False)
+    assert (accelerator(NS(cuda=gpu, npu=npu)).backend, accelerator(NS(cuda=gpu, npu=npu)).module) == ("nccl", gpu)
+    acc = accelerator(NS(cuda=none, npu=npu))
+    assert (acc.kind, acc.backend, acc.module) == ("npu", "hccl", npu)
+    assert accelerator(NS(cuda=none, npu=none)).backend == "gloo"
+
+
 @pytest.mark.parametrize("edit,field", [
     ({"ndplan_profile": 2}, "ndplan_profile"),
     ({"gemm": []}, "gemm"),
@@ -152,7 +165,8 @@ def test_torchrun_two_gloo_ranks_write_a_profile(tmp_path):
     doc = profile_file.load(str(out))
     assert doc["meta"]["world"] == 2 and doc["meta"]["backend"] == "gloo"
     ops = {(c["op"], c["ranks"]) for c in doc["collectives"]}
-    assert ops == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_to_all", 2)}
+    assert ops == {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_to_all", 2), ("send_recv", 2)}
+    assert all(c["seconds"] > 0 for c in doc["collectives"])
     found = profile_file.overrides(doc, HW)
     assert set(found) >= {"gemm_efficiency", "attention_efficiency", "hbm_efficiency", "intra_node_efficiency"}
     assert all(0 < v <= 1 for k, (v, _) in found.items() if k.endswith("efficiency"))

@@ -36,7 +36,7 @@ def register(main):
     @click.option("--max-mib", type=click.IntRange(1, 65536), default=DEFAULT_MAX_MIB, show_default=True,
                   help="Largest collective buffer, MiB (16 at most on CPU).")
     @click.option("--warmup", type=click.IntRange(0, MAX_ITERS), default=3, show_default=True,
-                  help="Untimed runs before each measurement (the first collective also sets NCCL up).")
+                  help="Untimed runs before each measurement (the first collective also sets the backend up).")
     @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=10, show_default=True,
                   help="Timed runs per measurement (the median is kept).")
     @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
@@ -49,8 +49,9 @@ def register(main):
         writes the profile YAML (device, library versions, date, raw timings).
         estimate, explain, sweep and compare then take --profile FILE and use the
         measured constants instead of the catalog's (GEMM rates interpolated in log space
-        at the planned model's shapes); `ndplan explain` names them. Needs torch. On CPU
-        it runs the same code with gloo.
+        at the planned model's shapes); `ndplan explain` names them. Needs torch. The
+        collectives run on NCCL (CUDA), HCCL (Ascend, with torch_npu) or, on CPU, gloo:
+        all-reduce, all-gather, reduce-scatter, all-to-all and send/recv.
 
         \b
         Examples:

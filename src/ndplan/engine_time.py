@@ -72,3 +72,15 @@ class TimeChoices:
     """ZeRO-2 reduces every micro-batch's gradients as its backward fills the buckets (DeepSpeed
     stage_1_and_2.py:1414-1427 from the gradient hooks, engine.py:3084-3086), so the reduction
     runs m times, on the compute stream without overlap_comm (:1590-1616)."""
+    loss_bytes_forward: int = 38
+    """HBM bytes per logit element (token x vocab/tp, on the head's stage) the loss moves in
+    forward. Megatron-LM's vocab-parallel cross entropy, unfused by default
+    (``cross_entropy_loss_fusion`` False, model_parallel_config.py:320 at d98e8a64), makes six
+    passes over the logits (core/tensor_parallel/cross_entropy.py:25-77 at d98e8a64, the same
+    at core_r0.8.0): the fp32 upcast (read 2, write 4), the max (read 4), the in-place subtract,
+    exp and divide (read and write 4 each) and the exp-sum (read 4): 6 + 4 + 8 + 8 + 4 + 8 = 38.
+    Megatron-DeepSpeed upcasts before the same function (megatron/model/gpt_model.py:314)."""
+    loss_bytes_backward: int = 14
+    """HBM bytes per logit element the loss moves in backward: Megatron-LM's in-place multiply of
+    the saved softmax by the output gradient (read and write 4, cross_entropy.py:114 at
+    d98e8a64) and the gradient's cast back to the 16-bit logits' dtype (read 4, write 2): 14."""

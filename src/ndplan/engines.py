@@ -47,6 +47,11 @@ FSDP = EngineProfile(
     pp_unsharded_stage_bytes=6, fp8_linears_only=True,
     grads_built_in_backward=True, pp_recv_buffers_per_microbatch=True,
     loss_saved_bytes_per_element=4,  # the fp32 log-softmax (tests/test_trace.py test_loss_transient: 4 B kept)
+    # eager cross_entropy on the fp32-upcast logits: upcast (2 + 4), log_softmax's three reads and one write (16,
+    # cunn_SoftMaxForward: max, exp-sum, write; its shared-memory variant needs under 48 KiB a row); backward:
+    # nll_loss_backward zero-fills its fp32 gradient (4), log_softmax's backward reads it for the sum, then it
+    # and the output and writes (16), the cast back (4 + 2)
+    loss_bytes_forward=22, loss_bytes_backward=26,
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
     rope_table_bytes=2, gathered_inputs_kept=True,
     sources={
@@ -122,6 +127,7 @@ DEEPSPEED = EngineProfile(
     overlap_grad_reduce=False, overlap_param_gather=False, grads_all_reduced=True, zero2_reduce_per_microbatch=True,
     grad_reduce_after_last_backward=True, grad_comm_bytes=2,
     attention_fa2=True,  # Megatron-DeepSpeed's flash-attn 2 (engine_time.py)
+    loss_bytes_forward=22, loss_bytes_backward=26,  # the HF-style loss of "logits" below: the fsdp profile's passes
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",
@@ -145,6 +151,8 @@ MINDSPORE = EngineProfile(
     optimizer_step_temp_bytes=8, recompute_count_per_stage=True, selective_needs_tp=True,
     sharded_weights_cast_once=True, attention_mask_bytes=2, rope_table_bytes=4, backward_layer_workspace=True,
     moe_dispatch_rows=2,  # the mcore alltoall dispatcher's send and receive buffers (engine_fields.py)
+    # MindFormers' loss passes are not read: three fp32 passes (12 B) each way, the former default of every engine
+    loss_bytes_forward=12, loss_bytes_backward=12,
     sources={
         "tuning_cases": "Fitted on ../shared/validation/mindformers (25 cases): llama2/70b, balanced, tour1, "
                         "tour2; llama3/cp2_colai, cp2_colai_fullrec, cp2_colai_norec, cp8_colai_no_tp_norec, default, "

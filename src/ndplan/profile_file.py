@@ -34,7 +34,8 @@ from ndplan import limits
 from ndplan.errors import NdplanError
 
 SECTIONS = ("gemm", "attention", "hbm", "collectives")
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+"""The collectives ndplan profile times; only the all-gathers set constants (_link), the others are raw timings."""
 GROUPS = ("world", "intra", "inter")
 META_COUNTS = ("seq", "mbs", "nodes", "world")
 _NUM = {"gemm": ("m", "k", "n", "seconds"),

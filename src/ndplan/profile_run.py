@@ -8,16 +8,20 @@ SLURM_STEP_NUM_NODES stand in for torchrun's RANK, WORLD_SIZE, LOCAL_RANK and th
 Without those variables it runs alone (no collectives). Ranks are laid out node by node, the
 same number on each node (torchrun's and srun's block distribution); the device is the local
 rank modulo the visible devices (one visible device per task when Slurm binds them). The
-backend is NCCL on CUDA devices (HCCL on Ascend through torch_npu is not wired) and gloo on
+backend is NCCL on CUDA devices, HCCL on Ascend NPUs (torch_npu registers ``torch.npu``, whose
+device, event and synchronisation calls mirror ``torch.cuda``'s; ``accelerator``) and gloo on
 CPU, where the same code runs in CI.
 
-Every timing is the median of ``iters`` samples after ``warmup`` runs. On CUDA a sample times
+Every timing is the median of ``iters`` samples after ``warmup`` runs. On a GPU or NPU a sample times
 K back-to-back launches between CUDA events, K chosen so that a sample lasts about
 SAMPLE_S (a single launch would carry 10-20 us of dispatch and synchronisation: a tp-8
 projection on an H100 takes about 25 us), divided by K; on CPU one run by the host clock. A
 collective's time is the slowest rank's (an all-reduce with MAX of each rank's median). The
-file keeps raw seconds and bytes (the full, gathered buffer); profile_file.py turns the
-all-gathers into bus bandwidth, nccl-tests' (n-1)/n x bytes / time.
+collectives are all-reduce, all-gather, reduce-scatter, all-to-all and send/recv (each rank
+sends the buffer to the next rank of its group and receives the previous one's, the pipeline's
+exchange). The file keeps raw seconds and bytes (the full, gathered buffer; send/recv: the
+buffer one rank sends); profile_file.py turns the all-gathers into bus bandwidth, nccl-tests'
+(n-1)/n x bytes / time, and keeps the others as raw timings.
 
 Rank 0 writes the YAML: the device, library versions, date, what was planned, and the raw
 timings; profile_file.py reads it (``--profile FILE``).
@@ -39,6 +43,33 @@ SAMPLE_S = 1e-3
 """Target length of one CUDA timing sample, seconds."""
 CPU_MAX_MIB = 16
 """On CPU (gloo) the sizes stop at 16 MiB: gloo's rings take seconds above that."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """The device kind the profile runs on: ``kind`` is torch's device type, ``backend`` the
+    process-group backend, ``module`` torch.cuda or torch.npu (None on CPU)."""
+
+    kind: str
+    backend: str
+    module: object = None
+
+
+def accelerator(torch) -> Accelerator:
+    """CUDA (NCCL) when torch sees a GPU, else an Ascend NPU (HCCL) when torch_npu is installed and
+    sees one, else the CPU (gloo)."""
+    if torch.cuda.is_available():
+        return Accelerator("cuda", "nccl", torch.cuda)
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        try:
+            import torch_npu  # noqa: F401 (registers torch.npu)
+        except ImportError:
+            return Accelerator("cpu", "gloo")
+        npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return Accelerator("npu", "hccl", npu)
+    return Accelerator("cpu", "gloo")
 
 
 @dataclass(frozen=True)
@@ -87,17 +118,17 @@ def environment(env=None) -> Dist:
     return Dist(rank=rank, world=world, local_rank=rank % local_world, local_world=local_world)
 
 
-def _sync(torch, device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _sync(acc: Accelerator, device) -> None:
+    if acc.module is not None:
+        acc.module.synchronize(device)
 
 
-def _median_time(torch, device, fn, warmup: int, iters: int) -> float:
+def _median_time(acc: Accelerator, device, fn, warmup: int, iters: int) -> float:
     """Median seconds of one ``fn`` over ``iters`` samples (module docstring)."""
     for _ in range(warmup):
         fn()
-    _sync(torch, device)
-    if device.type != "cuda":
+    _sync(acc, device)
+    if acc.module is None:
         times = []
         for _ in range(iters):
             t0 = time.perf_counter()
@@ -106,11 +137,11 @@ def _median_time(torch, device, fn, warmup: int, iters: int) -> float:
         return statistics.median(times)
     t0 = time.perf_counter()
     fn()
-    _sync(torch, device)
+    _sync(acc, device)
     k = max(1, min(10_000, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-7))))
     times = []
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = acc.module.Event(enable_timing=True), acc.module.Event(enable_timing=True)
         start.record()
         for _ in range(k):
             fn()
@@ -154,43 +185,54 @@ def run(model, hw_name: str, seq: int, mbs: int, tps: list[int], max_mib: int, w
     import torch
     import torch.distributed as dist
     d = environment()
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{d.local_rank % torch.cuda.device_count()}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dtype = torch.bfloat16 if cuda else torch.float32
+    acc = accelerator(torch)
+    on_device = acc.module is not None
+    device = torch.device(f"{acc.kind}:{d.local_rank % acc.module.device_count()}" if on_device else "cpu")
+    if on_device:
+        acc.module.set_device(device)
+    dtype = torch.bfloat16 if on_device else torch.float32
     if d.world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group(acc.backend)
     say = progress if (progress and d.rank == 0) else (lambda msg: None)
-    doc = {"ndplan_profile": PROFILE_VERSION, "meta": _meta(torch, d, device, dtype, model, hw_name, seq, mbs, tps)}
+    doc = {"ndplan_profile": PROFILE_VERSION,
+           "meta": _meta(torch, acc, d, device, dtype, model, hw_name, seq, mbs, tps)}
     say("GEMMs")
-    doc["gemm"] = _gemms(torch, device, dtype, model, seq, mbs, tps, warmup, iters)
+    doc["gemm"] = _gemms(torch, acc, device, dtype, model, seq, mbs, tps, warmup, iters)
     say("attention")
-    doc["attention"] = _attention(torch, device, dtype, model, seq, mbs, tps, warmup, iters)
+    doc["attention"] = _attention(torch, acc, device, dtype, model, seq, mbs, tps, warmup, iters)
     say("device-memory copy")
-    doc["hbm"] = _copy(torch, device, cuda, warmup, iters)
+    doc["hbm"] = _copy(torch, acc, device, warmup, iters)
     doc["collectives"] = []
     if d.world > 1:
         say("collectives")
-        doc["collectives"] = _collectives(torch, dist, device, d, min(max_mib, max_mib if cuda else CPU_MAX_MIB),
+        doc["collectives"] = _collectives(torch, dist, acc, device, d, max_mib if on_device else min(max_mib, CPU_MAX_MIB),
                                           warmup, iters)
         dist.barrier()
         dist.destroy_process_group()
     return doc if d.rank == 0 else None
 
 
-def _meta(torch, d: Dist, device, dtype, model, hw_name, seq, mbs, tps) -> dict:
-    cuda = device.type == "cuda"
+def _meta(torch, acc: Accelerator, d: Dist, device, dtype, model, hw_name, seq, mbs, tps) -> dict:
+    cuda = acc.kind == "cuda"
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "device": acc.module.get_device_name(device) if acc.module is not None else "cpu",
             "torch": str(torch.__version__), "cuda": torch.version.cuda if cuda else None,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-            "backend": "nccl" if cuda else "gloo", "world": d.world, "devices_per_node": d.local_world,
+            "torch_npu": _torch_npu_version() if acc.kind == "npu" else None,
+            "backend": acc.backend, "world": d.world, "devices_per_node": d.local_world,
             "nodes": d.nodes, "dtype": str(dtype).replace("torch.", ""), "hardware": hw_name,
             "model": model.name, "seq": seq, "mbs": mbs, "tp": list(tps)}
 
 
-def _gemms(torch, device, dtype, model, seq, mbs, tps, warmup, iters) -> list[dict]:
+def _torch_npu_version() -> str | None:
+    try:
+        import torch_npu
+    except ImportError:
+        return None
+    return str(getattr(torch_npu, "__version__", "unknown"))
+
+
+def _gemms(torch, acc: Accelerator, device, dtype, model, seq, mbs, tps, warmup, iters) -> list[dict]:
     out = []
     for tp in tps:
         seen = set()
@@ -200,70 +242,84 @@ def _gemms(torch, device, dtype, model, seq, mbs, tps, warmup, iters) -> list[di
             seen.add((m, k, n))
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            t = _median_time(torch, device, lambda: torch.matmul(a, b), warmup, iters)
+            t = _median_time(acc, device, lambda: torch.matmul(a, b), warmup, iters)
             out.append({"name": name, "tp": tp, "m": m, "k": k, "n": n, "seconds": t})
     return out
 
 
-def _attention(torch, device, dtype, model, seq, mbs, tps, warmup, iters) -> list[dict]:
+def _attention(torch, acc: Accelerator, device, dtype, model, seq, mbs, tps, warmup, iters) -> list[dict]:
     import torch.nn.functional as F
     out = []
     heads_total, d = model.num_attention_heads, model.head_dim
     for tp in tps:
         heads = max(1, heads_total // tp)
         q, k, v = (torch.randn(mbs, heads, seq, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-        fwd = _median_time(torch, device, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        fwd = _median_time(acc, device, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                            warmup, iters)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         g = torch.randn_like(o)
-        bwd = _median_time(torch, device, lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True),
+        bwd = _median_time(acc, device, lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True),
                            warmup, iters)
         out.append({"tp": tp, "batch": mbs, "heads": heads, "seq": seq, "head_dim": d, "causal": True,
                     "forward_s": fwd, "backward_s": bwd})
     return out
 
 
-def _copy(torch, device, cuda: bool, warmup, iters) -> list[dict]:
-    nbytes = (256 if cuda else 64) * 2 ** 20
+def _copy(torch, acc: Accelerator, device, warmup, iters) -> list[dict]:
+    nbytes = (256 if acc.module is not None else 64) * 2 ** 20
     x = torch.empty(nbytes, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
-    t = _median_time(torch, device, lambda: y.copy_(x), warmup, iters)
+    t = _median_time(acc, device, lambda: y.copy_(x), warmup, iters)
     return [{"bytes": nbytes, "seconds": t}]
 
 
 def _groups(dist, d: Dist) -> dict:
-    """'world', and across nodes also 'intra' (this node's ranks) and 'inter' (one per node)."""
-    out = {"world": None}
+    """name -> (group, its global ranks): 'world', and across nodes also 'intra' (this node's
+    ranks) and 'inter' (one per node)."""
+    out = {"world": (None, list(range(d.world)))}
     if d.nodes > 1:
         for node in range(d.nodes):
-            g = dist.new_group([node * d.local_world + i for i in range(d.local_world)])
+            ranks = [node * d.local_world + i for i in range(d.local_world)]
+            g = dist.new_group(ranks)
             if node == d.rank // d.local_world:
-                out["intra"] = g
+                out["intra"] = (g, ranks)
         for local in range(d.local_world):
-            g = dist.new_group([n * d.local_world + local for n in range(d.nodes)])
+            ranks = [n * d.local_world + local for n in range(d.nodes)]
+            g = dist.new_group(ranks)
             if local == d.local_rank:
-                out["inter"] = g
+                out["inter"] = (g, ranks)
     return out
 
 
-def _collectives(torch, dist, device, d: Dist, max_mib: int, warmup, iters) -> list[dict]:
+def _send_recv(dist, full, received, group, ranks: list[int], rank: int) -> None:
+    """Send ``full`` to the next rank of ``ranks`` and receive the previous one's (global ranks)."""
+    i = ranks.index(rank)
+    reqs = [dist.isend(full, ranks[(i + 1) % len(ranks)], group=group),
+            dist.irecv(received, ranks[(i - 1) % len(ranks)], group=group)]
+    for r in reqs:
+        r.wait()
+
+
+def _collectives(torch, dist, acc: Accelerator, device, d: Dist, max_mib: int, warmup, iters) -> list[dict]:
     # torch >= 2.10 names them *_single; older releases only have the *_tensor forms
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     out = []
-    for gname, group in _groups(dist, d).items():
+    for gname, (group, ranks) in _groups(dist, d).items():
         n = dist.get_world_size(group)
         size = MIN_BYTES
         while size <= max_mib * 2 ** 20:
             elems = size // 4  # fp32 elements of the full buffer
             full = torch.ones(elems - elems % n, device=device)
             shard = torch.empty(full.numel() // n, device=device)
+            received = torch.empty_like(full)
             ops = {"all_reduce": lambda: dist.all_reduce(full, group=group),
                    "all_gather": lambda: gather(full, shard, group=group),
                    "reduce_scatter": lambda: scatter(shard, full, group=group),
-                   "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full, group=group)}
+                   "all_to_all": lambda: dist.all_to_all_single(received, full, group=group),
+                   "send_recv": lambda: _send_recv(dist, full, received, group, ranks, d.rank)}
             for op, fn in ops.items():
-                t = torch.tensor([_median_time(torch, device, fn, warmup, iters)], device=device)
+                t = torch.tensor([_median_time(acc, device, fn, warmup, iters)], device=device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
                 out.append({"op": op, "group": gname, "ranks": n, "bytes": int(full.numel() * 4),
                             "seconds": float(t.item())})

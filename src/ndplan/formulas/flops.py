@@ -68,7 +68,12 @@ class Gemm:
 
     @property
     def bytes(self) -> sp.Expr:
-        return ACT_BYTES * (self.rows * self.inner + self.inner * self.cols + self.rows * self.cols) * self.count
+        return self.bytes_with(ACT_BYTES)
+
+    def bytes_with(self, operand_bytes) -> sp.Expr:
+        """HBM bytes with ``operand_bytes`` per input element (1 for fp8 operands) and a 16-bit output."""
+        return (operand_bytes * (self.rows * self.inner + self.inner * self.cols)
+                + ACT_BYTES * self.rows * self.cols) * self.count
 
 
 def attention_gemms(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> list[Gemm]:

@@ -19,7 +19,8 @@ nn.Linear modules only) times ``eff_attn`` times the kernel's length factor
 L / (L + ATTN_HALF_TOKENS), L the tokens each attention call sees (the CP shard); norms,
 activation functions, residual adds, RoPE, softmax without flash attention and MoE permutes
 move bytes at ``hbm_bytes_per_s * eff_hbm`` (the tensors are listed in ``elementwise_bytes``;
-backward moves ``ELEMENTWISE_BACKWARD_FACTOR`` times the forward bytes). Under fp8 GEMMs
+backward moves ``ELEMENTWISE_BACKWARD_FACTOR`` times the forward bytes), and so does the loss,
+over the logits, at each engine's passes (``loss_pass_bytes``). Under fp8 GEMMs
 (``fp8_gemm`` = 1) each transformer-layer GEMM quantises its operands every micro-batch
 (``quantise_bytes``); the weights' fp8 copies are made once per step (Transformer Engine
 caches them from the first micro-batch, linear.py:479) and not timed.
@@ -90,8 +91,15 @@ from ndplan.vocab import SPLIT_W_SCHEDULES
 ELEMENTWISE_BACKWARD_FACTOR = 2
 """Backward of an elementwise op reads the output gradient and the saved input and writes
 the input gradient: about twice the forward's bytes."""
-LOSS_PASSES = 3
-"""fp32 passes over the logits in a fused cross entropy: max, exp-sum, gradient."""
+FP8_OPERAND_BYTES = 1
+"""Bytes per input element of an fp8 GEMM: both operands are fp8 copies (quantise_bytes makes
+them), the output is 16-bit (Transformer Engine and torchao write bf16). The bandwidth side of
+the roofline then matches DeepGEMM's published H800 FP8 table (tests/test_attention_speed.py)."""
+COMPILED_LOSS_PASS_BYTES = (4, 4)
+"""(forward, backward) HBM bytes per logit element of a loss under torch.compile
+(EngineProfile.compiled_loss): inductor fuses the fp32 upcast into its reductions, which read
+the 16-bit logits twice (the max, then the exp-sum) in forward; backward reads them once and
+writes the 16-bit gradient in one pointwise kernel (the log-sum-exp per token is saved)."""
 ATTN_HALF_TOKENS = 400
 """Tokens per attention call at which a fused attention kernel runs at half its long-sequence
 throughput, T(L) = T_max L / (L + ATTN_HALF_TOKENS). Least-squares fits to the FlashAttention-3
@@ -137,13 +145,15 @@ def fp8_capable(spec: ModelSpec, M: ModelSymbols, kind: str, eng: EngineProfile,
 
 def gemm_time(g: FL.Gemm, fp8: bool = False) -> sp.Expr:
     """Roofline seconds of ``g``: at the GEMMs' peak and efficiency (``peak`` and ``eff_gemm8``,
-    the FP8 ones, under fp8 GEMMs: ``fp8_gemm`` = 1) when ``fp8`` says it can run in fp8, else at
-    the 16-bit peak and ``eff_gemm`` (catalog/mamf.py derives both per device)."""
+    the FP8 ones, under fp8 GEMMs: ``fp8_gemm`` = 1) with FP8_OPERAND_BYTES per input element when
+    ``fp8`` says it can run in fp8, else at the 16-bit peak and ``eff_gemm`` (catalog/mamf.py
+    derives both per device); the output is 16-bit either way."""
     if fp8:
         rate = S.peak * (S.eff_gemm + S.fp8_gemm * (S.eff_gemm8 - S.eff_gemm))
+        nbytes = g.bytes_with(ACT_BYTES - S.fp8_gemm * (ACT_BYTES - FP8_OPERAND_BYTES))
     else:
-        rate = S.peak_bf16 * S.eff_gemm
-    return C.vmax(g.flops / rate, g.bytes / (S.hbm_bytes_per_s * S.eff_hbm))
+        rate, nbytes = S.peak_bf16 * S.eff_gemm, g.bytes
+    return C.vmax(g.flops / rate, nbytes / (S.hbm_bytes_per_s * S.eff_hbm))
 
 
 def attention_core_time(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> sp.Expr:
@@ -229,10 +239,22 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
     return {"F": F, "B": B, "W": W, "R": R, "tp": 2 * tp_f, "cp": cp_f + cp_b, "ep": 2 * ep_f, **hidden}
 
 
-def head_parts(spec, M, c) -> dict:
+def loss_pass_bytes(eng: EngineProfile) -> tuple[int, int]:
+    """(forward, backward) HBM bytes per logit element of ``eng``'s loss: COMPILED_LOSS_PASS_BYTES
+    under a compiled loss, else the engine's loss_bytes_forward / loss_bytes_backward
+    (engine_time.py cites each framework's passes)."""
+    if eng.compiled_loss:
+        return COMPILED_LOSS_PASS_BYTES
+    return eng.loss_bytes_forward, eng.loss_bytes_backward
+
+
+def head_parts(spec, M, c, eng: EngineProfile) -> dict:
+    """Per micro-batch seconds of the output layer's GEMM and the loss's memory-bound passes
+    (loss_pass_bytes per token and vocab/tp element)."""
     gemm = sum((gemm_time(g) for g in FL.head_gemms(spec, M, c)), sp.Integer(0))
-    loss = LOSS_PASSES * 4 * c.s * c.b * M.V / c.t / (S.hbm_bytes_per_s * S.eff_hbm)
-    return _zero() | {"F": gemm + loss, "B": gemm + loss, "W": gemm}
+    logits = c.s * c.b * M.V / c.t / (S.hbm_bytes_per_s * S.eff_hbm)
+    fwd, bwd = loss_pass_bytes(eng)
+    return _zero() | {"F": gemm + fwd * logits, "B": gemm + bwd * logits, "W": gemm}
 
 
 PARTS = ("F", "B", "W", "R", "tp", "cp", "ep")
@@ -314,7 +336,7 @@ def _stages(spec: ModelSpec, M: ModelSymbols, view: Structure, eng: EngineProfil
     stage): the first and last stage of a symbolic layout (and a middle one of an ends
     layout), else every stage."""
     layer = {k: (layer_parts(spec, M, view, c, k, eng) if has_kind(spec, k) else _zero()) for k in ("dense", "moe")}
-    head = head_parts(spec, M, c)
+    head = head_parts(spec, M, c, eng)
     if symbolic_layout(spec, view):
         stages = [sp.Integer(0), pp_expr(spec, view) - 1]
         if view.ends:  # the middle stages hold M layers each: stage 1 stands for them

@@ -61,7 +61,7 @@ def _times(parts: dict, point) -> tuple[float, float, float]:
 
 def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
     """The output layer and loss; ``c`` the activation context of the strategy's mode."""
-    f, b, w = _times(head_parts(spec, M, c), point)
+    f, b, w = _times(head_parts(spec, M, c, eng), point)
     # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
     # (memory.stage_params); under zbv the head sits on stage 0
     tied_copy = G.head_stage(strat, strat.pp) != 0  # groups.tied_head_copy: the head not on stage 0
