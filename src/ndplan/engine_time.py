@@ -79,7 +79,9 @@ class TimeChoices:
     passes over the logits (core/tensor_parallel/cross_entropy.py:25-77 at d98e8a64, the same
     at core_r0.8.0): the fp32 upcast (read 2, write 4), the max (read 4), the in-place subtract,
     exp and divide (read and write 4 each) and the exp-sum (read 4): 6 + 4 + 8 + 8 + 4 + 8 = 38.
-    Megatron-DeepSpeed upcasts before the same function (megatron/model/gpt_model.py:314)."""
+    Megatron-DeepSpeed (the deepspeed profile's time side) upcasts before its copy of the same
+    function, whose out-of-place subtract moves the same bytes (megatron/model/gpt_model.py:314
+    at f4157bea)."""
     loss_bytes_backward: int = 14
     """HBM bytes per logit element the loss moves in backward: Megatron-LM's in-place multiply of
     the saved softmax by the output gradient (read and write 4, cross_entropy.py:114 at

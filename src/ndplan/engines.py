@@ -50,7 +50,8 @@ FSDP = EngineProfile(
     # eager cross_entropy on the fp32-upcast logits: upcast (2 + 4), log_softmax's three reads and one write (16,
     # cunn_SoftMaxForward: max, exp-sum, write; its shared-memory variant needs under 48 KiB a row); backward:
     # nll_loss_backward zero-fills its fp32 gradient (4), log_softmax's backward reads it for the sum, then it
-    # and the output and writes (16), the cast back (4 + 2)
+    # and the output and writes (16), the cast back (4 + 2); torchtitan's loss parallel at tp > 1
+    # (_LossParallelCrossEntropy) is not modelled apart
     loss_bytes_forward=22, loss_bytes_backward=26,
     norm_input_bytes=2, norm_stat_bytes=4, swiglu_bytes_per_f=8, repeat_kv_always=True, selective_op_sac=True,
     rope_table_bytes=2, gathered_inputs_kept=True,
@@ -127,7 +128,6 @@ DEEPSPEED = EngineProfile(
     overlap_grad_reduce=False, overlap_param_gather=False, grads_all_reduced=True, zero2_reduce_per_microbatch=True,
     grad_reduce_after_last_backward=True, grad_comm_bytes=2,
     attention_fa2=True,  # Megatron-DeepSpeed's flash-attn 2 (engine_time.py)
-    loss_bytes_forward=22, loss_bytes_backward=26,  # the HF-style loss of "logits" below: the fsdp profile's passes
     sources={
         "states": "ZeRO paper (Rajbhandari et al. 2020) Sec. 3: K=12 bytes of optimizer state "
                   "(fp32 master 4 + Adam 8) per parameter, bf16 params 2, gradients",

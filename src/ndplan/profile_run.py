@@ -13,7 +13,7 @@ device, event and synchronisation calls mirror ``torch.cuda``'s; ``accelerator``
 CPU, where the same code runs in CI.
 
 Every timing is the median of ``iters`` samples after ``warmup`` runs. On a GPU or NPU a sample times
-K back-to-back launches between CUDA events, K chosen so that a sample lasts about
+K back-to-back launches between device events, K chosen so that a sample lasts about
 SAMPLE_S (a single launch would carry 10-20 us of dispatch and synchronisation: a tp-8
 projection on an H100 takes about 25 us), divided by K; on CPU one run by the host clock. A
 collective's time is the slowest rank's (an all-reduce with MAX of each rank's median). The
@@ -40,7 +40,7 @@ DEFAULT_MAX_MIB = 256
 """Largest collective buffer, MiB (sizes grow 4x from MIN_BYTES up to it)."""
 MIN_BYTES = 4096
 SAMPLE_S = 1e-3
-"""Target length of one CUDA timing sample, seconds."""
+"""Target length of one GPU or NPU timing sample, seconds."""
 CPU_MAX_MIB = 16
 """On CPU (gloo) the sizes stop at 16 MiB: gloo's rings take seconds above that."""
 
@@ -292,11 +292,13 @@ def _groups(dist, d: Dist) -> dict:
 
 
 def _send_recv(dist, full, received, group, ranks: list[int], rank: int) -> None:
-    """Send ``full`` to the next rank of ``ranks`` and receive the previous one's (global ranks)."""
+    """Send ``full`` to the next rank of ``ranks`` and receive the previous one's (global ranks),
+    posted together (batch_isend_irecv: NCCL's blocking sends would deadlock a ring whose ranks
+    all send first)."""
     i = ranks.index(rank)
-    reqs = [dist.isend(full, ranks[(i + 1) % len(ranks)], group=group),
-            dist.irecv(received, ranks[(i - 1) % len(ranks)], group=group)]
-    for r in reqs:
+    ops = [dist.P2POp(dist.isend, full, ranks[(i + 1) % len(ranks)], group),
+           dist.P2POp(dist.irecv, received, ranks[(i - 1) % len(ranks)], group)]
+    for r in dist.batch_isend_irecv(ops):
         r.wait()
 
 
@@ -318,6 +320,8 @@ def _collectives(torch, dist, acc: Accelerator, device, d: Dist, max_mib: int, w
                    "reduce_scatter": lambda: scatter(shard, full, group=group),
                    "all_to_all": lambda: dist.all_to_all_single(received, full, group=group),
                    "send_recv": lambda: _send_recv(dist, full, received, group, ranks, d.rank)}
+            if n < 2:  # one rank per node: nobody to send to
+                del ops["send_recv"]
             for op, fn in ops.items():
                 t = torch.tensor([_median_time(acc, device, fn, warmup, iters)], device=device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

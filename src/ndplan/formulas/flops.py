@@ -70,10 +70,14 @@ class Gemm:
     def bytes(self) -> sp.Expr:
         return self.bytes_with(ACT_BYTES)
 
-    def bytes_with(self, operand_bytes) -> sp.Expr:
-        """HBM bytes with ``operand_bytes`` per input element (1 for fp8 operands) and a 16-bit output."""
-        return (operand_bytes * (self.rows * self.inner + self.inner * self.cols)
-                + ACT_BYTES * self.rows * self.cols) * self.count
+    def bytes_with(self, operand_bytes, step: str = "F") -> sp.Expr:
+        """HBM bytes of the forward product (``step`` "F": input rows x inner and weight inner x
+        cols in, rows x cols out), the input gradient ("B": output gradient and weight in, rows x
+        inner out) or the weight gradient ("W": input and output gradient in, inner x cols out),
+        with ``operand_bytes`` per input element (1 for fp8 operands) and a 16-bit result."""
+        act, weight, out = self.rows * self.inner, self.inner * self.cols, self.rows * self.cols
+        operands, result = {"F": (act + weight, out), "B": (out + weight, act), "W": (act + out, weight)}[step]
+        return (operand_bytes * operands + ACT_BYTES * result) * self.count
 
 
 def attention_gemms(spec: ModelSpec, M: ModelSymbols, c: ActContext) -> list[Gemm]:

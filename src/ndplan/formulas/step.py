@@ -143,14 +143,16 @@ def fp8_capable(spec: ModelSpec, M: ModelSymbols, kind: str, eng: EngineProfile,
     return [g for g in gemms if any(g.name == p or g.name.startswith(p + ".") for p in swapped)]
 
 
-def gemm_time(g: FL.Gemm, fp8: bool = False) -> sp.Expr:
-    """Roofline seconds of ``g``: at the GEMMs' peak and efficiency (``peak`` and ``eff_gemm8``,
-    the FP8 ones, under fp8 GEMMs: ``fp8_gemm`` = 1) with FP8_OPERAND_BYTES per input element when
-    ``fp8`` says it can run in fp8, else at the 16-bit peak and ``eff_gemm`` (catalog/mamf.py
-    derives both per device); the output is 16-bit either way."""
+def gemm_time(g: FL.Gemm, fp8: bool = False, step: str = "F") -> sp.Expr:
+    """Roofline seconds of ``g``'s forward (``step`` "F"), input-gradient ("B") or weight-gradient
+    ("W") product: at the GEMMs' peak and efficiency (``peak`` and ``eff_gemm8``, the FP8 ones,
+    under fp8 GEMMs: ``fp8_gemm`` = 1) with FP8_OPERAND_BYTES per input element when ``fp8`` says
+    it can run in fp8, else at the 16-bit peak and ``eff_gemm`` (catalog/mamf.py derives both per
+    device). Each product writes a 16-bit result: the activation (F), its gradient (B) or the
+    weight gradient (W); the same bytes for all three at 16-bit operands."""
     if fp8:
         rate = S.peak * (S.eff_gemm + S.fp8_gemm * (S.eff_gemm8 - S.eff_gemm))
-        nbytes = g.bytes_with(ACT_BYTES - S.fp8_gemm * (ACT_BYTES - FP8_OPERAND_BYTES))
+        nbytes = g.bytes_with(ACT_BYTES - S.fp8_gemm * (ACT_BYTES - FP8_OPERAND_BYTES), step)
     else:
         rate, nbytes = S.peak_bf16 * S.eff_gemm, g.bytes
     return C.vmax(g.flops / rate, nbytes / (S.hbm_bytes_per_s * S.eff_hbm))
@@ -204,14 +206,15 @@ def layer_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, c: ActContext
     and the hidden comm per pass (HIDDEN_PARTS)."""
     gemms = FL.layer_gemms(spec, M, c, kind)
     fp8 = fp8_capable(spec, M, kind, eng, view.weight_dtype, gemms)
-    gemm = sum((gemm_time(g, any(g is f for f in fp8)) for g in gemms), sp.Integer(0))
+    gemm = {step: sum((gemm_time(g, any(g is f for f in fp8), step) for g in gemms), sp.Integer(0))
+            for step in ("F", "B", "W")}
     core = attention_core_time(spec, M, c)
     hbm = S.hbm_bytes_per_s * S.eff_hbm
     elem = elementwise_bytes(spec, M, c, kind) / hbm
     quant_f, quant_b = (S.fp8_gemm * q / hbm for q in quantise_bytes(fp8))
-    F = gemm + core + elem + quant_f
-    B = gemm + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem + quant_b
-    W = gemm
+    F = gemm["F"] + core + elem + quant_f
+    B = gemm["B"] + FL.CORE_BACKWARD_FACTOR * core + ELEMENTWISE_BACKWARD_FACTOR * elem + quant_b
+    W = gemm["W"]
     order = view.order
     # TP/SP: two all-reduce equivalents forward, two backward (Korthikanti 2022 Sec. 4.2.2:
     # SP's all-gather + reduce-scatter pair costs one all-reduce)
