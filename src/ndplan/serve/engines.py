@@ -1,0 +1,92 @@
+"""Each serving engine's rule for the memory its KV cache gets, and the capacity that follows.
+
+* vLLM (``gpu_memory_utilization``, default 0.9): the instance may use that fraction of the
+  device's total memory; the KV cache gets what the model weights, the forward's peak
+  workspace (its profile run over the largest scheduled batch) and the memory outside torch's
+  allocator (CUDA context, NCCL) leave of it: ``total x fraction - weights - activation peak -
+  non-torch`` (its worker log line "the current vLLM instance can use total_gpu_memory (...) x
+  gpu_memory_utilization (...) = ...; model weights take ...; non_torch_memory takes ...;
+  PyTorch activation peak memory takes ...; the rest of the memory reserved for KV Cache",
+  vllm-project/vllm PRs #10511, #12126). Pages of 16 tokens (``block_size``).
+* SGLang (``mem_fraction_static``): weights and the KV pool together take that fraction of the
+  total: ``total x fraction - weights``; the workspace and CUDA graphs live in the rest. Pages
+  of one token (``page_size`` 1).
+* TensorRT-LLM (``free_gpu_memory_fraction`` of the KV cache config, default 0.9): that fraction
+  of the memory still free after the weights and the runtime's workspace are allocated:
+  ``fraction x (total - weights - activation peak - non-torch)``. Pages of 32 tokens
+  (``tokens_per_block``).
+
+``NON_TORCH_GIB`` and each engine's default batch limits are named defaults, not fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ndplan import limits
+from ndplan.errors import NdplanError
+from ndplan.units import GIB
+
+NON_TORCH_GIB = 0.35
+"""Device memory outside torch's allocator at tp = 1 (CUDA context, cuBLAS workspace): vLLM's log
+of Llama-3.1-8B on an RTX 3090 prints non_torch_memory 0.35 GiB (vllm-project/vllm#10517); its
+own H100 logs print 0.16 to 1.79 GiB across versions (#12126, #10511). NCCL's buffers at tp > 1
+are not modelled."""
+
+
+@dataclass(frozen=True)
+class ServeEngine:
+    name: str
+    knob: str
+    """The engine's own memory flag."""
+    default_fraction: float
+    rule: str
+    """"total_minus_peak" (vLLM), "static" (SGLang), "free_after_load" (TensorRT-LLM): module docstring."""
+    block_tokens: int
+    """Tokens per KV page: capacity is counted in whole pages."""
+    max_seqs: int
+    """Default maximum running sequences (vLLM ``max_num_seqs``; SGLang ``max_running_requests``
+    is derived from its pool, TensorRT-LLM's ``max_batch_size``)."""
+    max_tokens: int
+    """Default largest batch of scheduled tokens per forward (vLLM ``max_num_batched_tokens``,
+    TensorRT-LLM ``max_num_tokens``, SGLang ``chunked_prefill_size``)."""
+    source: str
+
+
+ENGINES = {
+    "vllm": ServeEngine("vllm", "gpu_memory_utilization", 0.9, "total_minus_peak", 16, 256, 8192,
+                        "vllm EngineArgs: gpu_memory_utilization 0.9, block_size 16, max_num_seqs 256; "
+                        "max_num_batched_tokens 8192 (chunked prefill; without it max(max_model_len, 2048))"),
+    "sglang": ServeEngine("sglang", "mem_fraction_static", 0.88, "static", 1, 4096, 8192,
+                          "sglang ServerArgs: mem_fraction_static about 0.88 on 80 GB devices at tp 1 (it is "
+                          "set from the device memory and tp when not given), page_size 1, chunked_prefill_size 8192"),
+    "trtllm": ServeEngine("trtllm", "free_gpu_memory_fraction", 0.9, "free_after_load", 32, 2048, 8192,
+                          "TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction 0.9, tokens_per_block 32, "
+                          "max_batch_size 2048, max_num_tokens 8192"),
+}
+
+
+def engine(name: str) -> ServeEngine:
+    if name not in ENGINES:
+        raise NdplanError("--engine", name, "not a serving engine ndplan models", f"one of {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def kv_pool_bytes(eng: ServeEngine, total_bytes: float, weights: float, activation: float, fraction: float | None = None,
+                  non_torch: float = NON_TORCH_GIB * GIB) -> float:
+    """Bytes of one device's KV pool under ``eng``'s rule (module docstring); negative when the
+    weights do not fit."""
+    f = eng.default_fraction if fraction is None else limits.fraction(f"--engine-mem-fraction ({eng.knob})", fraction)
+    if eng.rule == "total_minus_peak":
+        return total_bytes * f - weights - activation - non_torch
+    if eng.rule == "static":
+        return total_bytes * f - weights
+    return f * (total_bytes - weights - activation - non_torch)
+
+
+def kv_capacity(pool_bytes: float, kv_per_token: float, block_tokens: int) -> int:
+    """Tokens one device's pool holds, in whole pages of ``block_tokens`` (0 when it is empty)."""
+    if pool_bytes <= 0:
+        return 0
+    return math.floor(pool_bytes / (kv_per_token * block_tokens)) * block_tokens

@@ -1,0 +1,163 @@
+"""One serving layout evaluated: memory, KV capacity, concurrency, latency and throughput.
+
+Steady state of continuous batching at a concurrency C per instance (C / dpa sequences decoding
+in each attention-DP group): every step decodes one token of each and, with chunked prefill,
+runs the prompts of the requests that replace the finished ones, B x ISL / OSL tokens per group
+(each request's prompt once per OSL steps). So
+
+* TPOT = one such step (serve/time.py) at CTX = ISL + OSL / 2 (the mean context while decoding)
+  and PCTX = ISL / 2;
+* TTFT = the steps a prompt's chunks take, ceil(ISL / budget) with budget the engine's tokens
+  per step less the B decoding tokens, each a step with those chunk tokens (at C = 1 the prompt
+  alone: the prefill time);
+* a request stays TTFT + (OSL - 1) x TPOT, so by Little's law the instance returns
+  R x OSL / that output tokens per second for R requests running; per device, over its tp x pp.
+At most R = min(C, KV-capacity concurrency, the engine's maximum running sequences per attention-
+DP group x dpa) run; the other C - R wait for a slot, (C - R) / R request lifetimes on average,
+which TTFT then includes (a closed loop of C clients). Without a concurrency (max load, offline)
+C = R: one rule for every row (issue 17).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import sympy as sp
+
+from ndplan import limits
+from ndplan import symbols as S
+from ndplan.catalog.hardware import Hardware
+from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+from ndplan.lambdify import lambdify
+from ndplan.serve import memory as SM
+from ndplan.serve import time as ST
+from ndplan.serve.engines import NON_TORCH_GIB, ServeEngine, engine, kv_capacity, kv_pool_bytes
+from ndplan.serve.layout import KV_DTYPES, ServeLayout, WeightRecipe
+from ndplan.units import GIB
+
+DRIVER_VISIBLE = 0.99
+"""Device memory the CUDA driver reports as total over the nominal capacity: vLLM's logs on H100
+80 GB print total_gpu_memory 79.22 GiB (vllm-project/vllm #10511, #12126): 0.990; on an RTX 3090
+23.58 of 24 GiB (#10517): 0.983."""
+
+
+@dataclass(frozen=True)
+class ServeEstimate:
+    layout: ServeLayout
+    fits: bool
+    weights_bytes: int
+    """Largest stage's weights on one device."""
+    kv_bytes_per_token: int
+    """Largest stage's KV bytes per token on one device."""
+    kv_cache_tokens: int
+    """Tokens the instance's KV cache holds (every attention-DP group's pool)."""
+    max_concurrency: int
+    """Requests of ISL + OSL tokens the KV cache holds at once."""
+    concurrency: int
+    ttft_s: float
+    tpot_s: float
+    output_tokens_per_s_per_gpu: float
+    step_terms: dict = field(default_factory=dict)
+    """serve.step.* seconds of the steady-state step."""
+
+    @property
+    def devices(self) -> int:
+        return self.layout.devices
+
+    def to_json(self) -> dict:
+        lay = self.layout
+        return {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "dp_attention": lay.dp_attention, "devices": lay.devices,
+                "fits": self.fits, "weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_cache_tokens": self.kv_cache_tokens, "max_concurrency": self.max_concurrency,
+                "concurrency": self.concurrency, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
+                "step_s": self.step_terms}
+
+
+def _value(expr, values: dict) -> float:
+    return float(sp.sympify(expr).subs(values))
+
+
+def device_total_bytes(hw: Hardware, total_gib: float | None = None) -> float:
+    if total_gib is not None:
+        return limits.gib("--gpu-mem-gib", total_gib) * GIB
+    return hw.hbm_gib * DRIVER_VISIBLE * GIB
+
+
+class StepKernel:
+    """serve.step.* of one (model, layout, recipe, KV dtype) compiled once (ndplan.lambdify) and
+    evaluated at many workload points."""
+
+    def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
+        terms = ST.step_terms(spec, layout, recipe, kv_dtype)
+        self.keys = terms.keys()
+        fixed = {S.BY_NAME[k]: v for k, v in hw_values.items()} | SM.values(layout)
+        exprs = [sp.sympify(t.expr).subs(fixed) for t in terms]
+        self._fn = lambdify(ST.WORKLOAD_SYMBOLS, exprs)
+
+    def __call__(self, b, ctx, p, pctx) -> dict:
+        return {k: float(v) for k, v in zip(self.keys, self._fn(b, ctx, p, pctx))}
+
+
+def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: int, osl: int,
+                   concurrency: int | None = None, recipe: WeightRecipe = WeightRecipe(), kv_dtype: str = "bf16",
+                   engine_name: str = "vllm", mem_fraction: float | None = None, gpu_mem_gib: float | None = None,
+                   max_tokens: int | None = None, max_seqs: int | None = None,
+                   kernel: StepKernel | None = None) -> ServeEstimate:
+    """Serve ``spec`` on ``hw`` in ``layout`` at ``isl`` / ``osl`` tokens per request (module docstring);
+    ``max_tokens`` and ``max_seqs`` replace the engine's defaults (vLLM --max-num-batched-tokens and
+    --max-num-seqs, TensorRT-LLM max_num_tokens and max_batch_size)."""
+    layout.check(spec)
+    recipe.check()
+    eng: ServeEngine = engine(engine_name)
+    if max_tokens is not None:
+        eng = replace(eng, max_tokens=limits.count("--max-num-batched-tokens", max_tokens, 1, limits.MAX_SEQ))
+    if max_seqs is not None:
+        eng = replace(eng, max_seqs=limits.count("--max-num-seqs", max_seqs, 1, 10 ** 6))
+    if kv_dtype not in KV_DTYPES:
+        raise NdplanError("--kv-dtype", kv_dtype, "not a KV-cache dtype ndplan models", f"one of {', '.join(KV_DTYPES)}")
+    isl = limits.count("--isl", isl, 1, limits.MAX_SEQ)
+    osl = limits.count("--osl", osl, 1, limits.MAX_SEQ)
+    total = device_total_bytes(hw, gpu_mem_gib)
+    vals = SM.values(layout)
+    per_stage = []
+    for stage in range(layout.pp):
+        w = _value(SM.weight_bytes(spec, layout, recipe, stage), vals)
+        kv = _value(SM.kv_bytes_per_token(spec, layout, kv_dtype, stage), vals)
+        act = _value(SM.activation_bytes(spec, eng.max_tokens, eng.max_seqs), vals)
+        pool = kv_pool_bytes(eng, total, w, act, mem_fraction, NON_TORCH_GIB * GIB)
+        per_stage.append((w, kv, kv_capacity(pool, kv, eng.block_tokens)))
+    tokens = min(t for _, _, t in per_stage) * layout.dp_attention
+    request = isl + osl
+    max_conc = tokens // request
+    fits = max_conc >= 1
+    if concurrency is not None:
+        limits.count("--concurrency", concurrency, 1, 10 ** 9)
+    running = min(max_conc, eng.max_seqs * layout.dp_attention)
+    conc = running if concurrency is None else concurrency
+    running = max(1, min(running, conc))
+    hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
+    kernel = kernel or StepKernel(spec, layout, recipe, kv_dtype, hw_values)
+    b = running / layout.dp_attention
+    step = kernel(b, isl + osl / 2, b * isl / osl, isl / 2)
+    tpot = sum(step.values())
+    budget = max(1.0, eng.max_tokens - b)
+    others = b - 1 / layout.dp_attention  # the other requests decoding while this prompt runs
+    ttft = math.ceil(isl / budget) * sum(kernel(others, isl + osl / 2, min(isl, budget), isl / 2).values())
+    life = ttft + (osl - 1) * tpot
+    ttft += max(0, conc - running) / running * life
+    rate = running * osl / life / layout.devices if fits else 0.0
+    return ServeEstimate(layout=layout, fits=fits, weights_bytes=int(max(w for w, _, _ in per_stage)),
+                         kv_bytes_per_token=int(max(kv for _, kv, _ in per_stage)), kv_cache_tokens=int(tokens),
+                         max_concurrency=int(max_conc), concurrency=int(conc), ttft_s=ttft, tpot_s=tpot,
+                         output_tokens_per_s_per_gpu=rate, step_terms=step)
+
+
+def batch_latency_s(kernel: StepKernel, batch: int, isl: int, osl: int) -> float:
+    """End-to-end seconds of one fixed batch: its prompts in one step, then OSL - 1 decode steps
+    (vLLM's benchmark_latency: every request starts together and ends together)."""
+    prefill = sum(kernel(0, 0, batch * isl, isl / 2).values())
+    return prefill + (osl - 1) * sum(kernel(batch, isl + osl / 2, 0, 0).values())
+

@@ -1,0 +1,157 @@
+"""Serving time of one engine step on one device, as a roofline per GEMM and per attention call.
+
+A step of continuous batching runs ``B`` decoding sequences and ``P`` prefill tokens of each
+attention-DP group through every layer at once (vLLM's and SGLang's chunked prefill, TensorRT-
+LLM's in-flight batching). Symbols: ``B``; ``CTX`` the decoding sequences' mean context (tokens
+in their KV cache); ``P``; ``PCTX`` the mean context a prefill token attends to (a whole prompt
+of I tokens: I/2, causal).
+
+Per layer and device:
+* GEMMs (formulas/flops.py shapes; attention over the attention-TP group on B + P tokens, the
+  MLP and experts over the stage's tp devices on the dpa groups' tokens together):
+  max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x eff_hbm)), the weights read at the
+  recipe's bytes per element (fp8: at the FP8 peak and eff_gemm8 with 1-byte activations; int4:
+  weight-only, at the 16-bit peak), activations and outputs 16-bit. A decode step reads every
+  weight it uses once: a small batch is bandwidth-bound (Williams et al. 2009 roofline). Routed
+  experts: each device's E/ep experts are read only when some token picks them, an expected
+  1 - (1 - k/E)^N of them for N tokens of the whole instance (top-k picks, uniform routing).
+* Attention core: decode reads the B sequences' KV cache (B x CTX x the per-layer KV bytes) and
+  computes 2 x (d_qk + d_v) FLOPs per query head and key (MLA: over the latent, the absorbed
+  form, 2 x (kv_lora_rank + rope) + 2 x kv_lora_rank); prefill computes the causal core at
+  eff_attn times formulas/step.py's length factor; each the larger of compute and bytes.
+* Collectives: an all-reduce of the attention output over the attention-TP group and one of
+  the MLP output over the stage's tp devices, or, for a MoE layer under expert parallelism,
+  dispatch and combine all-to-alls over the ep group (formulas/comm.py alpha-beta, intra-node
+  links while the group fits a node).
+The output layer runs for the B decoding sequences on the last stage. Norms, activations and
+sampling kernels are not timed (a few 16-bit passes over (B + P) x h per layer).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from ndplan import symbols as S
+from ndplan.catalog.model import ModelSpec
+from ndplan.formulas import comm as C
+from ndplan.formulas import flops as FL
+from ndplan.formulas.activations import ActContext
+from ndplan.formulas.step import ATTN_HALF_TOKENS
+from ndplan.serve.layout import ServeLayout, WeightRecipe
+from ndplan.serve.memory import ATTN_TP, DPA, GROUP, INT4_BYTES, kv_bytes_per_token, stage_layers
+from ndplan.symbols import ModelSymbols
+from ndplan.terms import Breakdown, Term
+
+B = sp.Symbol("B", nonnegative=True)
+CTX = sp.Symbol("CTX", nonnegative=True)
+P = sp.Symbol("P", nonnegative=True)
+PCTX = sp.Symbol("PCTX", nonnegative=True)
+WORKLOAD_SYMBOLS = (B, CTX, P, PCTX)
+ACT_BYTES = 2
+
+
+def _weight_bytes(recipe: WeightRecipe):
+    return {"bf16": 2, "fp8": 1, "int4": INT4_BYTES.subs(GROUP, recipe.group)}[recipe.dtype]
+
+
+def _gemm_seconds(g: FL.Gemm, recipe: WeightRecipe, quantized: bool, count=None) -> sp.Expr:
+    """Roofline seconds of ``g`` (``count``: how many of its ``g.count`` products read their weight)."""
+    fp8 = quantized and recipe.dtype == "fp8"
+    w = _weight_bytes(recipe) if quantized else ACT_BYTES
+    a = 1 if fp8 else ACT_BYTES
+    read = g.count if count is None else count
+    nbytes = g.count * (a * g.rows * g.inner + ACT_BYTES * g.rows * g.cols) + read * w * g.inner * g.cols
+    rate = S.peak * S.eff_gemm8 if fp8 else S.peak_bf16 * S.eff_gemm
+    return C.vmax(g.flops / rate, nbytes / (S.hbm_bytes_per_s * S.eff_hbm))
+
+
+def _context(tokens, t, ep, tp) -> ActContext:
+    return ActContext(s=sp.Integer(1), b=tokens, t=t, t_sp=tp, etp=tp / ep, capacity=sp.Integer(1), flash=True, ep=ep)
+
+
+def _quantized(recipe: WeightRecipe, name: str, layer: int) -> bool:
+    return (recipe.dtype != "bf16" and name != "moe.router" and layer not in recipe.keep_layers
+            and not any(name.startswith(k) for k in recipe.keep_pieces))
+
+
+def layer_seconds(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str, layer: int) -> dict:
+    """Seconds of one layer on one device in a step (module docstring): gemm, attention, comm."""
+    M = ModelSymbols.of(spec)
+    kind = spec.layer_kinds[layer]
+    tokens = B + P
+    every = tokens * DPA  # the instance's tokens of the step at the MLP and the experts
+    ep = sp.Integer(layout.ep)
+    gemm = sp.Integer(0)
+    for g in FL.attention_gemms(spec, M, _context(tokens, ATTN_TP, ep, S.tp)):
+        gemm += _gemm_seconds(g, recipe, _quantized(recipe, g.name, layer))
+    for g in FL.ffn_gemms(spec, M, _context(every, S.tp, ep, S.tp), kind):
+        count = None
+        if g.name.startswith("moe.experts"):
+            count = g.count * (1 - (1 - M.k / M.E) ** every)
+        gemm += _gemm_seconds(g, recipe, _quantized(recipe, g.name, layer), count)
+    comm = _comm_seconds(M, tokens) if kind != "moe" or layout.ep == 1 else _ep_comm_seconds(M, tokens, ep)
+    return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype), "comm": comm}
+
+
+FLASH_QUERY_TILE = 128
+"""Queries per tile of a fused prefill attention kernel: it reads each key and value once per tile
+(FlashAttention-2 Sec. 3.1, block size 128 on A100/H100)."""
+
+
+def _attention_seconds(spec: ModelSpec, M: ModelSymbols, kv_dtype: str) -> sp.Expr:
+    """Decode and prefill attention cores of one layer (module docstring); the prefill's FLOPs are
+    stretched by formulas/step.py's length factor (L + ATTN_HALF_TOKENS) / L at L = 2 PCTX, the
+    prompt a whole-prompt prefill runs."""
+    heads = M.a / ATTN_TP
+    kv_layer = kv_bytes_per_token(spec, ServeLayout(), kv_dtype, 0) / spec.num_hidden_layers  # this device's, one layer
+    if spec.is_mla:
+        decode_dims, prefill_dims = (M.kl + M.dr) + M.kl, M.dn + M.dr + M.dv
+    else:
+        decode_dims = prefill_dims = 2 * M.d
+    hbm = S.hbm_bytes_per_s * S.eff_hbm
+    decode = C.vmax(2 * B * CTX * heads * decode_dims / (S.peak_bf16 * S.eff_attn), B * CTX * kv_layer / hbm)
+    prefill_flops = 2 * P * heads * prefill_dims * (PCTX + sp.Rational(ATTN_HALF_TOKENS, 2))
+    prefill = C.vmax(prefill_flops / (S.peak_bf16 * S.eff_attn), P / FLASH_QUERY_TILE * PCTX * kv_layer / hbm)
+    return decode + prefill
+
+
+def _comm_seconds(M: ModelSymbols, tokens) -> sp.Expr:
+    """All-reduce of the attention output (attention-TP group) and of the MLP output (tp devices)."""
+    x = ACT_BYTES * tokens * M.h
+    return C.all_reduce(ATTN_TP, x, ATTN_TP) + C.all_reduce(S.tp, x * DPA, S.tp)
+
+
+def _ep_comm_seconds(M: ModelSymbols, tokens, ep) -> sp.Expr:
+    """A MoE layer under expert parallelism: the attention output's all-reduce, then each device
+    dispatches its share of its group's tokens (tokens / attention tp) to the k experts' devices
+    and combines their outputs back, two all-to-alls over the ep group (16-bit hidden states; the
+    expert groups sit tp / ep ranks apart). Overlap with compute (SGLang's two-batch overlap,
+    DeepEP's hooks) is not modelled."""
+    x = ACT_BYTES * tokens * M.h
+    sent = ACT_BYTES * tokens / ATTN_TP * M.k * M.h
+    return C.all_reduce(ATTN_TP, x, ATTN_TP) + 2 * C.all_to_all(ep, sent, S.tp / ep)
+
+
+def head_seconds(spec: ModelSpec) -> sp.Expr:
+    M = ModelSymbols.of(spec)
+    return sum((_gemm_seconds(g, WeightRecipe(), False) for g in FL.head_gemms(spec, M, _context(B, ATTN_TP, 1, S.tp))),
+               sp.Integer(0))
+
+
+def step_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str) -> Breakdown:
+    """serve.step.{gemm, attention, comm, head, pp}: seconds of one step through every stage
+    (a token crosses all of them), and serve.step, their sum."""
+    parts = {"gemm": sp.Integer(0), "attention": sp.Integer(0), "comm": sp.Integer(0)}
+    for layers in stage_layers(spec, layout.pp):
+        for layer in layers:
+            for k, v in layer_seconds(spec, layout, recipe, kv_dtype, layer).items():
+                parts[k] += v
+    M = ModelSymbols.of(spec)
+    pp_send = (layout.pp - 1) * C.p2p(ACT_BYTES * (B + P) * M.h, S.tp * 2)  # next stage: the next node's devices or NVLink
+    terms = [Term(key=f"serve.step.{k}", expr=v, unit="s", source="serve/time.py roofline",
+                  note="every layer of every stage, one device of each") for k, v in parts.items()]
+    terms += [Term(key="serve.step.head", expr=head_seconds(spec), unit="s", source="serve/time.py",
+                   note="output layer for the B decoding sequences"),
+              Term(key="serve.step.pp", expr=pp_send, unit="s", source="formulas/comm.py p2p",
+                   note="activations sent between stages")]
+    return Breakdown(tuple(terms))

@@ -1,0 +1,81 @@
+"""The serving step's roofline (ndplan.serve.time) against hand-computed steps, and the steady
+state of serve/estimate.py against its own definitions (Little's law, the max-load rule)."""
+
+import pytest
+
+import ndplan
+from ndplan.serve.estimate import StepKernel, batch_latency_s, serve_estimate
+from ndplan.serve.layout import ServeLayout, WeightRecipe
+
+HW = ndplan.load_hardware("h100-sxm")
+H, F, V, L, A, KV, D = 4096, 14336, 128256, 32, 32, 8, 128  # meta-llama/Meta-Llama-3-8B config.json
+
+
+def _kernel(tp=1, recipe=WeightRecipe()):
+    spec = ndplan.load_model("llama3-8b")
+    return StepKernel(spec, ServeLayout(tp=tp), recipe, "bf16", HW.kernel_values(fp8=recipe.dtype == "fp8"))
+
+
+def test_decode_step_by_hand():
+    """One sequence, 1000 tokens of context, tp 1: every GEMM is bandwidth-bound at M = 1 (it reads
+    its 16-bit weight and writes a 16-bit row), the attention core reads the sequence's K and V
+    (2 x 8 heads x 128 x 2 B per token and layer), the output layer reads its V x h weight."""
+    bw = HW.hbm_gb_per_s * 1e9 * HW.hbm_efficiency
+    gemms = [(H, (A + 2 * KV) * D), (A * D, H), (H, 2 * F), (F, H)]  # (K, N): qkv, o, gate+up, down
+    gemm = L * sum(2 * (k + k * n + n) for k, n in gemms) / bw
+    attention = L * 1000 * 2 * KV * D * 2 / bw
+    head = 2 * (H + H * V + V) / bw
+    step = _kernel()(1, 1000, 0, 0)
+    assert step["serve.step.gemm"] == pytest.approx(gemm, rel=1e-12)
+    assert step["serve.step.attention"] == pytest.approx(attention, rel=1e-12)
+    assert step["serve.step.head"] == pytest.approx(head, rel=1e-12)
+    assert step["serve.step.comm"] == step["serve.step.pp"] == 0
+
+
+def test_prefill_step_by_hand():
+    """8192 prompt tokens alone: compute-bound GEMMs at the 16-bit GEMM rate and the causal core,
+    2 x P x heads x 2d x (PCTX + 200) FLOPs at the attention rate (the length factor at L = 2 PCTX)."""
+    p = 8192
+    gemm_flops = L * 2 * p * sum(k * n for k, n in [(H, (A + 2 * KV) * D), (A * D, H), (H, 2 * F), (F, H)])
+    core = L * 2 * p * A * 2 * D * (p / 2 + 200)
+    step = _kernel()(0, 0, p, p / 2)
+    assert step["serve.step.gemm"] == pytest.approx(gemm_flops / (HW.bf16_tflops * 1e12 * HW.gemm_efficiency), rel=1e-12)
+    assert step["serve.step.attention"] == pytest.approx(core / (HW.bf16_tflops * 1e12 * HW.attention_efficiency),
+                                                          rel=1e-12)
+
+
+def test_tp_splits_the_weights_read_and_adds_two_all_reduces_per_layer():
+    one, two = _kernel(1)(1, 1000, 0, 0), _kernel(2)(1, 1000, 0, 0)
+    assert two["serve.step.gemm"] == pytest.approx(one["serve.step.gemm"] / 2, rel=0.01)
+    # two all-reduces of one 16-bit row per layer over NVLink: 2 (n-1)/n x bytes / bw + 2 (n-1) latencies
+    per = 2 * 0.5 * 2 * H / (HW.intra_node_gb_per_s * 1e9 * HW.intra_node_efficiency) + 2 * HW.intra_node_latency_us * 1e-6
+    assert two["serve.step.comm"] == pytest.approx(L * 2 * per, rel=1e-12)
+
+
+def test_steady_state_is_littles_law():
+    spec = ndplan.load_model("llama3-8b")
+    est = serve_estimate(spec, HW, ServeLayout(), isl=1000, osl=200, concurrency=8)
+    life = est.ttft_s + 199 * est.tpot_s
+    assert est.output_tokens_per_s_per_gpu == pytest.approx(8 * 200 / life, rel=1e-12)
+    assert est.concurrency == 8 and est.fits
+
+
+def test_max_load_is_capped_by_the_kv_cache_and_the_engine_batch():
+    spec = ndplan.load_model("llama3-8b")
+    long = serve_estimate(spec, HW, ServeLayout(), isl=30000, osl=2000)
+    assert long.concurrency == long.max_concurrency == long.kv_cache_tokens // 32000
+    short = serve_estimate(spec, HW, ServeLayout(), isl=100, osl=100)
+    assert short.concurrency == 256 < short.max_concurrency  # vLLM's max_num_seqs
+
+
+def test_queueing_beyond_the_kv_cache_lengthens_ttft_not_tpot():
+    spec = ndplan.load_model("llama3-8b")
+    fit = serve_estimate(spec, HW, ServeLayout(), isl=30000, osl=2000)
+    over = serve_estimate(spec, HW, ServeLayout(), isl=30000, osl=2000, concurrency=4 * fit.max_concurrency)
+    assert over.tpot_s == fit.tpot_s and over.ttft_s > 3 * fit.ttft_s
+
+
+def test_batch_latency_is_one_prefill_and_the_decode_steps():
+    k = _kernel()
+    expect = sum(k(0, 0, 8 * 32, 16).values()) + 127 * sum(k(8, 32 + 64, 0, 0).values())
+    assert batch_latency_s(k, 8, 32, 128) == pytest.approx(expect, rel=1e-12)
