@@ -201,7 +201,8 @@ def hardware(as_json):
 
 register_sweep(main)
 main.lazy = {"balance": "ndplan.cli_balance", "check": "ndplan.cli_check",
-             "calibrate": "ndplan.cli_calibrate", "profile": "ndplan.cli_profile"}  # imported when asked for
+             "calibrate": "ndplan.cli_calibrate", "profile": "ndplan.cli_profile",
+             "serve": "ndplan.cli_serve"}  # imported when asked for
 register_trace(main)
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ runs the prompts of the requests that replace the finished ones, B x ISL / OSL t
 (each request's prompt once per OSL steps). So
 
 * TPOT = one such step (serve/time.py) at CTX = ISL + OSL / 2 (the mean context while decoding)
-  and PCTX = ISL / 2;
+  and PCTX = ISL / 2; with pp stages the engine keeps pp batches in flight (vLLM's virtual
+  engines, TensorRT-LLM's pipeline micro-batches), each of B / pp sequences, so a token's step is
+  every stage's time at B / pp;
 * TTFT = the steps a prompt's chunks take, ceil(ISL / budget) with budget the engine's tokens
   per step less the B decoding tokens, each a step with those chunk tokens (at C = 1 the prompt
   alone: the prefill time);
@@ -20,6 +22,7 @@ C = R: one rule for every row (issue 17).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -80,25 +83,44 @@ def _value(expr, values: dict) -> float:
     return float(sp.sympify(expr).subs(values))
 
 
+@functools.lru_cache(maxsize=256)
+def stage_memory(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str, tokens: int,
+                 seqs: int) -> tuple[tuple[float, float, float], ...]:
+    """(weights, KV bytes per token, forward workspace) of one device of each stage."""
+    vals = SM.values(layout)
+    act = _value(SM.activation_bytes(spec, tokens, seqs), vals)
+    return tuple((_value(SM.weight_bytes(spec, layout, recipe, stage), vals),
+                  _value(SM.kv_bytes_per_token(spec, layout, kv_dtype, stage), vals), act)
+                 for stage in range(layout.pp))
+
+
 def device_total_bytes(hw: Hardware, total_gib: float | None = None) -> float:
     if total_gib is not None:
         return limits.gib("--gpu-mem-gib", total_gib) * GIB
     return hw.hbm_gib * DRIVER_VISIBLE * GIB
 
 
+_ARGS = tuple(S.HW_SYMBOLS) + (S.tp, SM.DPA) + ST.WORKLOAD_SYMBOLS
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(spec: ModelSpec, pp: int, ep: int, recipe: WeightRecipe, kv_dtype: str):
+    """(Term keys, the numpy function of the hardware, tp, dpa and workload values): the step's
+    Terms depend on the layout only through tp and dpa once pp and ep are fixed."""
+    terms = ST.step_terms(spec, ServeLayout(pp=pp, ep=ep), recipe, kv_dtype)
+    return terms.keys(), lambdify(_ARGS, [t.expr for t in terms])
+
+
 class StepKernel:
-    """serve.step.* of one (model, layout, recipe, KV dtype) compiled once (ndplan.lambdify) and
-    evaluated at many workload points."""
+    """serve.step.* of one (model, layout, recipe, KV dtype), compiled once (ndplan.lambdify) per
+    (model, pp, ep, recipe, KV dtype) and evaluated at many workload points."""
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
-        terms = ST.step_terms(spec, layout, recipe, kv_dtype)
-        self.keys = terms.keys()
-        fixed = {S.BY_NAME[k]: v for k, v in hw_values.items()} | SM.values(layout)
-        exprs = [sp.sympify(t.expr).subs(fixed) for t in terms]
-        self._fn = lambdify(ST.WORKLOAD_SYMBOLS, exprs)
+        self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, recipe, kv_dtype)
+        self._fixed = [hw_values[s.name] for s in S.HW_SYMBOLS] + [layout.tp, layout.dp_attention]
 
     def __call__(self, b, ctx, p, pctx) -> dict:
-        return {k: float(v) for k, v in zip(self.keys, self._fn(b, ctx, p, pctx))}
+        return {k: float(v) for k, v in zip(self.keys, self._fn(*self._fixed, b, ctx, p, pctx))}
 
 
 def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: int, osl: int,
@@ -121,12 +143,8 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     isl = limits.count("--isl", isl, 1, limits.MAX_SEQ)
     osl = limits.count("--osl", osl, 1, limits.MAX_SEQ)
     total = device_total_bytes(hw, gpu_mem_gib)
-    vals = SM.values(layout)
     per_stage = []
-    for stage in range(layout.pp):
-        w = _value(SM.weight_bytes(spec, layout, recipe, stage), vals)
-        kv = _value(SM.kv_bytes_per_token(spec, layout, kv_dtype, stage), vals)
-        act = _value(SM.activation_bytes(spec, eng.max_tokens, eng.max_seqs), vals)
+    for w, kv, act in stage_memory(spec, layout, recipe, kv_dtype, eng.max_tokens, eng.max_seqs):
         pool = kv_pool_bytes(eng, total, w, act, mem_fraction, NON_TORCH_GIB * GIB)
         per_stage.append((w, kv, kv_capacity(pool, kv, eng.block_tokens)))
     tokens = min(t for _, _, t in per_stage) * layout.dp_attention
@@ -140,7 +158,7 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     running = max(1, min(running, conc))
     hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
     kernel = kernel or StepKernel(spec, layout, recipe, kv_dtype, hw_values)
-    b = running / layout.dp_attention
+    b = running / layout.dp_attention / layout.pp  # pp batches in flight, one per stage
     step = kernel(b, isl + osl / 2, b * isl / osl, isl / 2)
     tpot = sum(step.values())
     budget = max(1.0, eng.max_tokens - b)

@@ -140,12 +140,16 @@ def head_seconds(spec: ModelSpec) -> sp.Expr:
 
 def step_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str) -> Breakdown:
     """serve.step.{gemm, attention, comm, head, pp}: seconds of one step through every stage
-    (a token crosses all of them), and serve.step, their sum."""
+    (a token crosses all of them); layers of one kind and recipe are built once and counted."""
     parts = {"gemm": sp.Integer(0), "attention": sp.Integer(0), "comm": sp.Integer(0)}
+    groups: dict = {}
     for layers in stage_layers(spec, layout.pp):
         for layer in layers:
-            for k, v in layer_seconds(spec, layout, recipe, kv_dtype, layer).items():
-                parts[k] += v
+            key = (spec.layer_kinds[layer], layer in recipe.keep_layers)
+            groups.setdefault(key, [layer, 0])[1] += 1
+    for layer, count in groups.values():
+        for k, v in layer_seconds(spec, layout, recipe, kv_dtype, layer).items():
+            parts[k] += count * v
     M = ModelSymbols.of(spec)
     pp_send = (layout.pp - 1) * C.p2p(ACT_BYTES * (B + P) * M.h, S.tp * 2)  # next stage: the next node's devices or NVLink
     terms = [Term(key=f"serve.step.{k}", expr=v, unit="s", source="serve/time.py roofline",

@@ -1,0 +1,145 @@
+"""``ndplan serve``: thin command over ndplan.serve (search.py, estimate.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from ndplan import limits
+from ndplan.cli_options import MODEL, apply
+from ndplan.cli_types import DEGREE, DEVICES, FRACTION, SEQ, TOP, Count, Real
+
+
+def _rows_text(rows, top: int) -> list[str]:
+    lines = [f"{'tp':>3s} {'pp':>3s} {'ep':>3s} {'dpa':>4s} {'repl':>5s} {'conc':>6s} {'KV tokens':>11s} "
+             f"{'TTFT ms':>9s} {'TPOT ms':>8s} {'out tok/s/GPU':>14s}  verdict"]
+    for r in rows[:top]:
+        e, lay = r.estimate, r.estimate.layout
+        verdict = "meets" if r.meets else f"no: {r.why}"
+        lines.append(f"{lay.tp:3d} {lay.pp:3d} {lay.ep:3d} {lay.dp_attention:4d} {r.replicas:5d} {e.concurrency:6d} "
+                     f"{e.kv_cache_tokens:11,d} {e.ttft_s * 1e3:9.1f} {e.tpot_s * 1e3:8.2f} "
+                     f"{e.output_tokens_per_s_per_gpu:14.1f}  {verdict}")
+    return lines
+
+
+def _check_lengths(spec, isl: int, osl: int, max_model_len: int | None) -> None:
+    from ndplan.errors import NdplanError
+    context = max_model_len or spec.max_position_embeddings
+    if spec.max_position_embeddings and max_model_len and max_model_len > spec.max_position_embeddings:
+        raise NdplanError("--max-model-len", max_model_len, f"above {spec.name}'s context of "
+                          f"{spec.max_position_embeddings:,} tokens", "give at most the model's max_position_embeddings")
+    if context and isl + osl > context:
+        raise NdplanError("--isl", isl, f"ISL + OSL = {isl + osl:,} tokens is above the context of {context:,}",
+                          "shorten the request or raise --max-model-len (up to the model's context)")
+
+
+def register(main):
+    @main.command("serve")
+    @functools.partial(apply, MODEL)
+    @click.option("--gpus", type=DEVICES, default=8, show_default=True, help="GPUs to serve on (replicas fill them).")
+    @click.option("--isl", type=SEQ, required=True, help="Input (prompt) tokens per request.")
+    @click.option("--osl", type=SEQ, required=True, help="Output tokens per request.")
+    @click.option("--concurrency", type=Count(hi=10 ** 9, what="a number of requests"), default=None,
+                  help="Requests in flight over all replicas (default: max load, every replica as full as its "
+                       "KV cache and the engine's batch limit allow).")
+    @click.option("--rate", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="requests per second")),
+                  default=None, help="Requests per second over all replicas (instead of --concurrency).")
+    @click.option("--ttft-ms", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="milliseconds")), default=None,
+                  help="Latency limit: time to first token.")
+    @click.option("--tpot-ms", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="milliseconds")), default=None,
+                  help="Latency limit: time per output token.")
+    @click.option("--tp", type=DEGREE, default=None, help="Fix the tensor-parallel degree (default: search).")
+    @click.option("--pp", type=DEGREE, default=None, help="Fix the pipeline-parallel degree.")
+    @click.option("--ep", type=DEGREE, default=None, help="Fix the expert-parallel degree (divides tp).")
+    @click.option("--dp-attention", type=DEGREE, default=None,
+                  help="Fix the attention data-parallel degree (divides tp; SGLang --enable-dp-attention --dp, "
+                       "TensorRT-LLM enable_attention_dp: = tp).")
+    @click.option("--engine", "engine_name", type=click.Choice(["vllm", "sglang", "trtllm"]), default="vllm",
+                  show_default=True, help="Serving engine: its KV-pool rule, page size and batch limits.")
+    @click.option("--engine-mem-fraction", type=FRACTION, default=None,
+                  help="The engine's own memory knob: vLLM gpu_memory_utilization (of total, default 0.9), SGLang "
+                       "mem_fraction_static (weights + KV of total, 0.88), TensorRT-LLM free_gpu_memory_fraction "
+                       "(of what is free after loading, 0.9).")
+    @click.option("--max-model-len", type=SEQ, default=None,
+                  help="Longest request the engine accepts (default: the model's context).")
+    @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+                  help="KV-cache dtype.")
+    @click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int4"]), default="bf16", show_default=True,
+                  help="Weights of the decoder layers' linears (int4: weight-only, group 128).")
+    @click.option("--find-min-gpus", is_flag=True,
+                  help="Find the fewest GPUs (powers of two) that carry the load (--rate or --concurrency) "
+                       "within the latency limits.")
+    @click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print.")
+    @click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON.")
+    def serve_cmd(model, hardware, gpus, isl, osl, concurrency, rate, ttft_ms, tpot_ms, tp, pp, ep, dp_attention,
+                  engine_name, engine_mem_fraction, max_model_len, kv_dtype, weight_dtype, find_min_gpus, top, as_json):
+        """Plan serving: memory, KV capacity, latency and throughput of every layout.
+
+        Sweeps tp, pp, ep and attention-DP on the GPU budget (replicas fill it), runs each
+        at the load given (or at max load) and ranks the layouts by output tokens/s per
+        GPU among those meeting the latency limits; prints the TPOT / throughput Pareto
+        front. A fixed layout is --tp/--pp/--ep/--dp-attention. Roofline prefill and decode
+        steps, the engine's KV-pool rule and continuous batching (src/ndplan/serve/).
+
+        \b
+        Examples:
+          ndplan serve -m llama3.1-8b -H h100-sxm --gpus 1 --isl 1000 --osl 1000
+          ndplan serve -m llama3.1-70b -H h100-sxm --gpus 8 --isl 2000 --osl 500 --tpot-ms 50 --weight-dtype fp8
+          ndplan serve -m llama3.1-70b --gpus 2 --tp 2 --isl 5000 --osl 500 --concurrency 50 --engine trtllm --json
+          ndplan serve -m qwen3-30b-a3b -H h100-sxm --isl 1000 --osl 1000 --rate 20 --ttft-ms 500 --find-min-gpus
+        """
+        from ndplan.catalog import load_hardware, load_model
+        from ndplan.errors import NdplanError
+        from ndplan.serve.layout import WeightRecipe
+        from ndplan.serve.search import min_gpus, pareto, serve_search
+        spec, hw = load_model(model), load_hardware(hardware)
+        _check_lengths(spec, isl, osl, max_model_len)
+        if find_min_gpus and concurrency is None and rate is None:
+            raise NdplanError("--find-min-gpus", True, "needs a load", "give --rate or --concurrency")
+        fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("ep", ep), ("dp_attention", dp_attention)) if v}
+        kw = dict(isl=isl, osl=osl, concurrency=concurrency, rate=rate,
+                  ttft_s=None if ttft_ms is None else ttft_ms / 1e3, tpot_s=None if tpot_ms is None else tpot_ms / 1e3,
+                  recipe=WeightRecipe(weight_dtype), kv_dtype=kv_dtype, engine_name=engine_name,
+                  mem_fraction=engine_mem_fraction, fixed=fixed)
+        if find_min_gpus:
+            found = min_gpus(spec, hw, **kw)
+            if found is None:
+                raise NdplanError("--find-min-gpus", True, f"no GPU count up to {limits.MAX_DEVICES:,} carries the load "
+                                  "within the limits", "lower the load or relax --ttft-ms / --tpot-ms")
+            gpus, row = found
+            if as_json:
+                click.echo(json.dumps({"min_gpus": gpus, "best": row.to_json()}, indent=2))
+                return
+            click.echo(f"fewest GPUs: {gpus} ({spec.name} on {hw.name}, {engine_name}, ISL {isl} / OSL {osl})")
+            for line in _rows_text([row], 1):
+                click.echo(line)
+            return
+        rows = serve_search(spec, hw, gpus, **kw)
+        good = [r for r in rows if r.meets]
+        if not good and (ttft_ms is not None or tpot_ms is not None):
+            best = min((r for r in rows if r.estimate.fits), default=None,
+                       key=lambda r: r.estimate.tpot_s if tpot_ms is not None else r.estimate.ttft_s)
+            field, value = ("--tpot-ms", tpot_ms) if tpot_ms is not None else ("--ttft-ms", ttft_ms)
+            what = "no layout fits" if best is None else (
+                f"no layout meets it; the best is TPOT {best.estimate.tpot_s * 1e3:.1f} ms / TTFT "
+                f"{best.estimate.ttft_s * 1e3:.0f} ms at tp {best.estimate.layout.tp}, pp {best.estimate.layout.pp}")
+            raise NdplanError(field, value, what, "relax the limit, lower the load or add GPUs")
+        if as_json:
+            click.echo(json.dumps({"model": spec.name, "hardware": hw.name, "gpus": gpus, "engine": engine_name,
+                                   "isl": isl, "osl": osl, "candidates": [r.to_json() for r in rows],
+                                   "pareto": [r.to_json() for r in pareto(rows)]}, indent=2))
+            return
+        click.echo(f"{spec.name} on {gpus} x {hw.name}, {engine_name}, ISL {isl} / OSL {osl}, weights {weight_dtype}, "
+                   f"KV {kv_dtype}: {len(rows)} layouts, {len(good)} meet the limits")
+        for line in _rows_text(rows, top):
+            click.echo(line)
+        front = pareto(rows)
+        click.echo("Pareto front (TPOT vs output tok/s/GPU): " + ", ".join(
+            f"tp{r.estimate.layout.tp}/pp{r.estimate.layout.pp}"
+            f"{'/ep' + str(r.estimate.layout.ep) if r.estimate.layout.ep > 1 else ''}"
+            f"{'/dpa' + str(r.estimate.layout.dp_attention) if r.estimate.layout.dp_attention > 1 else ''} "
+            f"{r.estimate.tpot_s * 1e3:.1f} ms {r.estimate.output_tokens_per_s_per_gpu:.0f}" for r in front))
+        if not good:
+            raise SystemExit(1)

@@ -1,0 +1,200 @@
+"""Every serving layout of a model on a GPU budget, ranked by output tokens/s per GPU under the
+latency limits (``ndplan serve``).
+
+Layouts: tp a power of two up to the node (and dividing the heads), pp a power of two with tp x
+pp devices within the budget, for MoE models ep in {1, tp}, for MLA models (and MoE) attention-DP
+in {1, tp}; an instance is replicated over the budget (replicas = GPUs // (tp x pp)). A given
+--tp/--pp/--ep/--dp-attention fixes that degree.
+
+Load per replica: a total concurrency C splits evenly over the replicas; a request rate R (req/s)
+gives each replica R / replicas and its concurrency solves Little's law, c = r x lifetime(c)
+(fixed-point iteration; a rate above the replica's max-load throughput is rejected); neither:
+max load (serve/estimate.py's rule). Under latency limits without a load the replica runs the
+largest concurrency that meets them (bisection: TTFT and TPOT grow with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ndplan import limits
+from ndplan.catalog.hardware import Hardware
+from ndplan.catalog.model import ModelSpec
+from ndplan.errors import NdplanError
+from ndplan.serve.estimate import ServeEstimate, StepKernel, serve_estimate
+from ndplan.serve.layout import ServeLayout, WeightRecipe
+
+RATE_ITERATIONS = 50
+
+
+@dataclass(frozen=True)
+class ServeRow:
+    estimate: ServeEstimate
+    replicas: int
+    meets: bool
+    why: str = ""
+    """Why it was rejected (empty when it meets every limit)."""
+
+    @property
+    def total_output_tokens_per_s(self) -> float:
+        return self.estimate.output_tokens_per_s_per_gpu * self.estimate.devices * self.replicas
+
+    def to_json(self) -> dict:
+        return self.estimate.to_json() | {"replicas": self.replicas, "gpus": self.estimate.devices * self.replicas,
+                                          "meets_limits": self.meets, "rejected_because": self.why or None}
+
+
+def _pow2(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def candidate_layouts(spec: ModelSpec, gpus: int, node: int, fixed: dict) -> list[ServeLayout]:
+    """Valid layouts (module docstring); ``fixed`` maps tp/pp/ep/dp_attention to given degrees, checked
+    against the model and the budget first (one-line errors)."""
+    if fixed:
+        lay = ServeLayout(**{"tp": fixed.get("tp") or max(fixed.get("ep") or 1, fixed.get("dp_attention") or 1)}
+                          | {k: v for k, v in fixed.items() if k != "tp"}).check(spec)
+        if lay.devices > gpus:
+            raise NdplanError("--gpus", gpus, f"below the {lay.devices} devices of tp {lay.tp} x pp {lay.pp}",
+                              "give at least that many GPUs")
+    out = []
+    tps = [fixed["tp"]] if fixed.get("tp") else _pow2(min(node, gpus))
+    for tp in tps:
+        pps = [fixed["pp"]] if fixed.get("pp") else _pow2(max(1, gpus // tp))
+        eps = [fixed["ep"]] if fixed.get("ep") else ([1, tp] if spec.is_moe and tp > 1 else [1])
+        dpas = [fixed["dp_attention"]] if fixed.get("dp_attention") else (
+            [1, tp] if (spec.is_mla or spec.is_moe) and tp > 1 else [1])
+        for pp in pps:
+            if tp * pp > gpus:
+                continue
+            for ep in eps:
+                for dpa in dpas:
+                    lay = ServeLayout(tp=tp, pp=pp, ep=ep, dp_attention=dpa)
+                    try:
+                        out.append(lay.check(spec))
+                    except NdplanError:
+                        if fixed:
+                            raise
+    return sorted(set(out), key=lambda x: (x.devices, x.tp, x.pp, x.ep, x.dp_attention))
+
+
+def _meets(est: ServeEstimate, ttft_s, tpot_s) -> str:
+    if not est.fits:
+        return "weights and one request's KV cache do not fit"
+    if ttft_s is not None and est.ttft_s > ttft_s:
+        return f"TTFT {est.ttft_s * 1e3:.0f} ms > {ttft_s * 1e3:.0f} ms"
+    if tpot_s is not None and est.tpot_s > tpot_s:
+        return f"TPOT {est.tpot_s * 1e3:.1f} ms > {tpot_s * 1e3:.1f} ms"
+    return ""
+
+
+def _life(est: ServeEstimate, osl: int) -> float:
+    """Seconds one request stays: TTFT and OSL - 1 steps."""
+    return est.ttft_s + (osl - 1) * est.tpot_s
+
+
+def _at_rate(run, rate: float, osl: int):
+    """The estimate whose concurrency solves c = rate x lifetime(c), or None when ``rate`` is above
+    the max-load throughput (running requests / lifetime)."""
+    top = run(None)
+    if not top.fits or rate * _life(top, osl) > top.concurrency:
+        return None
+    c = 1.0
+    for _ in range(RATE_ITERATIONS):
+        nxt = min(top.concurrency, rate * _life(run(max(1, round(c))), osl))
+        if abs(nxt - c) < 0.5:
+            break
+        c = nxt
+    return run(max(1, round(c)))
+
+
+def serve_search(spec: ModelSpec, hw: Hardware, gpus: int, *, isl: int, osl: int, concurrency: int | None = None,
+                 rate: float | None = None, ttft_s: float | None = None, tpot_s: float | None = None,
+                 recipe: WeightRecipe = WeightRecipe(), kv_dtype: str = "bf16", engine_name: str = "vllm",
+                 mem_fraction: float | None = None, fixed: dict | None = None, progress=None) -> list[ServeRow]:
+    """Every layout on ``gpus`` devices, best first (module docstring)."""
+    gpus = limits.count("--gpus", gpus, 1, limits.MAX_DEVICES)
+    if concurrency is not None and rate is not None:
+        raise NdplanError("--rate", rate, "given with --concurrency", "give one load: a concurrency or a request rate")
+    if rate is not None:
+        limits.real("--rate", rate, 0.0, 1e9, what="requests per second")
+    for name, v in (("--ttft-ms", ttft_s), ("--tpot-ms", tpot_s)):
+        if v is not None:
+            limits.real(name, v * 1e3, 0.0, 1e9, what="milliseconds")
+    layouts = candidate_layouts(spec, gpus, hw.devices_per_node, fixed or {})
+    if not layouts:
+        raise NdplanError("--gpus", gpus, f"no layout of {spec.name} fits in that many devices", "give more GPUs")
+    hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
+    rows = []
+    for i, lay in enumerate(layouts):
+        if progress:
+            progress(i, len(layouts), lay)
+        replicas = gpus // lay.devices
+        kernel = StepKernel(spec, lay, recipe, kv_dtype, hw_values)
+
+        def run(c, lay=lay, kernel=kernel):
+            return serve_estimate(spec, hw, lay, isl=isl, osl=osl, concurrency=c, recipe=recipe, kv_dtype=kv_dtype,
+                                  engine_name=engine_name, mem_fraction=mem_fraction, kernel=kernel)
+        if concurrency is not None:
+            est = run(max(1, -(-concurrency // replicas)))
+        elif rate is not None:
+            est = _at_rate(run, rate / replicas, osl)
+            if est is None:
+                top = run(None)
+                rows.append(ServeRow(top, replicas, False, f"rate {rate / replicas:.3g} req/s per replica above its "
+                                                            "max-load throughput"))
+                continue
+        else:
+            est = _largest_meeting(run, ttft_s, tpot_s)
+        why = _meets(est, ttft_s, tpot_s)
+        rows.append(ServeRow(est, replicas, not why, why))
+    return sorted(rows, key=lambda r: (not r.meets, -r.estimate.output_tokens_per_s_per_gpu,
+                                       r.estimate.devices, r.estimate.layout.tp))
+
+
+def _largest_meeting(run, ttft_s, tpot_s) -> ServeEstimate:
+    """Max load, or under latency limits the largest concurrency meeting them (bisection)."""
+    top = run(None)
+    if (ttft_s is None and tpot_s is None) or not top.fits or not _meets(top, ttft_s, tpot_s):
+        return top
+    lo, hi = 1, top.concurrency
+    if _meets(run(1), ttft_s, tpot_s):
+        return run(1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _meets(run(mid), ttft_s, tpot_s):
+            hi = mid
+        else:
+            lo = mid
+    return run(lo)
+
+
+def pareto(rows: list[ServeRow]) -> list[ServeRow]:
+    """The rows no other row beats on both TPOT (lower) and output tokens/s per GPU (higher)."""
+    fits = [r for r in rows if r.estimate.fits]
+    out = []
+    for r in sorted(fits, key=lambda r: (r.estimate.tpot_s, -r.estimate.output_tokens_per_s_per_gpu)):
+        if not out or r.estimate.output_tokens_per_s_per_gpu > out[-1].estimate.output_tokens_per_s_per_gpu:
+            out.append(r)
+    return out
+
+
+def min_gpus(spec: ModelSpec, hw: Hardware, **kw) -> tuple[int, ServeRow] | None:
+    """The fewest GPUs (powers of two up to limits.MAX_DEVICES) whose best layout meets the load and the
+    limits; None when none does."""
+    n = 1
+    while n <= limits.MAX_DEVICES:
+        try:
+            rows = serve_search(spec, hw, n, **kw)
+        except NdplanError:
+            rows = []
+        good = [r for r in rows if r.meets]
+        if good:
+            return n, good[0]
+        n *= 2
+    return None
+
