@@ -43,3 +43,25 @@ def test_bad_input_is_one_line(args, field):
 def test_an_unattainable_limit_names_the_best_achievable():
     r = _run("-m", "llama3.1-8b", "--gpus", "1", "--isl", "1000", "--osl", "100", "--tpot-ms", "1")
     assert r.exit_code == 2 and "the best is TPOT" in r.output
+
+
+@pytest.mark.parametrize("engine,flags", [
+    ("vllm", ["vllm serve qwen3-30b-a3b", "--tensor-parallel-size 1", "--data-parallel-size 4",
+              "--enable-expert-parallel", "--kv-cache-dtype fp8", "--quantization fp8", "--max-model-len 2000"]),
+    ("sglang", ["--model-path qwen3-30b-a3b", "--tp-size 4", "--dp-size 4", "--enable-dp-attention", "--ep-size 4",
+                "--mem-fraction-static 0.88", "--kv-cache-dtype fp8_e4m3"]),
+    ("trtllm", ["trtllm-serve qwen3-30b-a3b", "--tp_size 4", "--ep_size 4", "enable_attention_dp: true",
+                "dtype: fp8", "--config config.yml"]),
+])
+def test_emit_writes_the_layout_in_each_engines_flags(engine, flags):
+    """A DP-attention, expert-parallel layout (tp 4 = dp 4 x attention tp 1, ep 4) in each engine's terms."""
+    r = _run("-m", "qwen3-30b-a3b", "--gpus", "4", "--tp", "4", "--dp-attention", "4", "--ep", "4", "--isl", "1000",
+             "--osl", "1000", "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--emit", engine, "--json")
+    assert r.exit_code == 0, r.output
+    launch = json.loads(r.output)["launch"]
+    assert all(f in launch for f in flags), launch
+
+
+def test_emit_and_engine_must_agree():
+    r = _run("-m", "llama3.1-8b", "--gpus", "1", "--isl", "10", "--osl", "10", "--engine", "vllm", "--emit", "sglang")
+    assert r.exit_code == 2 and "--emit" in r.output

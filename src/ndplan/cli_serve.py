@@ -35,6 +35,15 @@ def _check_lengths(spec, isl: int, osl: int, max_model_len: int | None) -> None:
                           "shorten the request or raise --max-model-len (up to the model's context)")
 
 
+def _launch(engine_name: str, model: str, row, kw: dict, mem_fraction, max_model_len: int) -> str:
+    from ndplan.serve.emit import launch
+    from ndplan.serve.engines import engine
+    eng = engine(engine_name)
+    return launch(engine_name, model, row.estimate, kw["recipe"], kw["kv_dtype"],
+                  eng.default_fraction if mem_fraction is None else mem_fraction, max_model_len, eng.max_seqs,
+                  eng.max_tokens)
+
+
 def register(main):
     @main.command("serve")
     @functools.partial(apply, MODEL)
@@ -56,8 +65,11 @@ def register(main):
     @click.option("--dp-attention", type=DEGREE, default=None,
                   help="Fix the attention data-parallel degree (divides tp; SGLang --enable-dp-attention --dp, "
                        "TensorRT-LLM enable_attention_dp: = tp).")
-    @click.option("--engine", "engine_name", type=click.Choice(["vllm", "sglang", "trtllm"]), default="vllm",
-                  show_default=True, help="Serving engine: its KV-pool rule, page size and batch limits.")
+    @click.option("--engine", "engine_name", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+                  help="Serving engine: its KV-pool rule, page size and batch limits (default: --emit's, else vllm).")
+    @click.option("--emit", "emit_engine", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+                  help="Print the best layout's launch command for that engine (vllm serve, sglang.launch_server, "
+                       "trtllm-serve with its --config file).")
     @click.option("--engine-mem-fraction", type=FRACTION, default=None,
                   help="The engine's own memory knob: vLLM gpu_memory_utilization (of total, default 0.9), SGLang "
                        "mem_fraction_static (weights + KV of total, 0.88), TensorRT-LLM free_gpu_memory_fraction "
@@ -74,7 +86,8 @@ def register(main):
     @click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print.")
     @click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON.")
     def serve_cmd(model, hardware, gpus, isl, osl, concurrency, rate, ttft_ms, tpot_ms, tp, pp, ep, dp_attention,
-                  engine_name, engine_mem_fraction, max_model_len, kv_dtype, weight_dtype, find_min_gpus, top, as_json):
+                  engine_name, emit_engine, engine_mem_fraction, max_model_len, kv_dtype, weight_dtype, find_min_gpus,
+                  top, as_json):
         """Plan serving: memory, KV capacity, latency and throughput of every layout.
 
         Sweeps tp, pp, ep and attention-DP on the GPU budget (replicas fill it), runs each
@@ -89,6 +102,7 @@ def register(main):
           ndplan serve -m llama3.1-70b -H h100-sxm --gpus 8 --isl 2000 --osl 500 --tpot-ms 50 --weight-dtype fp8
           ndplan serve -m llama3.1-70b --gpus 2 --tp 2 --isl 5000 --osl 500 --concurrency 50 --engine trtllm --json
           ndplan serve -m qwen3-30b-a3b -H h100-sxm --isl 1000 --osl 1000 --rate 20 --ttft-ms 500 --find-min-gpus
+          ndplan serve -m qwen3-235b-a22b -H h200 --gpus 8 --isl 1024 --osl 1024 --weight-dtype fp8 --emit trtllm
         """
         from ndplan.catalog import load_hardware, load_model
         from ndplan.errors import NdplanError
@@ -96,6 +110,10 @@ def register(main):
         from ndplan.serve.search import min_gpus, pareto, serve_search
         spec, hw = load_model(model), load_hardware(hardware)
         _check_lengths(spec, isl, osl, max_model_len)
+        if engine_name and emit_engine and engine_name != emit_engine:
+            raise NdplanError("--emit", emit_engine, f"differs from --engine {engine_name}, whose memory rule was "
+                              "planned", "give the same engine to both, or --emit alone")
+        engine_name = engine_name or emit_engine or "vllm"
         if find_min_gpus and concurrency is None and rate is None:
             raise NdplanError("--find-min-gpus", True, "needs a load", "give --rate or --concurrency")
         fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("ep", ep), ("dp_attention", dp_attention)) if v}
@@ -126,10 +144,12 @@ def register(main):
                 f"no layout meets it; the best is TPOT {best.estimate.tpot_s * 1e3:.1f} ms / TTFT "
                 f"{best.estimate.ttft_s * 1e3:.0f} ms at tp {best.estimate.layout.tp}, pp {best.estimate.layout.pp}")
             raise NdplanError(field, value, what, "relax the limit, lower the load or add GPUs")
+        command = _launch(emit_engine, model, good[0] if good else rows[0], kw, engine_mem_fraction,
+                          max_model_len or isl + osl) if emit_engine else None
         if as_json:
             click.echo(json.dumps({"model": spec.name, "hardware": hw.name, "gpus": gpus, "engine": engine_name,
                                    "isl": isl, "osl": osl, "candidates": [r.to_json() for r in rows],
-                                   "pareto": [r.to_json() for r in pareto(rows)]}, indent=2))
+                                   "pareto": [r.to_json() for r in pareto(rows)], "launch": command}, indent=2))
             return
         click.echo(f"{spec.name} on {gpus} x {hw.name}, {engine_name}, ISL {isl} / OSL {osl}, weights {weight_dtype}, "
                    f"KV {kv_dtype}: {len(rows)} layouts, {len(good)} meet the limits")
@@ -141,5 +161,8 @@ def register(main):
             f"{'/ep' + str(r.estimate.layout.ep) if r.estimate.layout.ep > 1 else ''}"
             f"{'/dpa' + str(r.estimate.layout.dp_attention) if r.estimate.layout.dp_attention > 1 else ''} "
             f"{r.estimate.tpot_s * 1e3:.1f} ms {r.estimate.output_tokens_per_s_per_gpu:.0f}" for r in front))
+        if command:
+            click.echo(f"launch ({emit_engine}, the first layout, one replica):")
+            click.echo(command)
         if not good:
             raise SystemExit(1)
