@@ -19,45 +19,36 @@ from ndplan.serve.estimate import ServeEstimate
 from ndplan.serve.layout import WeightRecipe
 
 EMIT_ENGINES = ("vllm", "sglang", "trtllm")
+FLAGS = {  # engine -> (command, [flag, or (condition, flag)]); conditions in _conditions
+    "vllm": ("vllm serve {model}", [
+        "--tensor-parallel-size {atp}", ("pp", "--pipeline-parallel-size {pp}"), ("dpa", "--data-parallel-size {dpa}"),
+        ("ep", "--enable-expert-parallel"), "--gpu-memory-utilization {frac}", "--max-model-len {mml}",
+        "--max-num-seqs {seqs}", ("kv8", "--kv-cache-dtype fp8"), ("w8", "--quantization fp8")]),
+    "sglang": ("python -m sglang.launch_server --model-path {model}", [
+        "--tp-size {tp}", ("pp", "--pp-size {pp}"), ("dpa", "--dp-size {dpa}"), ("dpa", "--enable-dp-attention"),
+        ("ep", "--ep-size {ep}"), "--mem-fraction-static {frac}", "--context-length {mml}",
+        "--max-running-requests {seqs}", ("kv8", "--kv-cache-dtype fp8_e4m3"), ("w8", "--quantization fp8")]),
+    "trtllm": ("trtllm-serve {model}", [
+        "--tp_size {tp}", "--pp_size {pp}", "--ep_size {ep}", "--max_batch_size {seqs}", "--max_num_tokens {tokens}",
+        "--max_seq_len {mml}", "--config config.yml"]),
+}
+TRTLLM_OPTIONS = ("enable_attention_dp: {dpa_on}", "kv_cache_config:", "  free_gpu_memory_fraction: {frac}",
+                  "  dtype: {kv}")
+"""The LLM-API options trtllm-serve reads from --config (enable_attention_dp, kv_cache_config)."""
 
 
 def launch(engine: str, model: str, est: ServeEstimate, recipe: WeightRecipe, kv_dtype: str,
            mem_fraction: float, max_model_len: int, max_seqs: int, max_tokens: int) -> str:
     """The launch command (and, for TensorRT-LLM, its options file) of ``est``'s layout."""
     lay = est.layout
-    if engine == "vllm":
-        args = [f"vllm serve {model}", f"--tensor-parallel-size {lay.attention_tp}"]
-        if lay.pp > 1:
-            args.append(f"--pipeline-parallel-size {lay.pp}")
-        if lay.dp_attention > 1:
-            args.append(f"--data-parallel-size {lay.dp_attention}")
-        if lay.ep > 1:
-            args.append("--enable-expert-parallel")
-        args += [f"--gpu-memory-utilization {mem_fraction:g}", f"--max-model-len {max_model_len}",
-                 f"--max-num-seqs {max_seqs}"]
-        if kv_dtype == "fp8":
-            args.append("--kv-cache-dtype fp8")
-        if recipe.dtype == "fp8":
-            args.append("--quantization fp8")
-        return " \\\n  ".join(args)
-    if engine == "sglang":
-        args = [f"python -m sglang.launch_server --model-path {model}", f"--tp-size {lay.tp}"]
-        if lay.pp > 1:
-            args.append(f"--pp-size {lay.pp}")
-        if lay.dp_attention > 1:
-            args += [f"--dp-size {lay.dp_attention}", "--enable-dp-attention"]
-        if lay.ep > 1:
-            args.append(f"--ep-size {lay.ep}")
-        args += [f"--mem-fraction-static {mem_fraction:g}", f"--context-length {max_model_len}",
-                 f"--max-running-requests {max_seqs}"]
-        if kv_dtype == "fp8":
-            args.append("--kv-cache-dtype fp8_e4m3")
-        if recipe.dtype == "fp8":
-            args.append("--quantization fp8")
-        return " \\\n  ".join(args)
-    options = [f"enable_attention_dp: {'true' if lay.dp_attention > 1 else 'false'}", "kv_cache_config:",
-               f"  free_gpu_memory_fraction: {mem_fraction:g}", f"  dtype: {'fp8' if kv_dtype == 'fp8' else 'auto'}"]
-    args = [f"trtllm-serve {model}", f"--tp_size {lay.tp}", f"--pp_size {lay.pp}", f"--ep_size {lay.ep}",
-            f"--max_batch_size {max_seqs}", f"--max_num_tokens {max_tokens}", f"--max_seq_len {max_model_len}",
-            "--config config.yml"]
-    return "cat > config.yml <<EOF\n" + "\n".join(options) + "\nEOF\n" + " \\\n  ".join(args)
+    values = {"model": model, "tp": lay.tp, "atp": lay.attention_tp, "pp": lay.pp, "dpa": lay.dp_attention,
+              "ep": lay.ep, "frac": f"{mem_fraction:g}", "mml": max_model_len, "seqs": max_seqs, "tokens": max_tokens,
+              "dpa_on": "true" if lay.dp_attention > 1 else "false", "kv": "fp8" if kv_dtype == "fp8" else "auto"}
+    conditions = {"pp": lay.pp > 1, "dpa": lay.dp_attention > 1, "ep": lay.ep > 1, "kv8": kv_dtype == "fp8",
+                  "w8": recipe.dtype == "fp8"}
+    command, flags = FLAGS[engine]
+    args = [command] + [f if isinstance(f, str) else f[1] for f in flags if isinstance(f, str) or conditions[f[0]]]
+    text = " \\\n  ".join(a.format(**values) for a in args)
+    if engine == "trtllm":
+        text = "cat > config.yml <<EOF\n" + "\n".join(o.format(**values) for o in TRTLLM_OPTIONS) + "\nEOF\n" + text
+    return text
