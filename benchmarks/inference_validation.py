@@ -10,8 +10,10 @@ unsupported with the reason):
 * hardware: the catalog preset of the GPU; RTX 3090 / RTX PRO 6000 / unnamed 80 GB GPUs have none
   (their memory rows use the logged total_gpu_memory with the H100's rates: memory only).
 * engine: TensorRT-LLM, NIM and NVIDIA's MLPerf harness -> trtllm; SGLang -> sglang; vLLM -> vllm.
-* weights: fp8 when the precision says fp8, else 16-bit; nvfp4 is not modelled. KV cache fp8 only
-  where the row states it (the DeepSeek rows).
+* weights: fp8 when the precision says fp8, else 16-bit; nvfp4 is not modelled. KV cache fp8 where
+  the row states it (the DeepSeek rows) and for NVIDIA's ModelOpt FP8 checkpoints, whose
+  hf_quant_config.json carries kv_cache_quant_algo FP8 (ModelOpt's export, the form its own
+  config-conversion docstring shows), which TensorRT-LLM and vLLM follow at kv dtype "auto".
 * layout: tp as published (SGLang's and DeepSeek's EP-n rows: tp = ep = n); attention DP on ->
   dp_attention = tp; data-parallel replicas (MLPerf dp 8 of tp 1) are separate instances.
 * workload: ISL / OSL as published; offline rows run at the max-load rule of serve/estimate.py
@@ -104,7 +106,8 @@ def predict(c) -> list[tuple[str, float, float]]:
     meas, wl, srv = c["measured"], c["workload"], c["serving"]
     spec, eng_name = _model(c), _engine(c)
     recipe = _recipe(c)
-    kv_dtype = "fp8" if srv.get("kv_dtype") == "fp8" else "bf16"
+    modelopt_fp8 = "(modelopt)" in c["model"]["name"].lower() and recipe.dtype == "fp8"
+    kv_dtype = "fp8" if srv.get("kv_dtype") == "fp8" or modelopt_fp8 else "bf16"
     gpu = c["hardware"]["gpu"]
     hw_name = HARDWARE.get(gpu)
     total = meas.get("total_gpu_memory_gib")
