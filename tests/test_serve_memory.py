@@ -53,7 +53,24 @@ def test_kv_per_token_mla_is_the_latent_on_every_rank():
     assert _kv("deepseek-v3") == (512 + 64) * 61 * 2 == 70_272
     assert _kv("deepseek-v3", tp=8) == _kv("deepseek-v3", tp=8, dp_attention=8) == 70_272
     assert _kv("deepseek-v3", "fp8", tp=8) == 35_136
-    assert _kv("deepseek-v3", pp=2) == (512 + 64) * 30 * 2  # floor(61 / 2) layers on stage 0
+    assert _kv("deepseek-v3", pp=2) == (512 + 64) * 31 * 2  # stage 0 takes the remainder: 31 + 30 layers
+
+
+def test_stage_split_puts_the_remainder_before_the_last_stage():
+    """vLLM get_pp_indices: floor(L / pp) each, one more on each of the L mod pp stages counting back
+    from the second-to-last: 80 layers on 3 stages are 27, 27, 26; 61 on 2 are 31, 30."""
+    assert [len(s) for s in SM.stage_layers(ndplan.load_model("llama3.1-70b"), 3)] == [27, 27, 26]
+    assert [len(s) for s in SM.stage_layers(ndplan.load_model("deepseek-v3"), 2)] == [31, 30]
+    assert [len(s) for s in SM.stage_layers(ndplan.load_model("deepseek-v3"), 4)] == [15, 15, 16, 15]
+
+
+def test_kv_projections_are_replicated_past_the_kv_heads():
+    """Llama-3-8B at tp 16: 8 KV heads over 16 ranks, each keeps one whole head of k and v (vLLM
+    QKVParallelLinear num_kv_head_replicas): 32 layers x 2 x 4096 x 128 x 2 B x (16 - 8) / 16 more."""
+    spec = ndplan.load_model("llama3-8b")
+    at16 = _weights(spec, tp=16)
+    spec_kv16 = dataclasses.replace(spec, num_key_value_heads=16)
+    assert at16 == _weights(spec_kv16, tp=16)
 
 
 @pytest.mark.parametrize("name,tp,logged_gib", [

@@ -10,17 +10,20 @@ import click
 from ndplan import limits
 from ndplan.cli_options import MODEL, apply
 from ndplan.cli_types import DEGREE, DEVICES, FRACTION, SEQ, TOP, Count, Real
+from ndplan.serve.emit import EMIT_ENGINES
+from ndplan.serve.engines import ENGINES
+from ndplan.serve.layout import KV_DTYPES, WEIGHT_DTYPES
 
 
 def _rows_text(rows, top: int) -> list[str]:
     lines = [f"{'tp':>3s} {'pp':>3s} {'ep':>3s} {'dpa':>4s} {'repl':>5s} {'conc':>6s} {'KV tokens':>11s} "
-             f"{'TTFT ms':>9s} {'TPOT ms':>8s} {'out tok/s/GPU':>14s}  verdict"]
+             f"{'TTFT ms':>9s} {'TPOT ms':>8s} {'out tok/s/GPU':>14s}  verdict (tok/s over every GPU of --gpus)"]
     for r in rows[:top]:
         e, lay = r.estimate, r.estimate.layout
         verdict = "meets" if r.meets else f"no: {r.why}"
         lines.append(f"{lay.tp:3d} {lay.pp:3d} {lay.ep:3d} {lay.dp_attention:4d} {r.replicas:5d} {e.concurrency:6d} "
                      f"{e.kv_cache_tokens:11,d} {e.ttft_s * 1e3:9.1f} {e.tpot_s * 1e3:8.2f} "
-                     f"{e.output_tokens_per_s_per_gpu:14.1f}  {verdict}")
+                     f"{r.per_budget_gpu:14.1f}  {verdict}")
     return lines
 
 
@@ -65,9 +68,9 @@ def register(main):
     @click.option("--dp-attention", type=DEGREE, default=None,
                   help="Fix the attention data-parallel degree (divides tp; SGLang --enable-dp-attention --dp, "
                        "TensorRT-LLM enable_attention_dp: = tp).")
-    @click.option("--engine", "engine_name", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+    @click.option("--engine", "engine_name", type=click.Choice(list(ENGINES)), default=None,
                   help="Serving engine: its KV-pool rule, page size and batch limits (default: --emit's, else vllm).")
-    @click.option("--emit", "emit_engine", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+    @click.option("--emit", "emit_engine", type=click.Choice(list(EMIT_ENGINES)), default=None,
                   help="Print the best layout's launch command for that engine (vllm serve, sglang.launch_server, "
                        "trtllm-serve with its --config file).")
     @click.option("--engine-mem-fraction", type=FRACTION, default=None,
@@ -76,9 +79,9 @@ def register(main):
                        "(of what is free after loading, 0.9).")
     @click.option("--max-model-len", type=SEQ, default=None,
                   help="Longest request the engine accepts (default: the model's context).")
-    @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+    @click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16", show_default=True,
                   help="KV-cache dtype.")
-    @click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int4"]), default="bf16", show_default=True,
+    @click.option("--weight-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="bf16", show_default=True,
                   help="Weights of the decoder layers' linears (int4: weight-only, group 128).")
     @click.option("--find-min-gpus", is_flag=True,
                   help="Find the fewest GPUs (powers of two) that carry the load (--rate or --concurrency) "
@@ -91,9 +94,9 @@ def register(main):
         """Plan serving: memory, KV capacity, latency and throughput of every layout.
 
         Sweeps tp, pp, ep and attention-DP on the GPU budget (replicas fill it), runs each
-        at the load given (or at max load) and ranks the layouts by output tokens/s per
-        GPU among those meeting the latency limits; prints the TPOT / throughput Pareto
-        front. A fixed layout is --tp/--pp/--ep/--dp-attention. Roofline prefill and decode
+        at the load given (or at max load) and ranks the layouts by output tokens/s over
+        the budget's GPUs among those meeting the latency limits (a load that queues does
+        not meet them); prints the TPOT / throughput Pareto front. A fixed layout is --tp/--pp/--ep/--dp-attention. Roofline prefill and decode
         steps, the engine's KV-pool rule and continuous batching (src/ndplan/serve/).
 
         \b
@@ -136,6 +139,12 @@ def register(main):
             return
         rows = serve_search(spec, hw, gpus, **kw)
         good = [r for r in rows if r.meets]
+        if not any(r.estimate.fits for r in rows):
+            raise NdplanError("--gpus", gpus, f"no layout of {spec.name} fits its weights and one request's KV cache "
+                              f"on {gpus} x {hw.name}", "add GPUs, use --weight-dtype fp8 or int4, or raise "
+                              "--engine-mem-fraction")
+        if rate is not None and not any(r.total_output_tokens_per_s for r in rows):
+            raise NdplanError("--rate", rate, "above every layout's max-load throughput", "lower the rate or add GPUs")
         if not good and (ttft_ms is not None or tpot_ms is not None):
             best = min((r for r in rows if r.estimate.fits), default=None,
                        key=lambda r: r.estimate.tpot_s if tpot_ms is not None else r.estimate.ttft_s)
@@ -160,7 +169,7 @@ def register(main):
             f"tp{r.estimate.layout.tp}/pp{r.estimate.layout.pp}"
             f"{'/ep' + str(r.estimate.layout.ep) if r.estimate.layout.ep > 1 else ''}"
             f"{'/dpa' + str(r.estimate.layout.dp_attention) if r.estimate.layout.dp_attention > 1 else ''} "
-            f"{r.estimate.tpot_s * 1e3:.1f} ms {r.estimate.output_tokens_per_s_per_gpu:.0f}" for r in front))
+            f"{r.estimate.tpot_s * 1e3:.1f} ms {r.per_budget_gpu:.0f}" for r in front))
         if command:
             click.echo(f"launch ({emit_engine}, the first layout, one replica):")
             click.echo(command)

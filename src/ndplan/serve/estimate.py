@@ -9,9 +9,10 @@ runs the prompts of the requests that replace the finished ones, B x ISL / OSL t
   and PCTX = ISL / 2; with pp stages the engine keeps pp batches in flight (vLLM's virtual
   engines, TensorRT-LLM's pipeline micro-batches), each of B / pp sequences, so a token's step is
   every stage's time at B / pp;
-* TTFT = the steps a prompt's chunks take, ceil(ISL / budget) with budget the engine's tokens
-  per step less the B decoding tokens, each a step with those chunk tokens (at C = 1 the prompt
-  alone: the prefill time);
+* the prompt tokens a step takes are capped by the engine's budget (its tokens per step less the B
+  decoding ones);
+* TTFT = the steps a prompt's chunks take, ceil(ISL / budget), each a step with that chunk beside
+  the others decoding (at C = 1 the prompt alone: the prefill time), and never under one TPOT;
 * a request stays TTFT + (OSL - 1) x TPOT, so by Little's law the instance returns
   R x OSL / that output tokens per second for R requests running; per device, over its tp x pp.
 At most R = min(C, KV-capacity concurrency, the engine's maximum running sequences per attention-
@@ -59,6 +60,8 @@ class ServeEstimate:
     max_concurrency: int
     """Requests of ISL + OSL tokens the KV cache holds at once."""
     concurrency: int
+    running: int
+    """Requests running at once (the rest of ``concurrency`` waits for a slot)."""
     ttft_s: float
     tpot_s: float
     output_tokens_per_s_per_gpu: float
@@ -74,7 +77,7 @@ class ServeEstimate:
         return {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "dp_attention": lay.dp_attention, "devices": lay.devices,
                 "fits": self.fits, "weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "kv_cache_tokens": self.kv_cache_tokens, "max_concurrency": self.max_concurrency,
-                "concurrency": self.concurrency, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "concurrency": self.concurrency, "running": self.running, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
                 "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
                 "step_s": self.step_terms}
 
@@ -119,8 +122,12 @@ class StepKernel:
         self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, recipe, kv_dtype)
         self._fixed = [hw_values[s.name] for s in S.HW_SYMBOLS] + [layout.tp, layout.dp_attention]
 
-    def __call__(self, b, ctx, p, pctx) -> dict:
-        return {k: float(v) for k, v in zip(self.keys, self._fn(*self._fixed, b, ctx, p, pctx))}
+    def __call__(self, b, ctx, p, pctx, other=None) -> dict:
+        """Seconds per Term at ``b`` decoding sequences of ``ctx`` context and ``p`` prefill tokens of
+        ``pctx`` mean context per attention-DP group; ``other``: each other group's tokens (default
+        b + p, every group alike)."""
+        other = b + p if other is None else other
+        return {k: float(v) for k, v in zip(self.keys, self._fn(*self._fixed, b, ctx, p, pctx, other))}
 
 
 def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: int, osl: int,
@@ -159,18 +166,26 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
     kernel = kernel or StepKernel(spec, layout, recipe, kv_dtype, hw_values)
     b = running / layout.dp_attention / layout.pp  # pp batches in flight, one per stage
-    step = kernel(b, isl + osl / 2, b * isl / osl, isl / 2)
+    budget = max(1.0, eng.max_tokens - b)  # prompt tokens a step takes beside the decoding ones
+    steady = min(b * isl / osl, budget)
+    step = kernel(b, isl + osl / 2, steady, isl / 2)
     tpot = sum(step.values())
-    budget = max(1.0, eng.max_tokens - b)
-    others = b - 1 / layout.dp_attention  # the other requests decoding while this prompt runs
-    ttft = math.ceil(isl / budget) * sum(kernel(others, isl + osl / 2, min(isl, budget), isl / 2).values())
-    life = ttft + (osl - 1) * tpot
+    others = max(0.0, b - 1 / (layout.dp_attention * layout.pp))  # the others decoding while this prompt runs
+    chunk = min(isl, budget)
+    ttft = max(tpot, math.ceil(isl / budget) * sum(
+        kernel(others, isl + osl / 2, chunk, isl / 2, b + steady if conc > 1 else 0).values()))
+    life = lifetime_s(ttft, tpot, osl)
     ttft += max(0, conc - running) / running * life
     rate = running * osl / life / layout.devices if fits else 0.0
     return ServeEstimate(layout=layout, fits=fits, weights_bytes=int(max(w for w, _, _ in per_stage)),
                          kv_bytes_per_token=int(max(kv for _, kv, _ in per_stage)), kv_cache_tokens=int(tokens),
-                         max_concurrency=int(max_conc), concurrency=int(conc), ttft_s=ttft, tpot_s=tpot,
-                         output_tokens_per_s_per_gpu=rate, step_terms=step)
+                         max_concurrency=int(max_conc), concurrency=int(conc), running=int(running), ttft_s=ttft,
+                         tpot_s=tpot, output_tokens_per_s_per_gpu=rate, step_terms=step)
+
+
+def lifetime_s(ttft_s: float, tpot_s: float, osl: int) -> float:
+    """Seconds one request stays: its first token, then OSL - 1 steps."""
+    return ttft_s + (osl - 1) * tpot_s
 
 
 def batch_latency_s(kernel: StepKernel, batch: int, isl: int, osl: int) -> float:

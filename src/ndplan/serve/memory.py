@@ -5,8 +5,9 @@ structure) on the device of a pipeline stage, each divided by the devices that s
 (layout.py): attention pieces over the attention-TP group (tp / dpa; MLA's down-projections
 replicated), MLPs, shared and routed experts over the stage's tp devices, the vocab-parallel
 embedding and head over the attention-TP group (vLLM VocabParallelEmbedding / ParallelLMHead),
-norms and routers whole. Stages hold floor(L / pp) layers and the last one the remainder
-(vLLM ``get_pp_indices``), the embedding on the first, the final norm and head on the last.
+norms and routers whole; past the KV head count the k and v projections are replicated like the
+cache (``_count``). Stages hold floor(L / pp) layers, the remainder one each on the stages
+before the last (``stage_layers``), the embedding on the first, the final norm and head on the last.
 Bytes per element: 2 for 16-bit pieces; the decoder layers' linear weights (not norms, not the
 router) at 1 under fp8 (a per-tensor scale, or FP8_ROW_SCALE_BYTES per output row) and at
 INT4_BYTES under int4 (weight-only, GPTQ/AWQ layout); the embedding and head stay 16-bit
@@ -31,7 +32,7 @@ largest batch of scheduled tokens) keeps, per token, the residual stream and the
 (2h) beside the wider of attention's projections (q, k, v and the attention output over the
 attention-TP group) and the MLP's (gate and up outputs and the activation, 3f / tp for a gated
 MLP, 2f / tp otherwise; per routed token k (3 fe + h) / tp for MoE), 16-bit; and the sampler's
-fp32 logits for ``seqs`` sequences over the vocabulary slice.
+fp32 logits for ``seqs`` sequences over the whole vocabulary (gathered from the TP ranks).
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ _UNQUANTIZED = ("norms", "moe.router")
 
 
 def stage_layers(spec: ModelSpec, pp: int) -> list[list[int]]:
-    """Layer indices per pipeline stage: floor(L / pp) each, the remainder on the last."""
+    """Layer indices per pipeline stage: floor(L / pp) each, one more on each of the L mod pp stages
+    counting back from the second-to-last (vLLM ``get_pp_indices``, which SGLang copies: the last
+    stage also holds the head)."""
     L = spec.num_hidden_layers
-    per = L // pp
-    out = [list(range(s * per, (s + 1) * per)) for s in range(pp)]
-    out[-1] += list(range(pp * per, L))
-    return out
+    counts = [L // pp] * pp
+    for i in range(L % pp):
+        counts[(pp - 2 - i) % pp] += 1
+    starts = [sum(counts[:s]) for s in range(pp)]
+    return [list(range(starts[s], starts[s] + counts[s])) for s in range(pp)]
 
 
 def _divisor(piece: P.Piece):
@@ -77,14 +81,28 @@ def _divisor(piece: P.Piece):
     return ATTN_TP if piece.name.startswith("attn.") else S.tp
 
 
-def _elem_bytes(recipe: WeightRecipe, piece: P.Piece, layer: int | None):
-    """Bytes per element of ``piece`` of decoder layer ``layer`` (None: embedding, head, final norm)."""
-    if (layer is None or recipe.dtype == "bf16" or piece.name in _UNQUANTIZED or layer in recipe.keep_layers
-            or any(piece.name.startswith(k) for k in recipe.keep_pieces)):
+def quantized(recipe: WeightRecipe, name: str, layer: int | None) -> bool:
+    """Is the linear ``name`` of decoder layer ``layer`` (None: embedding, head, final norm) stored
+    at the recipe's dtype (module docstring)?"""
+    return not (layer is None or recipe.dtype == "bf16" or name in _UNQUANTIZED or layer in recipe.keep_layers
+                or any(name.startswith(k) for k in recipe.keep_pieces))
+
+
+def elem_bytes(recipe: WeightRecipe, name: str, layer: int | None):
+    """Bytes per weight element of the linear ``name`` of decoder layer ``layer``."""
+    if not quantized(recipe, name, layer):
         return SIXTEEN_BIT
-    if recipe.dtype == "fp8":
-        return 1
-    return INT4_BYTES.subs(GROUP, recipe.group)
+    return 1 if recipe.dtype == "fp8" else INT4_BYTES.subs(GROUP, recipe.group)
+
+
+def _count(spec: ModelSpec, M: ModelSymbols, piece: P.Piece) -> sp.Expr:
+    """The piece's elements, with vLLM's replicated KV heads: past the KV head count every attention-TP
+    rank keeps a whole head of the k and v projections (QKVParallelLinear
+    ``num_kv_head_replicas``), so the group holds max(kv, attention tp) of them."""
+    if spec.is_mla or piece.name not in ("attn.qkv", "attn.qkv_bias"):
+        return piece.count
+    width = (M.a + 2 * sp.Max(M.kv, ATTN_TP)) * M.d
+    return M.h * width if piece.name == "attn.qkv" else width
 
 
 def weight_bytes(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, stage: int) -> sp.Expr:
@@ -93,8 +111,8 @@ def weight_bytes(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, sta
     total = sp.Integer(0)
     for layer in stage_layers(spec, layout.pp)[stage]:
         for piece in P.layer_pieces(spec, M, spec.layer_kinds[layer]):
-            nbytes = _elem_bytes(recipe, piece, layer)
-            total += piece.count / _divisor(piece) * nbytes
+            nbytes = elem_bytes(recipe, piece.name, layer)
+            total += _count(spec, M, piece) / _divisor(piece) * nbytes
             if nbytes == 1 and recipe.channel_scales:
                 total += output_rows(spec, M, piece.name) / _divisor(piece) * FP8_ROW_SCALE_BYTES
     ends = []
@@ -152,7 +170,7 @@ def activation_bytes(spec: ModelSpec, tokens, seqs) -> sp.Expr:
     if "dense" in spec.layer_kinds:
         widths.append((3 if spec.gated_mlp else 2) * M.f / S.tp)
     per_token = (2 * M.h + sp.Max(*widths)) * SIXTEEN_BIT
-    return tokens * per_token + seqs * M.V / ATTN_TP * LOGITS_BYTES
+    return tokens * per_token + seqs * M.V * LOGITS_BYTES  # the sampler gathers the whole vocabulary
 
 
 def serve_memory_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str,

@@ -1,12 +1,14 @@
-"""Every serving layout of a model on a GPU budget, ranked by output tokens/s per GPU under the
-latency limits (``ndplan serve``).
+"""Every serving layout of a model on a GPU budget, ranked by output tokens/s over the budget's
+GPUs (idle ones count) under the latency limits (``ndplan serve``).
 
 Layouts: tp a power of two up to the node (and dividing the heads), pp a power of two with tp x
 pp devices within the budget, for MoE models ep in {1, tp}, for MLA models (and MoE) attention-DP
 in {1, tp}; an instance is replicated over the budget (replicas = GPUs // (tp x pp)). A given
 --tp/--pp/--ep/--dp-attention fixes that degree.
 
-Load per replica: a total concurrency C splits evenly over the replicas; a request rate R (req/s)
+Load per replica: a total concurrency C splits evenly over the replicas (over C of them when C is
+smaller), and a replica whose share exceeds what it runs at once queues, which fails the load; a
+request rate R (req/s)
 gives each replica R / replicas and its concurrency solves Little's law, c = r x lifetime(c)
 (fixed-point iteration; a rate above the replica's max-load throughput is rejected); neither:
 max load (serve/estimate.py's rule). Under latency limits without a load the replica runs the
@@ -21,7 +23,7 @@ from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
-from ndplan.serve.estimate import ServeEstimate, StepKernel, serve_estimate
+from ndplan.serve.estimate import ServeEstimate, StepKernel, lifetime_s, serve_estimate
 from ndplan.serve.layout import ServeLayout, WeightRecipe
 
 RATE_ITERATIONS = 50
@@ -30,17 +32,25 @@ RATE_ITERATIONS = 50
 @dataclass(frozen=True)
 class ServeRow:
     estimate: ServeEstimate
+    """One replica at its share of the load."""
     replicas: int
+    total_output_tokens_per_s: float
+    """Over every replica that has requests."""
+    gpus: int
+    """The budget: idle GPUs count against a layout."""
     meets: bool
     why: str = ""
     """Why it was rejected (empty when it meets every limit)."""
 
     @property
-    def total_output_tokens_per_s(self) -> float:
-        return self.estimate.output_tokens_per_s_per_gpu * self.estimate.devices * self.replicas
+    def per_budget_gpu(self) -> float:
+        """Output tokens/s over the budget's GPUs, the ranking key."""
+        return self.total_output_tokens_per_s / self.gpus
 
     def to_json(self) -> dict:
         return self.estimate.to_json() | {"replicas": self.replicas, "gpus": self.estimate.devices * self.replicas,
+                                          "total_output_tokens_per_s": self.total_output_tokens_per_s,
+                                          "output_tokens_per_s_per_budget_gpu": self.per_budget_gpu,
                                           "meets_limits": self.meets, "rejected_because": self.why or None}
 
 
@@ -76,15 +86,16 @@ def candidate_layouts(spec: ModelSpec, gpus: int, node: int, fixed: dict) -> lis
                     lay = ServeLayout(tp=tp, pp=pp, ep=ep, dp_attention=dpa)
                     try:
                         out.append(lay.check(spec))
-                    except NdplanError:
-                        if fixed:
-                            raise
+                    except NdplanError:  # a combination the model cannot run; a fixed layout was checked above
+                        pass
     return sorted(set(out), key=lambda x: (x.devices, x.tp, x.pp, x.ep, x.dp_attention))
 
 
 def _meets(est: ServeEstimate, ttft_s, tpot_s) -> str:
     if not est.fits:
         return "weights and one request's KV cache do not fit"
+    if est.concurrency > est.running:
+        return f"{est.concurrency - est.running} of {est.concurrency} requests queue (it runs {est.running} at once)"
     if ttft_s is not None and est.ttft_s > ttft_s:
         return f"TTFT {est.ttft_s * 1e3:.0f} ms > {ttft_s * 1e3:.0f} ms"
     if tpot_s is not None and est.tpot_s > tpot_s:
@@ -92,20 +103,16 @@ def _meets(est: ServeEstimate, ttft_s, tpot_s) -> str:
     return ""
 
 
-def _life(est: ServeEstimate, osl: int) -> float:
-    """Seconds one request stays: TTFT and OSL - 1 steps."""
-    return est.ttft_s + (osl - 1) * est.tpot_s
-
-
 def _at_rate(run, rate: float, osl: int):
     """The estimate whose concurrency solves c = rate x lifetime(c), or None when ``rate`` is above
     the max-load throughput (running requests / lifetime)."""
     top = run(None)
-    if not top.fits or rate * _life(top, osl) > top.concurrency:
+    if not top.fits or rate * lifetime_s(top.ttft_s, top.tpot_s, osl) > top.concurrency:
         return None
     c = 1.0
     for _ in range(RATE_ITERATIONS):
-        nxt = min(top.concurrency, rate * _life(run(max(1, round(c))), osl))
+        est = run(max(1, round(c)))
+        nxt = min(top.concurrency, rate * lifetime_s(est.ttft_s, est.tpot_s, osl))
         if abs(nxt - c) < 0.5:
             break
         c = nxt
@@ -139,21 +146,24 @@ def serve_search(spec: ModelSpec, hw: Hardware, gpus: int, *, isl: int, osl: int
         def run(c, lay=lay, kernel=kernel):
             return serve_estimate(spec, hw, lay, isl=isl, osl=osl, concurrency=c, recipe=recipe, kv_dtype=kv_dtype,
                                   engine_name=engine_name, mem_fraction=mem_fraction, kernel=kernel)
+        share = 1.0  # the replicas' total over one replica's output
         if concurrency is not None:
-            est = run(max(1, -(-concurrency // replicas)))
+            active = min(concurrency, replicas)  # a request per replica at most, when there are fewer
+            each = -(-concurrency // active)
+            est, share = run(each), concurrency / each
         elif rate is not None:
-            est = _at_rate(run, rate / replicas, osl)
+            est, share = _at_rate(run, rate / replicas, osl), replicas
             if est is None:
                 top = run(None)
-                rows.append(ServeRow(top, replicas, False, f"rate {rate / replicas:.3g} req/s per replica above its "
-                                                            "max-load throughput"))
+                rows.append(ServeRow(top, replicas, 0.0, gpus, False, f"rate {rate / replicas:.3g} req/s per replica "
+                                                                       "above its max-load throughput"))
                 continue
         else:
-            est = _largest_meeting(run, ttft_s, tpot_s)
+            est, share = _largest_meeting(run, ttft_s, tpot_s), replicas
         why = _meets(est, ttft_s, tpot_s)
-        rows.append(ServeRow(est, replicas, not why, why))
-    return sorted(rows, key=lambda r: (not r.meets, -r.estimate.output_tokens_per_s_per_gpu,
-                                       r.estimate.devices, r.estimate.layout.tp))
+        total = est.output_tokens_per_s_per_gpu * est.devices * share
+        rows.append(ServeRow(est, replicas, total, gpus, not why, why))
+    return sorted(rows, key=lambda r: (not r.meets, -r.per_budget_gpu, r.estimate.devices, r.estimate.layout.tp))
 
 
 def _largest_meeting(run, ttft_s, tpot_s) -> ServeEstimate:
@@ -174,11 +184,11 @@ def _largest_meeting(run, ttft_s, tpot_s) -> ServeEstimate:
 
 
 def pareto(rows: list[ServeRow]) -> list[ServeRow]:
-    """The rows no other row beats on both TPOT (lower) and output tokens/s per GPU (higher)."""
+    """The rows no other row beats on both TPOT (lower) and output tokens/s per budget GPU (higher)."""
     fits = [r for r in rows if r.estimate.fits]
     out = []
-    for r in sorted(fits, key=lambda r: (r.estimate.tpot_s, -r.estimate.output_tokens_per_s_per_gpu)):
-        if not out or r.estimate.output_tokens_per_s_per_gpu > out[-1].estimate.output_tokens_per_s_per_gpu:
+    for r in sorted(fits, key=lambda r: (r.estimate.tpot_s, -r.per_budget_gpu)):
+        if not out or r.per_budget_gpu > out[-1].per_budget_gpu:
             out.append(r)
     return out
 

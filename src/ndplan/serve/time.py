@@ -38,7 +38,7 @@ from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ActContext
 from ndplan.formulas.step import ATTN_HALF_TOKENS
 from ndplan.serve.layout import ServeLayout, WeightRecipe
-from ndplan.serve.memory import ATTN_TP, DPA, GROUP, INT4_BYTES, kv_bytes_per_token, stage_layers
+from ndplan.serve.memory import ATTN_TP, DPA, elem_bytes, kv_bytes_per_token, quantized, stage_layers
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 
@@ -46,18 +46,17 @@ B = sp.Symbol("B", nonnegative=True)
 CTX = sp.Symbol("CTX", nonnegative=True)
 P = sp.Symbol("P", nonnegative=True)
 PCTX = sp.Symbol("PCTX", nonnegative=True)
-WORKLOAD_SYMBOLS = (B, CTX, P, PCTX)
+OTHER = sp.Symbol("OTHER", nonnegative=True)
+"""Tokens each other attention-DP group runs in the step (B + P in the steady state, where every
+group is alike; 0 for a lone prompt): the MLP and the experts take them all."""
+WORKLOAD_SYMBOLS = (B, CTX, P, PCTX, OTHER)
 ACT_BYTES = 2
 
 
-def _weight_bytes(recipe: WeightRecipe):
-    return {"bf16": 2, "fp8": 1, "int4": INT4_BYTES.subs(GROUP, recipe.group)}[recipe.dtype]
-
-
-def _gemm_seconds(g: FL.Gemm, recipe: WeightRecipe, quantized: bool, count=None) -> sp.Expr:
+def _gemm_seconds(g: FL.Gemm, recipe: WeightRecipe, layer: int | None, count=None) -> sp.Expr:
     """Roofline seconds of ``g`` (``count``: how many of its ``g.count`` products read their weight)."""
-    fp8 = quantized and recipe.dtype == "fp8"
-    w = _weight_bytes(recipe) if quantized else ACT_BYTES
+    fp8 = quantized(recipe, g.name, layer) and recipe.dtype == "fp8"
+    w = elem_bytes(recipe, g.name, layer)
     a = 1 if fp8 else ACT_BYTES
     read = g.count if count is None else count
     nbytes = g.count * (a * g.rows * g.inner + ACT_BYTES * g.rows * g.cols) + read * w * g.inner * g.cols
@@ -69,27 +68,22 @@ def _context(tokens, t, ep, tp) -> ActContext:
     return ActContext(s=sp.Integer(1), b=tokens, t=t, t_sp=tp, etp=tp / ep, capacity=sp.Integer(1), flash=True, ep=ep)
 
 
-def _quantized(recipe: WeightRecipe, name: str, layer: int) -> bool:
-    return (recipe.dtype != "bf16" and name != "moe.router" and layer not in recipe.keep_layers
-            and not any(name.startswith(k) for k in recipe.keep_pieces))
-
-
 def layer_seconds(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str, layer: int) -> dict:
     """Seconds of one layer on one device in a step (module docstring): gemm, attention, comm."""
     M = ModelSymbols.of(spec)
     kind = spec.layer_kinds[layer]
     tokens = B + P
-    every = tokens * DPA  # the instance's tokens of the step at the MLP and the experts
+    every = tokens + (DPA - 1) * OTHER  # the instance's tokens of the step at the MLP and the experts
     ep = sp.Integer(layout.ep)
     gemm = sp.Integer(0)
     for g in FL.attention_gemms(spec, M, _context(tokens, ATTN_TP, ep, S.tp)):
-        gemm += _gemm_seconds(g, recipe, _quantized(recipe, g.name, layer))
+        gemm += _gemm_seconds(g, recipe, layer)
     for g in FL.ffn_gemms(spec, M, _context(every, S.tp, ep, S.tp), kind):
         count = None
         if g.name.startswith("moe.experts"):
             count = g.count * (1 - (1 - M.k / M.E) ** every)
-        gemm += _gemm_seconds(g, recipe, _quantized(recipe, g.name, layer), count)
-    comm = _comm_seconds(M, tokens) if kind != "moe" or layout.ep == 1 else _ep_comm_seconds(M, tokens, ep)
+        gemm += _gemm_seconds(g, recipe, layer, count)
+    comm = _comm_seconds(M, tokens, every) if kind != "moe" or layout.ep == 1 else _ep_comm_seconds(M, tokens, ep)
     return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype), "comm": comm}
 
 
@@ -115,47 +109,64 @@ def _attention_seconds(spec: ModelSpec, M: ModelSymbols, kv_dtype: str) -> sp.Ex
     return decode + prefill
 
 
-def _comm_seconds(M: ModelSymbols, tokens) -> sp.Expr:
-    """All-reduce of the attention output (attention-TP group) and of the MLP output (tp devices)."""
-    x = ACT_BYTES * tokens * M.h
-    return C.all_reduce(ATTN_TP, x, ATTN_TP) + C.all_reduce(S.tp, x * DPA, S.tp)
+def _comm_seconds(M: ModelSymbols, tokens, every) -> sp.Expr:
+    """All-reduce of the attention output (attention-TP group) and of the MLP output (tp devices, the
+    instance's ``every`` tokens)."""
+    return C.all_reduce(ATTN_TP, ACT_BYTES * tokens * M.h, ATTN_TP) + C.all_reduce(S.tp, ACT_BYTES * every * M.h, S.tp)
 
 
 def _ep_comm_seconds(M: ModelSymbols, tokens, ep) -> sp.Expr:
     """A MoE layer under expert parallelism: the attention output's all-reduce, then each device
-    dispatches its share of its group's tokens (tokens / attention tp) to the k experts' devices
-    and combines their outputs back, two all-to-alls over the ep group (16-bit hidden states; the
-    expert groups sit tp / ep ranks apart). Overlap with compute (SGLang's two-batch overlap,
-    DeepEP's hooks) is not modelled."""
+    dispatches its share of its group's tokens (tokens / attention tp) once to each distinct ep rank
+    holding one of its k experts, ep (1 - (1 - 1/ep)^k) of them on average under uniform routing
+    (DeepEP and the engines' all-to-all send a token once per rank), and combines their outputs back:
+    two all-to-alls over the ep group (16-bit hidden states; the expert groups sit tp / ep ranks
+    apart). Not modelled: overlap with compute (SGLang's two-batch overlap, DeepEP's hooks), fp8
+    dispatch, node-limited routing, the all-gather that re-replicates the tokens when the attention
+    tp exceeds 1, the shared experts' reduction."""
     x = ACT_BYTES * tokens * M.h
-    sent = ACT_BYTES * tokens / ATTN_TP * M.k * M.h
+    ranks = ep * (1 - (1 - sp.Integer(1) / ep) ** M.k)
+    sent = ACT_BYTES * tokens / ATTN_TP * ranks * M.h
     return C.all_reduce(ATTN_TP, x, ATTN_TP) + 2 * C.all_to_all(ep, sent, S.tp / ep)
 
 
 def head_seconds(spec: ModelSpec) -> sp.Expr:
     M = ModelSymbols.of(spec)
-    return sum((_gemm_seconds(g, WeightRecipe(), False) for g in FL.head_gemms(spec, M, _context(B, ATTN_TP, 1, S.tp))),
+    return sum((_gemm_seconds(g, WeightRecipe(), None) for g in FL.head_gemms(spec, M, _context(B, ATTN_TP, 1, S.tp))),
                sp.Integer(0))
 
 
 def step_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str) -> Breakdown:
-    """serve.step.{gemm, attention, comm, head, pp}: seconds of one step through every stage
-    (a token crosses all of them); layers of one kind and recipe are built once and counted."""
+    """serve.step.{gemm, attention, comm, head, pp, pipeline_wait}: seconds between two tokens of a
+    sequence. A token crosses every stage (gemm, attention, comm summed over the stages' layers, the
+    head on the last, the activations sent between stages); with pp batches in flight each stage
+    runs them in turn, so the period is pp x the slowest stage, and ``pipeline_wait`` holds what that
+    adds to the sum (0 at pp 1 and for equal stages). Layers of one kind and recipe are built once."""
+    M = ModelSymbols.of(spec)
     parts = {"gemm": sp.Integer(0), "attention": sp.Integer(0), "comm": sp.Integer(0)}
-    groups: dict = {}
-    for layers in stage_layers(spec, layout.pp):
+    stage_totals = []
+    send = C.p2p(ACT_BYTES * (B + P) * M.h, S.tp * 2)  # to the next stage: over NVLink or the NICs
+    for s_idx, layers in enumerate(stage_layers(spec, layout.pp)):
+        groups: dict = {}
         for layer in layers:
             key = (spec.layer_kinds[layer], layer in recipe.keep_layers)
             groups.setdefault(key, [layer, 0])[1] += 1
-    for layer, count in groups.values():
-        for k, v in layer_seconds(spec, layout, recipe, kv_dtype, layer).items():
-            parts[k] += count * v
-    M = ModelSymbols.of(spec)
-    pp_send = (layout.pp - 1) * C.p2p(ACT_BYTES * (B + P) * M.h, S.tp * 2)  # next stage: the next node's devices or NVLink
+        stage = {"gemm": sp.Integer(0), "attention": sp.Integer(0), "comm": sp.Integer(0)}
+        for layer, count in groups.values():
+            for k, v in layer_seconds(spec, layout, recipe, kv_dtype, layer).items():
+                stage[k] += count * v
+        for k in parts:
+            parts[k] += stage[k]
+        last = s_idx == layout.pp - 1
+        stage_totals.append(sum(stage.values()) + (head_seconds(spec) if last else 0) + (0 if last else send))
+    pp_send = (layout.pp - 1) * send
+    wait = layout.pp * C.vmax(*stage_totals) - sum(stage_totals) if layout.pp > 1 else sp.Integer(0)
     terms = [Term(key=f"serve.step.{k}", expr=v, unit="s", source="serve/time.py roofline",
                   note="every layer of every stage, one device of each") for k, v in parts.items()]
     terms += [Term(key="serve.step.head", expr=head_seconds(spec), unit="s", source="serve/time.py",
                    note="output layer for the B decoding sequences"),
               Term(key="serve.step.pp", expr=pp_send, unit="s", source="formulas/comm.py p2p",
-                   note="activations sent between stages")]
+                   note="activations sent between stages"),
+              Term(key="serve.step.pipeline_wait", expr=wait, unit="s", source="serve/time.py step_terms",
+                   note="pp x the slowest stage less the sum of the stages")]
     return Breakdown(tuple(terms))
