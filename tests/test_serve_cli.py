@@ -65,3 +65,10 @@ def test_emit_writes_the_layout_in_each_engines_flags(engine, flags):
 def test_emit_and_engine_must_agree():
     r = _run("-m", "llama3.1-8b", "--gpus", "1", "--isl", "10", "--osl", "10", "--engine", "vllm", "--emit", "sglang")
     assert r.exit_code == 2 and "--emit" in r.output
+
+
+def test_explain_prints_every_term_with_its_formula():
+    r = _run("-m", "llama3.1-8b", "--gpus", "1", "--isl", "1000", "--osl", "200", "--explain", "--json")
+    terms = {t["key"]: t for t in json.loads(r.output)["terms"]}
+    assert {"serve.weights", "serve.kv_per_token", "serve.step.gemm", "serve.step.attention"} <= set(terms)
+    assert "Max" in terms["serve.kv_per_token"]["formula"] and terms["serve.kv_per_token"]["value"] == 131072

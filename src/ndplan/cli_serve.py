@@ -38,6 +38,11 @@ def _check_lengths(spec, isl: int, osl: int, max_model_len: int | None) -> None:
                           "shorten the request or raise --max-model-len (up to the model's context)")
 
 
+def _explained(spec, hw, row, kw: dict, isl: int, osl: int) -> list[dict]:
+    from ndplan.serve.explain import explain_rows
+    return explain_rows(spec, hw, row.estimate, kw["recipe"], kw["kv_dtype"], isl, osl)
+
+
 def _launch(engine_name: str, model: str, row, kw: dict, mem_fraction, max_model_len: int) -> str:
     from ndplan.serve.emit import launch
     from ndplan.serve.engines import engine
@@ -88,9 +93,12 @@ def register(main):
                        "within the latency limits.")
     @click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print.")
     @click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON.")
+    @click.option("--explain", "explain", is_flag=True,
+                  help="Print the first layout's Terms: value, unit, source and closed form (memory over tp "
+                       "and dpa, the step over the batch B, context CTX, prompt tokens P and their context PCTX).")
     def serve_cmd(model, hardware, gpus, isl, osl, concurrency, rate, ttft_ms, tpot_ms, tp, pp, ep, dp_attention,
                   engine_name, emit_engine, engine_mem_fraction, max_model_len, kv_dtype, weight_dtype, find_min_gpus,
-                  top, as_json):
+                  top, as_json, explain):
         """Plan serving: memory, KV capacity, latency and throughput of every layout.
 
         Sweeps tp, pp, ep and attention-DP on the GPU budget (replicas fill it), runs each
@@ -155,10 +163,13 @@ def register(main):
             raise NdplanError(field, value, what, "relax the limit, lower the load or add GPUs")
         command = _launch(emit_engine, model, good[0] if good else rows[0], kw, engine_mem_fraction,
                           max_model_len or isl + osl) if emit_engine else None
+        first = good[0] if good else rows[0]
+        terms = _explained(spec, hw, first, kw, isl, osl) if explain else None
         if as_json:
             click.echo(json.dumps({"model": spec.name, "hardware": hw.name, "gpus": gpus, "engine": engine_name,
                                    "isl": isl, "osl": osl, "candidates": [r.to_json() for r in rows],
-                                   "pareto": [r.to_json() for r in pareto(rows)], "launch": command}, indent=2))
+                                   "pareto": [r.to_json() for r in pareto(rows)], "launch": command,
+                                   "terms": terms}, indent=2))
             return
         click.echo(f"{spec.name} on {gpus} x {hw.name}, {engine_name}, ISL {isl} / OSL {osl}, weights {weight_dtype}, "
                    f"KV {kv_dtype}: {len(rows)} layouts, {len(good)} meet the limits")
@@ -170,6 +181,9 @@ def register(main):
             f"{'/ep' + str(r.estimate.layout.ep) if r.estimate.layout.ep > 1 else ''}"
             f"{'/dpa' + str(r.estimate.layout.dp_attention) if r.estimate.layout.dp_attention > 1 else ''} "
             f"{r.estimate.tpot_s * 1e3:.1f} ms {r.per_budget_gpu:.0f}" for r in front))
+        for t in terms or ():
+            click.echo(f"{t['key']} = {t['value']:.6g} {t['unit']}  ({t['source']}; {t['note']})")
+            click.echo(f"    = {t['formula']}")
         if command:
             click.echo(f"launch ({emit_engine}, the first layout, one replica):")
             click.echo(command)

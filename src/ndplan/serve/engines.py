@@ -52,6 +52,11 @@ class ServeEngine:
     """Default largest batch of scheduled tokens per forward (vLLM ``max_num_batched_tokens``,
     TensorRT-LLM ``max_num_tokens``, SGLang ``chunked_prefill_size``)."""
     source: str
+    reserves_output: bool = False
+    """A request holds pages for its whole ISL + OSL from admission (TensorRT-LLM's default
+    GUARANTEED_NO_EVICT capacity scheduler); without it pages are taken as tokens are written and
+    a request holds ISL + OSL / 2 on average while it decodes (vLLM and SGLang, which preempt when
+    the pool runs out)."""
 
 
 ENGINES = {
@@ -63,7 +68,8 @@ ENGINES = {
                           "set from the device memory and tp when not given), page_size 1, chunked_prefill_size 8192"),
     "trtllm": ServeEngine("trtllm", "free_gpu_memory_fraction", 0.9, "free_after_load", 32, 2048, 8192,
                           "TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction 0.9, tokens_per_block 32, "
-                          "max_batch_size 2048, max_num_tokens 8192"),
+                          "max_batch_size 2048, max_num_tokens 8192 (LLM API defaults; trtllm-serve's own "
+                          "max_batch_size default differs across versions), GUARANTEED_NO_EVICT", True),
 }
 
 

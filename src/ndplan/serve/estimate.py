@@ -15,8 +15,9 @@ runs the prompts of the requests that replace the finished ones, B x ISL / OSL t
   the others decoding (at C = 1 the prompt alone: the prefill time), and never under one TPOT;
 * a request stays TTFT + (OSL - 1) x TPOT, so by Little's law the instance returns
   R x OSL / that output tokens per second for R requests running; per device, over its tp x pp.
-At most R = min(C, KV-capacity concurrency, the engine's maximum running sequences per attention-
-DP group x dpa) run; the other C - R wait for a slot, (C - R) / R request lifetimes on average,
+At most R = min(C, the requests each attention-DP group's pool holds x dpa, the engine's maximum
+running sequences per group x dpa) run, a request holding its pages of ISL + OSL (TensorRT-LLM)
+or ISL + OSL / 2 on average (vLLM, SGLang: engines.ServeEngine.reserves_output); the other C - R wait for a slot, (C - R) / R request lifetimes on average,
 which TTFT then includes (a closed loop of C clients). Without a concurrency (max load, offline)
 C = R: one rule for every row (issue 17).
 """
@@ -58,7 +59,7 @@ class ServeEstimate:
     kv_cache_tokens: int
     """Tokens the instance's KV cache holds (every attention-DP group's pool)."""
     max_concurrency: int
-    """Requests of ISL + OSL tokens the KV cache holds at once."""
+    """Requests of ISL + OSL tokens the KV cache holds at once (whole pages, per attention-DP group)."""
     concurrency: int
     running: int
     """Requests running at once (the rest of ``concurrency`` waits for a slot)."""
@@ -67,6 +68,8 @@ class ServeEstimate:
     output_tokens_per_s_per_gpu: float
     step_terms: dict = field(default_factory=dict)
     """serve.step.* seconds of the steady-state step."""
+    step_point: dict = field(default_factory=dict)
+    """The steady-state step's prompt tokens per attention-DP group (``P``)."""
 
     @property
     def devices(self) -> int:
@@ -154,13 +157,15 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     for w, kv, act in stage_memory(spec, layout, recipe, kv_dtype, eng.max_tokens, eng.max_seqs):
         pool = kv_pool_bytes(eng, total, w, act, mem_fraction, NON_TORCH_GIB * GIB)
         per_stage.append((w, kv, kv_capacity(pool, kv, eng.block_tokens)))
-    tokens = min(t for _, _, t in per_stage) * layout.dp_attention
-    request = isl + osl
-    max_conc = tokens // request
+    per_group = min(t for _, _, t in per_stage)  # each attention-DP group's pool (its devices hold the same tokens)
+    tokens = per_group * layout.dp_attention
+    max_conc = per_group // _pages(isl + osl, eng.block_tokens) * layout.dp_attention
     fits = max_conc >= 1
     if concurrency is not None:
         limits.count("--concurrency", concurrency, 1, 10 ** 9)
-    running = min(max_conc, eng.max_seqs * layout.dp_attention)
+    held = isl + osl if eng.reserves_output else isl + math.ceil(osl / 2)
+    running = min(per_group // _pages(held, eng.block_tokens) * layout.dp_attention,
+                  eng.max_seqs * layout.dp_attention)
     conc = running if concurrency is None else concurrency
     running = max(1, min(running, conc))
     hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
@@ -180,7 +185,12 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     return ServeEstimate(layout=layout, fits=fits, weights_bytes=int(max(w for w, _, _ in per_stage)),
                          kv_bytes_per_token=int(max(kv for _, kv, _ in per_stage)), kv_cache_tokens=int(tokens),
                          max_concurrency=int(max_conc), concurrency=int(conc), running=int(running), ttft_s=ttft,
-                         tpot_s=tpot, output_tokens_per_s_per_gpu=rate, step_terms=step)
+                         tpot_s=tpot, output_tokens_per_s_per_gpu=rate, step_terms=step, step_point={"P": steady})
+
+
+def _pages(tokens: int, block: int) -> int:
+    """Tokens a request holds in whole pages."""
+    return -(-tokens // block) * block
 
 
 def lifetime_s(ttft_s: float, tpot_s: float, osl: int) -> float:

@@ -1,0 +1,38 @@
+"""``ndplan serve --explain``: every printed Term's value is its SymPy expression at the point, and
+the compiled step kernel (ndplan.lambdify) gives the same numbers at any workload point."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ndplan
+from ndplan.serve.estimate import StepKernel, serve_estimate
+from ndplan.serve.explain import explain_rows
+from ndplan.serve.layout import ServeLayout, WeightRecipe
+
+HW = ndplan.load_hardware("h100-sxm")
+
+
+def test_explained_terms_add_up_to_the_estimate():
+    spec = ndplan.load_model("llama3.1-8b")
+    est = serve_estimate(spec, HW, ServeLayout(tp=2), isl=1000, osl=200)
+    rows = {r["key"]: r["value"] for r in explain_rows(spec, HW, est, WeightRecipe(), "bf16", 1000, 200)}
+    assert rows["serve.weights"] == pytest.approx(est.weights_bytes, abs=1)
+    assert rows["serve.kv_per_token"] == est.kv_bytes_per_token
+    assert sum(v for k, v in rows.items() if k.startswith("serve.step.")) == pytest.approx(est.tpot_s, rel=1e-9)
+
+
+@settings(max_examples=12, deadline=None)
+@given(b=st.floats(0, 512), ctx=st.floats(0, 32768), p=st.floats(0, 8192), pctx=st.floats(0, 16384),
+       other=st.floats(0, 8192), tp=st.sampled_from([1, 2, 4, 8]), moe=st.booleans())
+def test_the_step_kernel_equals_its_sympy_terms(b, ctx, p, pctx, other, tp, moe):
+    from ndplan import symbols as S
+    from ndplan.serve import memory as SM
+    from ndplan.serve import time as ST
+    spec = ndplan.load_model("qwen3-30b-a3b" if moe else "llama3.1-8b")
+    lay = ServeLayout(tp=tp, ep=tp if moe else 1, dp_attention=tp if moe else 1).check(spec)
+    hw_values = HW.kernel_values()
+    kernel = StepKernel(spec, lay, WeightRecipe(), "bf16", hw_values)(b, ctx, p, pctx, other)
+    values = {S.BY_NAME[k]: v for k, v in hw_values.items()} | SM.values(lay) | {
+        ST.B: b, ST.CTX: ctx, ST.P: p, ST.PCTX: pctx, ST.OTHER: other}
+    for t in ST.step_terms(spec, lay, WeightRecipe(), "bf16"):
+        assert kernel[t.key] == pytest.approx(float(t.expr.subs(values)), rel=1e-9, abs=1e-15)
