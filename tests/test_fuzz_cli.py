@@ -197,3 +197,19 @@ def test_random_megatron_scripts(tmp_path, words):
     f = tmp_path / "train.sh"
     f.write_text("GPUS=8\n" + " ".join(words) + "\n")
     _invoke(["check", str(f), "-m", "llama2-7b", "--gpus", "8", "--top", "0"])
+
+
+@FUZZ
+@given(gpus=_count(1, 8), isl=_count(1, 4096), osl=_count(1, 1024), conc=_count(1, 64), rate=_real(0.1, 50),
+       ttft=_real(1, 5000), tpot=_real(1, 200), frac=_real(0.3, 1.0), tp=_count(1, 8),
+       which=st.sets(st.sampled_from(["conc", "rate", "ttft", "tpot", "frac", "tp", "min"]), max_size=3),
+       model=st.sampled_from(["llama3.2-1b", "qwen3-30b-a3b"]))
+def test_serve_never_tracebacks(gpus, isl, osl, conc, rate, ttft, tpot, frac, tp, which, model):
+    argv = ["serve", "-m", model, "--gpus", gpus, "--isl", isl, "--osl", osl]
+    for key, flag, value in (("conc", "--concurrency", conc), ("rate", "--rate", rate), ("ttft", "--ttft-ms", ttft),
+                             ("tpot", "--tpot-ms", tpot), ("frac", "--engine-mem-fraction", frac), ("tp", "--tp", tp)):
+        if key in which:
+            argv += [flag, value]
+    if "min" in which:
+        argv.append("--find-min-gpus")
+    _invoke(argv)
