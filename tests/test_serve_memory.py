@@ -120,3 +120,15 @@ def test_bad_layouts_are_one_line():
             ServeLayout(**layout).check(spec)
     with pytest.raises(ndplan.NdplanError, match="--weight-dtype"):
         WeightRecipe("int3").check()
+
+
+def test_dense_mlps_go_with_the_attention_where_the_engine_does():
+    """DeepSeek-V3 at tp 8 with attention DP 8: TensorRT-LLM (overridden_tp_size=1 under attention DP) keeps
+    the 3 dense MLPs and the 58 shared experts whole on every device, SGLang splits them over the 8; the
+    difference is 7/8 of their bf16 bytes."""
+    from ndplan.serve.estimate import serve_estimate
+    spec, hw = ndplan.load_model("deepseek-v3"), ndplan.load_hardware("h200")
+    lay = ServeLayout(tp=8, ep=8, dp_attention=8)
+    w = {e: serve_estimate(spec, hw, lay, isl=10, osl=10, engine_name=e).weights_bytes for e in ("trtllm", "sglang")}
+    dense = 3 * 3 * 7168 * 18432 + 58 * 3 * 7168 * 2048
+    assert w["trtllm"] - w["sglang"] == pytest.approx(dense * 7 / 8 * 2, abs=2)

@@ -52,6 +52,12 @@ class ServeEngine:
     """Default largest batch of scheduled tokens per forward (vLLM ``max_num_batched_tokens``,
     TensorRT-LLM ``max_num_tokens``, SGLang ``chunked_prefill_size``)."""
     source: str
+    dense_with_attention_dp: bool = False
+    """Under attention DP the dense MLPs and shared experts run with the attention (per DP rank, over
+    the attention-TP group): TensorRT-LLM builds them with ``overridden_tp_size=1 if
+    self.enable_attention_dp`` (tensorrt_llm/_torch/models/modeling_qwen3.py, modeling_llama.py's
+    Llama 4 shared expert); vLLM's data-parallel ranks are whole models whose MoE layers alone span
+    the DP x TP expert group. SGLang splits them over all tp devices (``--moe-dense-tp-size`` unset)."""
     reserves_output: bool = False
     """A request holds pages for its whole ISL + OSL from admission (TensorRT-LLM's default
     GUARANTEED_NO_EVICT capacity scheduler); without it pages are taken as tokens are written and
@@ -62,14 +68,16 @@ class ServeEngine:
 ENGINES = {
     "vllm": ServeEngine("vllm", "gpu_memory_utilization", 0.9, "total_minus_peak", 16, 256, 8192,
                         "vllm EngineArgs: gpu_memory_utilization 0.9, block_size 16, max_num_seqs 256; "
-                        "max_num_batched_tokens 8192 (chunked prefill; without it max(max_model_len, 2048))"),
+                        "max_num_batched_tokens 8192 (chunked prefill; without it max(max_model_len, 2048))",
+                        dense_with_attention_dp=True),
     "sglang": ServeEngine("sglang", "mem_fraction_static", 0.88, "static", 1, 4096, 8192,
                           "sglang ServerArgs: mem_fraction_static about 0.88 on 80 GB devices at tp 1 (it is "
                           "set from the device memory and tp when not given), page_size 1, chunked_prefill_size 8192"),
     "trtllm": ServeEngine("trtllm", "free_gpu_memory_fraction", 0.9, "free_after_load", 32, 2048, 8192,
                           "TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction 0.9, tokens_per_block 32, "
                           "max_batch_size 2048, max_num_tokens 8192 (LLM API defaults; trtllm-serve's own "
-                          "max_batch_size default differs across versions), GUARANTEED_NO_EVICT", True),
+                          "max_batch_size default differs across versions), GUARANTEED_NO_EVICT",
+                          dense_with_attention_dp=True, reserves_output=True),
 }
 
 

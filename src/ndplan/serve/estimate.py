@@ -110,10 +110,11 @@ _ARGS = tuple(S.HW_SYMBOLS) + (S.tp, SM.DPA) + ST.WORKLOAD_SYMBOLS
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(spec: ModelSpec, pp: int, ep: int, recipe: WeightRecipe, kv_dtype: str):
+def _compiled(spec: ModelSpec, pp: int, ep: int, dense_with_attention: bool, recipe: WeightRecipe, kv_dtype: str):
     """(Term keys, the numpy function of the hardware, tp, dpa and workload values): the step's
-    Terms depend on the layout only through tp and dpa once pp and ep are fixed."""
-    terms = ST.step_terms(spec, ServeLayout(pp=pp, ep=ep), recipe, kv_dtype)
+    Terms depend on the layout only through tp and dpa once pp, ep and the dense split are fixed."""
+    terms = ST.step_terms(spec, ServeLayout(pp=pp, ep=ep, dense_with_attention=dense_with_attention), recipe,
+                          kv_dtype)
     return terms.keys(), lambdify(_ARGS, [t.expr for t in terms])
 
 
@@ -122,7 +123,7 @@ class StepKernel:
     (model, pp, ep, recipe, KV dtype) and evaluated at many workload points."""
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
-        self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, recipe, kv_dtype)
+        self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, recipe, kv_dtype)
         self._fixed = [hw_values[s.name] for s in S.HW_SYMBOLS] + [layout.tp, layout.dp_attention]
 
     def __call__(self, b, ctx, p, pctx, other=None) -> dict:
@@ -144,6 +145,7 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     layout.check(spec)
     recipe.check()
     eng: ServeEngine = engine(engine_name)
+    layout = engine_layout(eng, layout)
     if max_tokens is not None:
         eng = replace(eng, max_tokens=limits.count("--max-num-batched-tokens", max_tokens, 1, limits.MAX_SEQ))
     if max_seqs is not None:
@@ -186,6 +188,12 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
                          kv_bytes_per_token=int(max(kv for _, kv, _ in per_stage)), kv_cache_tokens=int(tokens),
                          max_concurrency=int(max_conc), concurrency=int(conc), running=int(running), ttft_s=ttft,
                          tpot_s=tpot, output_tokens_per_s_per_gpu=rate, step_terms=step, step_point={"P": steady})
+
+
+def engine_layout(eng: ServeEngine, layout: ServeLayout) -> ServeLayout:
+    """``layout`` as ``eng`` runs it: under attention DP its dense MLPs and shared experts go with the
+    attention where the engine does so (ServeEngine.dense_with_attention_dp)."""
+    return replace(layout, dense_with_attention=eng.dense_with_attention_dp and layout.dp_attention > 1)
 
 
 def _pages(tokens: int, block: int) -> int:

@@ -29,6 +29,9 @@ class ServeLayout:
     pp: int = 1
     ep: int = 1
     dp_attention: int = 1
+    dense_with_attention: bool = False
+    """Dense MLPs and shared experts run with the attention, over the attention-TP group and once per
+    attention-DP group (engines.ServeEngine.dense_with_attention_dp), not over all tp devices."""
 
     @property
     def devices(self) -> int:

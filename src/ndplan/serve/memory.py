@@ -3,7 +3,8 @@
 Weights (``weight_bytes``): the pieces of formulas/params.py (the Hugging Face module
 structure) on the device of a pipeline stage, each divided by the devices that split it
 (layout.py): attention pieces over the attention-TP group (tp / dpa; MLA's down-projections
-replicated), MLPs, shared and routed experts over the stage's tp devices, the vocab-parallel
+replicated), MLPs, shared and routed experts over the stage's tp devices (MLPs and shared experts
+with the attention under ``ServeLayout.dense_with_attention``), the vocab-parallel
 embedding and head over the attention-TP group (vLLM VocabParallelEmbedding / ParallelLMHead),
 norms and routers whole; past the KV head count the k and v projections are replicated like the
 cache (``_count``). Stages hold floor(L / pp) layers, the remainder one each on the stages
@@ -75,10 +76,15 @@ def stage_layers(spec: ModelSpec, pp: int) -> list[list[int]]:
     return [list(range(starts[s], starts[s] + counts[s])) for s in range(pp)]
 
 
-def _divisor(piece: P.Piece):
+DENSE_PIECES = ("mlp", "mlp.fc1_bias", "moe.shared")
+"""The pieces ``ServeLayout.dense_with_attention`` splits like the attention."""
+
+
+def _divisor(piece: P.Piece, layout: ServeLayout):
     if piece.shard == "rep":
         return 1
-    return ATTN_TP if piece.name.startswith("attn.") else S.tp
+    with_attention = piece.name.startswith("attn.") or (layout.dense_with_attention and piece.name in DENSE_PIECES)
+    return ATTN_TP if with_attention else S.tp
 
 
 def quantized(recipe: WeightRecipe, name: str, layer: int | None) -> bool:
@@ -112,9 +118,9 @@ def weight_bytes(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, sta
     for layer in stage_layers(spec, layout.pp)[stage]:
         for piece in P.layer_pieces(spec, M, spec.layer_kinds[layer]):
             nbytes = elem_bytes(recipe, piece.name, layer)
-            total += _count(spec, M, piece) / _divisor(piece) * nbytes
+            total += _count(spec, M, piece) / _divisor(piece, layout) * nbytes
             if nbytes == 1 and recipe.channel_scales:
-                total += output_rows(spec, M, piece.name) / _divisor(piece) * FP8_ROW_SCALE_BYTES
+                total += output_rows(spec, M, piece.name) / _divisor(piece, layout) * FP8_ROW_SCALE_BYTES
     ends = []
     if stage == 0:
         ends += P.embedding_pieces(spec, M)

@@ -23,7 +23,8 @@ from ndplan import limits
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
-from ndplan.serve.estimate import ServeEstimate, StepKernel, lifetime_s, serve_estimate
+from ndplan.serve.engines import engine
+from ndplan.serve.estimate import ServeEstimate, StepKernel, engine_layout, lifetime_s, serve_estimate
 from ndplan.serve.layout import ServeLayout, WeightRecipe
 
 RATE_ITERATIONS = 50
@@ -141,7 +142,7 @@ def serve_search(spec: ModelSpec, hw: Hardware, gpus: int, *, isl: int, osl: int
         if progress:
             progress(i, len(layouts), lay)
         replicas = gpus // lay.devices
-        kernel = StepKernel(spec, lay, recipe, kv_dtype, hw_values)
+        kernel = StepKernel(spec, engine_layout(engine(engine_name), lay), recipe, kv_dtype, hw_values)
 
         def run(c, lay=lay, kernel=kernel):
             return serve_estimate(spec, hw, lay, isl=isl, osl=osl, concurrency=c, recipe=recipe, kv_dtype=kv_dtype,

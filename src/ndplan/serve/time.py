@@ -78,12 +78,17 @@ def layer_seconds(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv
     gemm = sp.Integer(0)
     for g in FL.attention_gemms(spec, M, _context(tokens, ATTN_TP, ep, S.tp)):
         gemm += _gemm_seconds(g, recipe, layer)
+    with_attention = {g.name: g for g in FL.ffn_gemms(spec, M, _context(tokens, ATTN_TP, ep, S.tp), kind)}
     for g in FL.ffn_gemms(spec, M, _context(every, S.tp, ep, S.tp), kind):
         count = None
         if g.name.startswith("moe.experts"):
             count = g.count * (1 - (1 - M.k / M.E) ** every)
+        elif layout.dense_with_attention and not g.name.startswith(("moe.router", "moe.experts")):
+            g = with_attention[g.name]  # a dense MLP or shared expert on its group's tokens, over the attention tp
         gemm += _gemm_seconds(g, recipe, layer, count)
-    comm = _comm_seconds(M, tokens, every) if kind != "moe" or layout.ep == 1 else _ep_comm_seconds(M, tokens, ep)
+    mlp_tokens = tokens if layout.dense_with_attention else every
+    comm = (_comm_seconds(M, tokens, mlp_tokens, layout.dense_with_attention) if kind != "moe" or layout.ep == 1
+            else _ep_comm_seconds(M, tokens, ep))
     return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype), "comm": comm}
 
 
@@ -109,10 +114,12 @@ def _attention_seconds(spec: ModelSpec, M: ModelSymbols, kv_dtype: str) -> sp.Ex
     return decode + prefill
 
 
-def _comm_seconds(M: ModelSymbols, tokens, every) -> sp.Expr:
-    """All-reduce of the attention output (attention-TP group) and of the MLP output (tp devices, the
-    instance's ``every`` tokens)."""
-    return C.all_reduce(ATTN_TP, ACT_BYTES * tokens * M.h, ATTN_TP) + C.all_reduce(S.tp, ACT_BYTES * every * M.h, S.tp)
+def _comm_seconds(M: ModelSymbols, tokens, mlp_tokens, with_attention: bool) -> sp.Expr:
+    """All-reduce of the attention output (attention-TP group) and of the MLP output over the devices
+    that split it (all tp devices on the instance's tokens, or the attention-TP group on its own)."""
+    group = ATTN_TP if with_attention else S.tp
+    return (C.all_reduce(ATTN_TP, ACT_BYTES * tokens * M.h, ATTN_TP)
+            + C.all_reduce(group, ACT_BYTES * mlp_tokens * M.h, group))
 
 
 def _ep_comm_seconds(M: ModelSymbols, tokens, ep) -> sp.Expr:
