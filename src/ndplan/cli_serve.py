@@ -38,6 +38,26 @@ def _check_lengths(spec, isl: int, osl: int, max_model_len: int | None) -> None:
                           "shorten the request or raise --max-model-len (up to the model's context)")
 
 
+def _disaggregate(spec, hw, kw: dict, rate, as_json: bool) -> None:
+    from ndplan.errors import NdplanError
+    from ndplan.serve.disagg import disaggregated
+    if rate is None:
+        raise NdplanError("--disaggregate", True, "needs a request rate", "give --rate")
+    args = {k: kw[k] for k in ("isl", "osl", "ttft_s", "tpot_s", "recipe", "kv_dtype", "engine_name", "mem_fraction")}
+    pools = disaggregated(spec, hw, rate=rate, **args)
+    total = sum(p.gpus for p in pools.values())
+    if as_json:
+        click.echo(json.dumps({"gpus": total, **{k: p.to_json() for k, p in pools.items()}}, indent=2))
+        return
+    click.echo(f"{spec.name} on {hw.name}, {rate:g} req/s of ISL {kw['isl']} / OSL {kw['osl']}, disaggregated: "
+               f"{total} GPUs")
+    for role, p in pools.items():
+        lay = p.layout
+        what = f"TTFT {p.latency_s * 1e3:.0f} ms" if role == "prefill" else f"TPOT {p.latency_s * 1e3:.1f} ms"
+        click.echo(f"  {role:8s} {p.instances} x (tp {lay.tp}, pp {lay.pp}, ep {lay.ep}, dpa {lay.dp_attention}) = "
+                   f"{p.gpus} GPUs, {p.requests_per_s:.3g} req/s each, {what}")
+
+
 def _explained(spec, hw, row, kw: dict, isl: int, osl: int) -> list[dict]:
     from ndplan.serve.explain import explain_rows
     return explain_rows(spec, hw, row.estimate, kw["recipe"], kw["kv_dtype"], isl, osl)
@@ -91,6 +111,10 @@ def register(main):
     @click.option("--find-min-gpus", is_flag=True,
                   help="Find the fewest GPUs (powers of two) that carry the load (--rate or --concurrency) "
                        "within the latency limits.")
+    @click.option("--disaggregate", is_flag=True,
+                  help="Size a prefill pool and a decode pool apart for --rate (prefill-decode disaggregation): "
+                       "each pool's layout needing the fewest GPUs, TTFT with the KV cache's transfer, TPOT "
+                       "without prompts in the step.")
     @click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print.")
     @click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON.")
     @click.option("--explain", "explain", is_flag=True,
@@ -98,7 +122,7 @@ def register(main):
                        "and dpa, the step over the batch B, context CTX, prompt tokens P and their context PCTX).")
     def serve_cmd(model, hardware, gpus, isl, osl, concurrency, rate, ttft_ms, tpot_ms, tp, pp, ep, dp_attention,
                   engine_name, emit_engine, engine_mem_fraction, max_model_len, kv_dtype, weight_dtype, find_min_gpus,
-                  top, as_json, explain):
+                  disaggregate, top, as_json, explain):
         """Plan serving: memory, KV capacity, latency and throughput of every layout.
 
         Sweeps tp, pp, ep and attention-DP on the GPU budget (replicas fill it), runs each
@@ -114,6 +138,7 @@ def register(main):
           ndplan serve -m llama3.1-70b --gpus 2 --tp 2 --isl 5000 --osl 500 --concurrency 50 --engine trtllm --json
           ndplan serve -m qwen3-30b-a3b -H h100-sxm --isl 1000 --osl 1000 --rate 20 --ttft-ms 500 --find-min-gpus
           ndplan serve -m qwen3-235b-a22b -H h200 --gpus 8 --isl 1024 --osl 1024 --weight-dtype fp8 --emit trtllm
+          ndplan serve -m llama3.1-70b -H h100-sxm --isl 2000 --osl 500 --rate 20 --ttft-ms 1000 --tpot-ms 50 --disaggregate
         """
         from ndplan.catalog import load_hardware, load_model
         from ndplan.errors import NdplanError
@@ -132,6 +157,9 @@ def register(main):
                   ttft_s=None if ttft_ms is None else ttft_ms / 1e3, tpot_s=None if tpot_ms is None else tpot_ms / 1e3,
                   recipe=WeightRecipe(weight_dtype), kv_dtype=kv_dtype, engine_name=engine_name,
                   mem_fraction=engine_mem_fraction, fixed=fixed)
+        if disaggregate:
+            _disaggregate(spec, hw, kw, rate, as_json)
+            return
         if find_min_gpus:
             found = min_gpus(spec, hw, **kw)
             if found is None:

@@ -123,6 +123,7 @@ class StepKernel:
     (model, pp, ep, recipe, KV dtype) and evaluated at many workload points."""
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
+        self.kv_dtype = kv_dtype
         self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, recipe, kv_dtype)
         self._fixed = [hw_values[s.name] for s in S.HW_SYMBOLS] + [layout.tp, layout.dp_attention]
 

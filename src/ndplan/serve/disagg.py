@@ -1,0 +1,115 @@
+"""Prefill-decode disaggregation: a prefill pool and a decode pool sized apart for a request rate
+(``ndplan serve --disaggregate``; the DeepSeek and SGLang large-scale EP deployments).
+
+* Prefill instance: steps of the engine's token budget of prompts, no decoding (serve/time.py at
+  B = 0, P = the budget per attention-DP group, PCTX = ISL / 2): ISL-token requests per second =
+  budget x dpa / step / ISL. Its TTFT: the prompt's chunks (ceil(ISL / budget) steps with the
+  chunk), then its KV cache sent to the decode pool, ISL x the model's KV bytes per token over the
+  instance's NICs (every device drives its own, formulas/comm.py's multi-rail link).
+* Decode instance: steps of B sequences and no prompts (P = 0), at CTX = ISL + OSL / 2, B the
+  largest batch the KV cache (ISL + OSL per request, the prompt arrives whole) and the engine allow
+  that meets the TPOT limit; requests per second = B x dpa x pp / (OSL x TPOT).
+* Each pool takes ceil(rate / an instance's requests per second) instances of the layout that needs
+  the fewest GPUs per request per second (meeting its limit); the total is the two pools' GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ndplan import limits
+from ndplan.errors import NdplanError
+from ndplan.serve import memory as SM
+from ndplan.serve.engines import engine
+from ndplan.serve.estimate import StepKernel, engine_layout, serve_estimate
+from ndplan.serve.layout import ServeLayout, WeightRecipe
+from ndplan.serve.search import candidate_layouts
+
+
+@dataclass(frozen=True)
+class Pool:
+    layout: ServeLayout
+    instances: int
+    requests_per_s: float
+    """One instance's."""
+    latency_s: float
+    """TTFT (prefill pool) or TPOT (decode pool)."""
+    batch: float
+    """Prompt tokens (prefill) or sequences (decode) per attention-DP group and step."""
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.layout.devices
+
+    def to_json(self) -> dict:
+        lay = self.layout
+        return {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "dp_attention": lay.dp_attention, "instances": self.instances,
+                "gpus": self.gpus, "requests_per_s_per_instance": self.requests_per_s, "latency_s": self.latency_s,
+                "batch": self.batch}
+
+
+def _prefill(spec, hw, lay, kernel, eng, isl, ttft_s) -> tuple[float, float, float] | None:
+    """(requests/s, TTFT, tokens per step) of one prefill instance, None when TTFT misses."""
+    budget = eng.max_tokens
+    step = sum(kernel(0, 0, budget, isl / 2).values())
+    chunk = min(isl, budget)
+    kv_full = float(SM.kv_bytes_per_token(spec, ServeLayout(), kernel.kv_dtype, 0).subs(SM.values(ServeLayout())))
+    send = isl * kv_full / (lay.devices * hw.inter_node_gb_per_s * 1e9 * hw.inter_node_efficiency)
+    ttft = math.ceil(isl / budget) * sum(kernel(0, 0, chunk, isl / 2, 0).values()) + send
+    if ttft_s is not None and ttft > ttft_s:
+        return None
+    return budget * lay.dp_attention / step / isl, ttft, budget
+
+
+def _decode(spec, hw, lay, kernel, isl, osl, tpot_s, run) -> tuple[float, float, float] | None:
+    """(requests/s, TPOT, sequences per group) of one decode instance at the largest batch meeting TPOT."""
+    top = run(lay)
+    if not top.fits:
+        return None
+    cap = max(1, top.max_concurrency // (lay.dp_attention * lay.pp))
+
+    def tpot(b):
+        return sum(kernel(b, isl + osl / 2, 0, 0).values())
+    if tpot_s is not None and tpot(1) > tpot_s:
+        return None
+    lo, hi = 1, cap
+    if tpot_s is None or tpot(cap) <= tpot_s:
+        lo = cap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if tpot(mid) <= tpot_s else (lo, mid)
+    return lo * lay.dp_attention * lay.pp / (osl * tpot(lo)), tpot(lo), lo
+
+
+def disaggregated(spec, hw, *, isl: int, osl: int, rate: float, ttft_s: float | None = None,
+                  tpot_s: float | None = None, recipe: WeightRecipe = WeightRecipe(), kv_dtype: str = "bf16",
+                  engine_name: str = "vllm", mem_fraction: float | None = None, max_devices: int = 64) -> dict:
+    """{"prefill": Pool, "decode": Pool} sized for ``rate`` requests per second (module docstring)."""
+    limits.real("--rate", rate, 0.0, 1e9, what="requests per second")
+    eng = engine(engine_name)
+    hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
+    best: dict = {}
+    for lay in candidate_layouts(spec, max_devices, hw.devices_per_node, {}):
+        run_lay = engine_layout(eng, lay)
+        kernel = StepKernel(spec, run_lay, recipe, kv_dtype, hw_values)
+
+        def run(layout, _l=lay):
+            return serve_estimate(spec, hw, _l, isl=isl, osl=osl, recipe=recipe, kv_dtype=kv_dtype,
+                                  engine_name=engine_name, mem_fraction=mem_fraction, kernel=kernel)
+        if not run(lay).fits:
+            continue
+        for role, found in (("prefill", _prefill(spec, hw, lay, kernel, eng, isl, ttft_s)),
+                            ("decode", _decode(spec, hw, lay, kernel, isl, osl, tpot_s, run))):
+            if found is None:
+                continue
+            per_s, latency, batch = found
+            pool = Pool(run_lay, max(1, math.ceil(rate / per_s)), per_s, latency, batch)
+            if role not in best or (pool.gpus, pool.latency_s) < (best[role].gpus, best[role].latency_s):
+                best[role] = pool
+    for role, limit, name in (("prefill", ttft_s, "--ttft-ms"), ("decode", tpot_s, "--tpot-ms")):
+        if role not in best:
+            raise NdplanError(name if limit is not None else "--model", (limit * 1e3) if limit is not None else spec.name,
+                              f"no {role} layout up to {max_devices} devices meets it",
+                              "relax the limit or use a larger device")
+    return best
