@@ -40,7 +40,8 @@ import sys
 import yaml
 
 import ndplan
-from ndplan.serve.estimate import StepKernel, batch_latency_s, serve_estimate
+from ndplan.serve.engines import engine
+from ndplan.serve.estimate import StepKernel, batch_latency_s, engine_layout, serve_estimate
 from ndplan.serve.layout import ServeLayout, WeightRecipe
 from ndplan.units import GIB
 
@@ -51,7 +52,7 @@ SOURCES = {"trtllm_po1_": "trtllm-v1.0", "trtllm_po_": "trtllm-guide", "sglang_"
            "mlperf41_": "mlperf", "nim180_": "nim", "vllm_bk": "vllm-ci", "vllm_pr2031": "vllm-#2031",
            "vllm_i10517": "vllm-#10517", "vllm_pr10511": "vllm-#10511", "vllm_i6746": "vllm-#6746"}
 MODELS = (("deepseek", "deepseek-v3"), ("llama-3.3-70b", "llama3.1-70b"), ("llama-3.1-405b", "llama3.1-405b"),
-          ("llama-3.1-8b", "llama3.1-8b"), ("llama-3-8b", "llama3-8b"), ("qwen3-235b", "qwen3-235b-a22b"),
+          ("llama-3.1-8b", "llama3.1-8b"), ("llama-3-8b", "llama3-8b"), ("llama-3-70b", "llama3-70b"), ("qwen3-235b", "qwen3-235b-a22b"),
           ("mixtral-8x7b", "mixtral-8x7b"), ("llama-2-70b", "llama2-70b"), ("llama-2-7b", "llama2-7b"),
           ("llama2-70b", "llama2-70b"), ("llama 8b", "llama3-8b"), ("llama 70b", "llama3-70b"), ("mixtral", "mixtral-8x7b"))
 HARDWARE = {"H100-SXM5-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "B200-180GB": "b200", "H800-SXM-80GB": "h800",
@@ -135,8 +136,9 @@ def predict(c) -> list[tuple[str, float, float]]:
             out.append(("kv_gib", est.kv_cache_tokens * est.kv_bytes_per_token / GIB, meas["available_kv_cache_gib"]))
         return out
     isl, osl, conc, batch = wl.get("isl"), wl.get("osl"), wl.get("concurrency"), _batch(c)
+    run_layout = engine_layout(engine(eng_name), layout)  # as the engine runs it (serve_estimate does the same)
     if c["kind"] in ("prefill_throughput", "decode_throughput"):
-        kernel = StepKernel(spec, layout, recipe, kv_dtype, hw.kernel_values(fp8=recipe.dtype == "fp8"))
+        kernel = StepKernel(spec, run_layout, recipe, kv_dtype, hw.kernel_values(fp8=recipe.dtype == "fp8"))
         if c["kind"] == "prefill_throughput":
             tokens = batch or 8192
             step = sum(kernel(0, 0, tokens, isl / 2).values())
@@ -149,7 +151,7 @@ def predict(c) -> list[tuple[str, float, float]]:
     if not isl or not osl:
         raise Unsupported("ISL/OSL not published (variable-length dataset)")
     if c["kind"] == "batch_latency":
-        kernel = StepKernel(spec, layout, recipe, kv_dtype, hw.kernel_values(fp8=recipe.dtype == "fp8"))
+        kernel = StepKernel(spec, run_layout, recipe, kv_dtype, hw.kernel_values(fp8=recipe.dtype == "fp8"))
         return [("e2e_latency_s", batch_latency_s(kernel, batch, isl, osl), meas["e2e_latency_mean_ms"] / 1e3)]
     est = serve_estimate(spec, hw, layout, isl=isl, osl=osl, concurrency=conc, recipe=recipe, kv_dtype=kv_dtype,
                          engine_name=eng_name)
