@@ -52,7 +52,8 @@ SOURCES = {"trtllm_po1_": "trtllm-v1.0", "trtllm_po_": "trtllm-guide", "sglang_"
            "mlperf41_": "mlperf", "nim180_": "nim", "vllm_bk": "vllm-ci", "vllm_pr2031": "vllm-#2031",
            "vllm_i10517": "vllm-#10517", "vllm_pr10511": "vllm-#10511", "vllm_i6746": "vllm-#6746"}
 MODELS = (("deepseek", "deepseek-v3"), ("llama-3.3-70b", "llama3.1-70b"), ("llama-3.1-405b", "llama3.1-405b"),
-          ("llama-3.1-8b", "llama3.1-8b"), ("llama-3-8b", "llama3-8b"), ("llama-3-70b", "llama3-70b"), ("qwen3-235b", "qwen3-235b-a22b"),
+          ("llama-3.1-8b", "llama3.1-8b"), ("llama-3-8b", "llama3-8b"), ("llama-3-70b", "llama3-70b"),
+          ("qwen3-235b", "qwen3-235b-a22b"),
           ("mixtral-8x7b", "mixtral-8x7b"), ("llama-2-70b", "llama2-70b"), ("llama-2-7b", "llama2-7b"),
           ("llama2-70b", "llama2-70b"), ("llama 8b", "llama3-8b"), ("llama 70b", "llama3-70b"), ("mixtral", "mixtral-8x7b"))
 HARDWARE = {"H100-SXM5-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "B200-180GB": "b200", "H800-SXM-80GB": "h800",
