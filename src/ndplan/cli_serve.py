@@ -113,8 +113,8 @@ def register(main):
                        "within the latency limits.")
     @click.option("--disaggregate", is_flag=True,
                   help="Size a prefill pool and a decode pool apart for --rate (prefill-decode disaggregation): "
-                       "each pool's layout needing the fewest GPUs, TTFT with the KV cache's transfer, TPOT "
-                       "without prompts in the step.")
+                       "each pool's layout needing the fewest GPUs (up to 64 per instance; --gpus is not used), "
+                       "TTFT with the KV cache's transfer, TPOT without prompts in the step.")
     @click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print.")
     @click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON.")
     @click.option("--explain", "explain", is_flag=True,
@@ -158,6 +158,12 @@ def register(main):
                   recipe=WeightRecipe(weight_dtype), kv_dtype=kv_dtype, engine_name=engine_name,
                   mem_fraction=engine_mem_fraction, fixed=fixed)
         if disaggregate:
+            given = [name for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep), ("--dp-attention", dp_attention),
+                                          ("--concurrency", concurrency), ("--emit", emit_engine),
+                                          ("--explain", explain), ("--find-min-gpus", find_min_gpus)) if v]
+            if given:
+                raise NdplanError(given[0], True, "does not apply to --disaggregate, which sizes both pools itself",
+                                  "leave it out")
             _disaggregate(spec, hw, kw, rate, as_json)
             return
         if find_min_gpus:

@@ -94,7 +94,7 @@ def stage_memory(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_
                  seqs: int) -> tuple[tuple[float, float, float], ...]:
     """(weights, KV bytes per token, forward workspace) of one device of each stage."""
     vals = SM.values(layout)
-    act = _value(SM.activation_bytes(spec, tokens, seqs), vals)
+    act = _value(SM.activation_bytes(spec, tokens, seqs, layout.dense_with_attention), vals)
     return tuple((_value(SM.weight_bytes(spec, layout, recipe, stage), vals),
                   _value(SM.kv_bytes_per_token(spec, layout, kv_dtype, stage), vals), act)
                  for stage in range(layout.pp))
@@ -123,7 +123,7 @@ class StepKernel:
     (model, pp, ep, recipe, KV dtype) and evaluated at many workload points."""
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
-        self.kv_dtype = kv_dtype
+        self.kv_dtype, self.dense_with_attention = kv_dtype, layout.dense_with_attention
         self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, recipe, kv_dtype)
         self._fixed = [hw_values[s.name] for s in S.HW_SYMBOLS] + [layout.tp, layout.dp_attention]
 
@@ -173,6 +173,8 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     running = max(1, min(running, conc))
     hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
     kernel = kernel or StepKernel(spec, layout, recipe, kv_dtype, hw_values)
+    if kernel.dense_with_attention != layout.dense_with_attention or kernel.kv_dtype != kv_dtype:
+        raise ValueError("the step kernel was built for another layout (engine_layout) or KV dtype")
     b = running / layout.dp_attention / layout.pp  # pp batches in flight, one per stage
     budget = max(1.0, eng.max_tokens - b)  # prompt tokens a step takes beside the decoding ones
     steady = min(b * isl / osl, budget)

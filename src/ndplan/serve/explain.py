@@ -20,7 +20,9 @@ def explain_rows(spec, hw, est: ServeEstimate, recipe, kv_dtype: str, isl: int, 
              ST.OTHER: b + est.step_point["P"]}
     values = {S.BY_NAME[k]: v for k, v in hw.kernel_values(fp8=recipe.dtype == "fp8").items()} | SM.values(lay) | point
     rows = []
-    terms = list(SM.serve_memory_terms(spec, lay, recipe, kv_dtype, lay.pp - 1))
+    vals = SM.values(lay)
+    stage = max(range(lay.pp), key=lambda i: float(sp.sympify(SM.weight_bytes(spec, lay, recipe, i)).subs(vals)))
+    terms = list(SM.serve_memory_terms(spec, lay, recipe, kv_dtype, stage))  # the largest stage, as the estimate
     terms += list(ST.step_terms(spec, lay, recipe, kv_dtype))
     for t in terms:
         expr = sp.sympify(t.expr)

@@ -162,9 +162,9 @@ def kv_bytes_per_token(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stag
     return layers * per_layer * KV_DTYPE_BYTES[kv_dtype]
 
 
-def activation_bytes(spec: ModelSpec, tokens, seqs) -> sp.Expr:
+def activation_bytes(spec: ModelSpec, tokens, seqs, dense_with_attention: bool = False) -> sp.Expr:
     """Forward workspace bytes on one device for ``tokens`` scheduled tokens and ``seqs`` sampled
-    sequences (module docstring)."""
+    sequences (module docstring); dense MLPs over the attention-TP group when they go with it."""
     M = ModelSymbols.of(spec)
     if spec.is_mla:
         attn = (M.a * (M.dn + M.dr) + M.a * (M.dn + M.dv) + M.a * M.dv) / ATTN_TP
@@ -174,7 +174,7 @@ def activation_bytes(spec: ModelSpec, tokens, seqs) -> sp.Expr:
     if spec.is_moe:
         widths.append(M.k * (3 * M.fe + M.h) / S.tp + (3 * M.fs / S.tp if spec.has_shared_experts else 0))
     if "dense" in spec.layer_kinds:
-        widths.append((3 if spec.gated_mlp else 2) * M.f / S.tp)
+        widths.append((3 if spec.gated_mlp else 2) * M.f / (ATTN_TP if dense_with_attention else S.tp))
     per_token = (2 * M.h + sp.Max(*widths)) * SIXTEEN_BIT
     return tokens * per_token + seqs * M.V * LOGITS_BYTES  # the sampler gathers the whole vocabulary
 

@@ -86,8 +86,8 @@ def layer_seconds(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv
         elif layout.dense_with_attention and not g.name.startswith(("moe.router", "moe.experts")):
             g = with_attention[g.name]  # a dense MLP or shared expert on its group's tokens, over the attention tp
         gemm += _gemm_seconds(g, recipe, layer, count)
-    mlp_tokens = tokens if layout.dense_with_attention else every
-    comm = (_comm_seconds(M, tokens, mlp_tokens, layout.dense_with_attention) if kind != "moe" or layout.ep == 1
+    dense_alone = layout.dense_with_attention and kind != "moe"  # a MoE layer's experts still span the tp devices
+    comm = (_comm_seconds(M, tokens, tokens if dense_alone else every, dense_alone) if kind != "moe" or layout.ep == 1
             else _ep_comm_seconds(M, tokens, ep))
     return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype), "comm": comm}
 
