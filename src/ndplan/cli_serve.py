@@ -72,57 +72,165 @@ def _launch(engine_name: str, model: str, row, kw: dict, mem_fraction, max_model
                   eng.max_tokens)
 
 
+SERVE_OPTIONS = [
+    click.option("--gpus", type=DEVICES, default=8, show_default=True, help="GPUs to serve on (replicas fill them)."),
+    click.option("--isl", type=SEQ, required=True, help="Input (prompt) tokens per request."),
+    click.option("--osl", type=SEQ, required=True, help="Output tokens per request."),
+    click.option("--concurrency", type=Count(hi=10 ** 9, what="a number of requests"), default=None,
+                 help="Requests in flight over all replicas (default: max load, every replica as full as its "
+                      "KV cache and the engine's batch limit allow)."),
+    click.option("--rate", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="requests per second")),
+                 default=None, help="Requests per second over all replicas (instead of --concurrency)."),
+    click.option("--ttft-ms", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="milliseconds")), default=None,
+                 help="Latency limit: time to first token."),
+    click.option("--tpot-ms", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="milliseconds")), default=None,
+                 help="Latency limit: time per output token."),
+    click.option("--tp", type=DEGREE, default=None, help="Fix the tensor-parallel degree (default: search)."),
+    click.option("--pp", type=DEGREE, default=None, help="Fix the pipeline-parallel degree."),
+    click.option("--ep", type=DEGREE, default=None, help="Fix the expert-parallel degree (divides tp)."),
+    click.option("--dp-attention", type=DEGREE, default=None,
+                 help="Fix the attention data-parallel degree (divides tp; SGLang --enable-dp-attention --dp, "
+                      "TensorRT-LLM enable_attention_dp: = tp)."),
+    click.option("--engine", "engine_name", type=click.Choice(list(ENGINES)), default=None,
+                 help="Serving engine: its KV-pool rule, page size and batch limits (default: --emit's, else vllm)."),
+    click.option("--emit", "emit_engine", type=click.Choice(list(EMIT_ENGINES)), default=None,
+                 help="Print the best layout's launch command for that engine (vllm serve, sglang.launch_server, "
+                      "trtllm-serve with its --config file)."),
+    click.option("--engine-mem-fraction", type=FRACTION, default=None,
+                 help="The engine's own memory knob: vLLM gpu_memory_utilization (of total, default 0.9), SGLang "
+                      "mem_fraction_static (weights + KV of total, 0.88), TensorRT-LLM free_gpu_memory_fraction "
+                      "(of what is free after loading, 0.9)."),
+    click.option("--max-model-len", type=SEQ, default=None,
+                 help="Longest request the engine accepts (default: the model's context)."),
+    click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16", show_default=True,
+                 help="KV-cache dtype."),
+    click.option("--weight-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="bf16", show_default=True,
+                 help="Weights of the decoder layers' linears (int4: weight-only, group 128)."),
+    click.option("--find-min-gpus", is_flag=True,
+                 help="Find the fewest GPUs (powers of two) that carry the load (--rate or --concurrency) "
+                      "within the latency limits."),
+    click.option("--disaggregate", is_flag=True,
+                 help="Size a prefill pool and a decode pool apart for --rate (prefill-decode disaggregation): "
+                      "each pool's layout needing the fewest GPUs (up to 64 per instance; --gpus is not used), "
+                      "TTFT with the KV cache's transfer, TPOT without prompts in the step."),
+    click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print."),
+    click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON."),
+    click.option("--explain", "explain", is_flag=True,
+                 help="Print the first layout's Terms: value, unit, source and closed form (memory over tp "
+                      "and dpa, the step over the batch B, context CTX, prompt tokens P and their context PCTX)."),
+]
+"""ndplan serve's options after -m/-H, in --help order."""
+
+
+def _settings(spec, o: dict) -> dict:
+    """The search's keyword arguments from the options, after the checks that need no search
+    (one-line errors)."""
+    from ndplan.errors import NdplanError
+    from ndplan.serve.layout import WeightRecipe
+    _check_lengths(spec, o["isl"], o["osl"], o["max_model_len"])
+    if o["engine_name"] and o["emit_engine"] and o["engine_name"] != o["emit_engine"]:
+        raise NdplanError("--emit", o["emit_engine"], f"differs from --engine {o['engine_name']}, whose memory rule "
+                          "was planned", "give the same engine to both, or --emit alone")
+    if o["find_min_gpus"] and o["concurrency"] is None and o["rate"] is None:
+        raise NdplanError("--find-min-gpus", True, "needs a load", "give --rate or --concurrency")
+    if o["disaggregate"]:
+        given = [flag for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--ep", "ep"), ("--dp-attention", "dp_attention"),
+                                        ("--concurrency", "concurrency"), ("--emit", "emit_engine"),
+                                        ("--explain", "explain"), ("--find-min-gpus", "find_min_gpus")) if o[key]]
+        if given:
+            raise NdplanError(given[0], True, "does not apply to --disaggregate, which sizes both pools itself",
+                              "leave it out")
+    ms = lambda v: None if v is None else v / 1e3  # noqa: E731
+    return dict(isl=o["isl"], osl=o["osl"], concurrency=o["concurrency"], rate=o["rate"], ttft_s=ms(o["ttft_ms"]),
+                tpot_s=ms(o["tpot_ms"]), recipe=WeightRecipe(o["weight_dtype"]), kv_dtype=o["kv_dtype"],
+                engine_name=o["engine_name"] or o["emit_engine"] or "vllm", mem_fraction=o["engine_mem_fraction"],
+                fixed={k: o[k] for k in ("tp", "pp", "ep", "dp_attention") if o[k]})
+
+
+def _min_gpus(spec, hw, kw: dict, as_json: bool) -> None:
+    from ndplan.errors import NdplanError
+    from ndplan.serve.search import min_gpus
+    found = min_gpus(spec, hw, **kw)
+    if found is None:
+        raise NdplanError("--find-min-gpus", True, f"no GPU count up to {limits.MAX_DEVICES:,} carries the load "
+                          "within the limits", "lower the load or relax --ttft-ms / --tpot-ms")
+    gpus, row = found
+    if as_json:
+        click.echo(json.dumps({"min_gpus": gpus, "best": row.to_json()}, indent=2))
+        return
+    click.echo(f"fewest GPUs: {gpus} ({spec.name} on {hw.name}, {kw['engine_name']}, ISL {kw['isl']} / OSL {kw['osl']})")
+    for line in _rows_text([row], 1):
+        click.echo(line)
+
+
+def _check_rows(spec, hw, gpus: int, rows, kw: dict) -> None:
+    """One-line errors when no layout fits, the rate is above every layout, or no layout meets a limit
+    (naming the best one reached)."""
+    from ndplan.errors import NdplanError
+    if not any(r.estimate.fits for r in rows):
+        raise NdplanError("--gpus", gpus, f"no layout of {spec.name} fits its weights and one request's KV cache "
+                          f"on {gpus} x {hw.name}", "add GPUs, use --weight-dtype fp8 or int4, or raise "
+                          "--engine-mem-fraction")
+    if kw["rate"] is not None and not any(r.total_output_tokens_per_s for r in rows):
+        raise NdplanError("--rate", kw["rate"], "above every layout's max-load throughput", "lower the rate or add GPUs")
+    if any(r.meets for r in rows) or (kw["ttft_s"] is None and kw["tpot_s"] is None):
+        return
+    by_tpot = kw["tpot_s"] is not None
+    best = min((r for r in rows if r.estimate.fits),
+               key=lambda r: r.estimate.tpot_s if by_tpot else r.estimate.ttft_s)
+    field, value = ("--tpot-ms", kw["tpot_s"] * 1e3) if by_tpot else ("--ttft-ms", kw["ttft_s"] * 1e3)
+    raise NdplanError(field, value, f"no layout meets it; the best is TPOT {best.estimate.tpot_s * 1e3:.1f} ms / TTFT "
+                      f"{best.estimate.ttft_s * 1e3:.0f} ms at tp {best.estimate.layout.tp}, pp {best.estimate.layout.pp}",
+                      "relax the limit, lower the load or add GPUs")
+
+
+def _layout_label(r) -> str:
+    lay = r.estimate.layout
+    return (f"tp{lay.tp}/pp{lay.pp}{'/ep' + str(lay.ep) if lay.ep > 1 else ''}"
+            f"{'/dpa' + str(lay.dp_attention) if lay.dp_attention > 1 else ''}")
+
+
+def _print_search(spec, hw, o: dict, kw: dict, rows, command, terms) -> None:
+    from ndplan.serve.search import pareto
+    good = [r for r in rows if r.meets]
+    click.echo(f"{spec.name} on {o['gpus']} x {hw.name}, {kw['engine_name']}, ISL {kw['isl']} / OSL {kw['osl']}, weights "
+               f"{o['weight_dtype']}, KV {kw['kv_dtype']}: {len(rows)} layouts, {len(good)} meet the limits")
+    for line in _rows_text(rows, o["top"]):
+        click.echo(line)
+    click.echo("Pareto front (TPOT vs output tok/s/GPU): " + ", ".join(
+        f"{_layout_label(r)} {r.estimate.tpot_s * 1e3:.1f} ms {r.per_budget_gpu:.0f}" for r in pareto(rows)))
+    for t in terms or ():
+        click.echo(f"{t['key']} = {t['value']:.6g} {t['unit']}  ({t['source']}; {t['note']})")
+        click.echo(f"    = {t['formula']}")
+    if command:
+        click.echo(f"launch ({o['emit_engine']}, the first layout, one replica):")
+        click.echo(command)
+
+
+def _search(spec, hw, o: dict, kw: dict) -> None:
+    from ndplan.serve.search import pareto, serve_search
+    rows = serve_search(spec, hw, o["gpus"], **kw)
+    _check_rows(spec, hw, o["gpus"], rows, kw)
+    good = [r for r in rows if r.meets]
+    first = good[0] if good else rows[0]
+    command = (_launch(o["emit_engine"], o["model"], first, kw, o["engine_mem_fraction"],
+                       o["max_model_len"] or kw["isl"] + kw["osl"]) if o["emit_engine"] else None)
+    terms = _explained(spec, hw, first, kw, kw["isl"], kw["osl"]) if o["explain"] else None
+    if o["as_json"]:
+        click.echo(json.dumps({"model": spec.name, "hardware": hw.name, "gpus": o["gpus"], "engine": kw["engine_name"],
+                               "isl": kw["isl"], "osl": kw["osl"], "candidates": [r.to_json() for r in rows],
+                               "pareto": [r.to_json() for r in pareto(rows)], "launch": command,
+                               "terms": terms}, indent=2))
+        return
+    _print_search(spec, hw, o, kw, rows, command, terms)
+    if not good:
+        raise SystemExit(1)
+
+
 def register(main):
     @main.command("serve")
-    @functools.partial(apply, MODEL)
-    @click.option("--gpus", type=DEVICES, default=8, show_default=True, help="GPUs to serve on (replicas fill them).")
-    @click.option("--isl", type=SEQ, required=True, help="Input (prompt) tokens per request.")
-    @click.option("--osl", type=SEQ, required=True, help="Output tokens per request.")
-    @click.option("--concurrency", type=Count(hi=10 ** 9, what="a number of requests"), default=None,
-                  help="Requests in flight over all replicas (default: max load, every replica as full as its "
-                       "KV cache and the engine's batch limit allow).")
-    @click.option("--rate", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="requests per second")),
-                  default=None, help="Requests per second over all replicas (instead of --concurrency).")
-    @click.option("--ttft-ms", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="milliseconds")), default=None,
-                  help="Latency limit: time to first token.")
-    @click.option("--tpot-ms", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e9, what="milliseconds")), default=None,
-                  help="Latency limit: time per output token.")
-    @click.option("--tp", type=DEGREE, default=None, help="Fix the tensor-parallel degree (default: search).")
-    @click.option("--pp", type=DEGREE, default=None, help="Fix the pipeline-parallel degree.")
-    @click.option("--ep", type=DEGREE, default=None, help="Fix the expert-parallel degree (divides tp).")
-    @click.option("--dp-attention", type=DEGREE, default=None,
-                  help="Fix the attention data-parallel degree (divides tp; SGLang --enable-dp-attention --dp, "
-                       "TensorRT-LLM enable_attention_dp: = tp).")
-    @click.option("--engine", "engine_name", type=click.Choice(list(ENGINES)), default=None,
-                  help="Serving engine: its KV-pool rule, page size and batch limits (default: --emit's, else vllm).")
-    @click.option("--emit", "emit_engine", type=click.Choice(list(EMIT_ENGINES)), default=None,
-                  help="Print the best layout's launch command for that engine (vllm serve, sglang.launch_server, "
-                       "trtllm-serve with its --config file).")
-    @click.option("--engine-mem-fraction", type=FRACTION, default=None,
-                  help="The engine's own memory knob: vLLM gpu_memory_utilization (of total, default 0.9), SGLang "
-                       "mem_fraction_static (weights + KV of total, 0.88), TensorRT-LLM free_gpu_memory_fraction "
-                       "(of what is free after loading, 0.9).")
-    @click.option("--max-model-len", type=SEQ, default=None,
-                  help="Longest request the engine accepts (default: the model's context).")
-    @click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="bf16", show_default=True,
-                  help="KV-cache dtype.")
-    @click.option("--weight-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="bf16", show_default=True,
-                  help="Weights of the decoder layers' linears (int4: weight-only, group 128).")
-    @click.option("--find-min-gpus", is_flag=True,
-                  help="Find the fewest GPUs (powers of two) that carry the load (--rate or --concurrency) "
-                       "within the latency limits.")
-    @click.option("--disaggregate", is_flag=True,
-                  help="Size a prefill pool and a decode pool apart for --rate (prefill-decode disaggregation): "
-                       "each pool's layout needing the fewest GPUs (up to 64 per instance; --gpus is not used), "
-                       "TTFT with the KV cache's transfer, TPOT without prompts in the step.")
-    @click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print.")
-    @click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON.")
-    @click.option("--explain", "explain", is_flag=True,
-                  help="Print the first layout's Terms: value, unit, source and closed form (memory over tp "
-                       "and dpa, the step over the batch B, context CTX, prompt tokens P and their context PCTX).")
-    def serve_cmd(model, hardware, gpus, isl, osl, concurrency, rate, ttft_ms, tpot_ms, tp, pp, ep, dp_attention,
-                  engine_name, emit_engine, engine_mem_fraction, max_model_len, kv_dtype, weight_dtype, find_min_gpus,
-                  disaggregate, top, as_json, explain):
+    @functools.partial(apply, MODEL + SERVE_OPTIONS)
+    def serve_cmd(**o):
         """Plan serving: memory, KV capacity, latency and throughput of every layout.
 
         Sweeps tp, pp, ep and attention-DP on the GPU budget (replicas fill it), runs each
@@ -141,85 +249,11 @@ def register(main):
           ndplan serve -m llama3.1-70b -H h100-sxm --isl 2000 --osl 500 --rate 20 --ttft-ms 1000 --tpot-ms 50 --disaggregate
         """
         from ndplan.catalog import load_hardware, load_model
-        from ndplan.errors import NdplanError
-        from ndplan.serve.layout import WeightRecipe
-        from ndplan.serve.search import min_gpus, pareto, serve_search
-        spec, hw = load_model(model), load_hardware(hardware)
-        _check_lengths(spec, isl, osl, max_model_len)
-        if engine_name and emit_engine and engine_name != emit_engine:
-            raise NdplanError("--emit", emit_engine, f"differs from --engine {engine_name}, whose memory rule was "
-                              "planned", "give the same engine to both, or --emit alone")
-        engine_name = engine_name or emit_engine or "vllm"
-        if find_min_gpus and concurrency is None and rate is None:
-            raise NdplanError("--find-min-gpus", True, "needs a load", "give --rate or --concurrency")
-        fixed = {k: v for k, v in (("tp", tp), ("pp", pp), ("ep", ep), ("dp_attention", dp_attention)) if v}
-        kw = dict(isl=isl, osl=osl, concurrency=concurrency, rate=rate,
-                  ttft_s=None if ttft_ms is None else ttft_ms / 1e3, tpot_s=None if tpot_ms is None else tpot_ms / 1e3,
-                  recipe=WeightRecipe(weight_dtype), kv_dtype=kv_dtype, engine_name=engine_name,
-                  mem_fraction=engine_mem_fraction, fixed=fixed)
-        if disaggregate:
-            given = [name for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep), ("--dp-attention", dp_attention),
-                                          ("--concurrency", concurrency), ("--emit", emit_engine),
-                                          ("--explain", explain), ("--find-min-gpus", find_min_gpus)) if v]
-            if given:
-                raise NdplanError(given[0], True, "does not apply to --disaggregate, which sizes both pools itself",
-                                  "leave it out")
-            _disaggregate(spec, hw, kw, rate, as_json)
-            return
-        if find_min_gpus:
-            found = min_gpus(spec, hw, **kw)
-            if found is None:
-                raise NdplanError("--find-min-gpus", True, f"no GPU count up to {limits.MAX_DEVICES:,} carries the load "
-                                  "within the limits", "lower the load or relax --ttft-ms / --tpot-ms")
-            gpus, row = found
-            if as_json:
-                click.echo(json.dumps({"min_gpus": gpus, "best": row.to_json()}, indent=2))
-                return
-            click.echo(f"fewest GPUs: {gpus} ({spec.name} on {hw.name}, {engine_name}, ISL {isl} / OSL {osl})")
-            for line in _rows_text([row], 1):
-                click.echo(line)
-            return
-        rows = serve_search(spec, hw, gpus, **kw)
-        good = [r for r in rows if r.meets]
-        if not any(r.estimate.fits for r in rows):
-            raise NdplanError("--gpus", gpus, f"no layout of {spec.name} fits its weights and one request's KV cache "
-                              f"on {gpus} x {hw.name}", "add GPUs, use --weight-dtype fp8 or int4, or raise "
-                              "--engine-mem-fraction")
-        if rate is not None and not any(r.total_output_tokens_per_s for r in rows):
-            raise NdplanError("--rate", rate, "above every layout's max-load throughput", "lower the rate or add GPUs")
-        if not good and (ttft_ms is not None or tpot_ms is not None):
-            best = min((r for r in rows if r.estimate.fits), default=None,
-                       key=lambda r: r.estimate.tpot_s if tpot_ms is not None else r.estimate.ttft_s)
-            field, value = ("--tpot-ms", tpot_ms) if tpot_ms is not None else ("--ttft-ms", ttft_ms)
-            what = "no layout fits" if best is None else (
-                f"no layout meets it; the best is TPOT {best.estimate.tpot_s * 1e3:.1f} ms / TTFT "
-                f"{best.estimate.ttft_s * 1e3:.0f} ms at tp {best.estimate.layout.tp}, pp {best.estimate.layout.pp}")
-            raise NdplanError(field, value, what, "relax the limit, lower the load or add GPUs")
-        command = _launch(emit_engine, model, good[0] if good else rows[0], kw, engine_mem_fraction,
-                          max_model_len or isl + osl) if emit_engine else None
-        first = good[0] if good else rows[0]
-        terms = _explained(spec, hw, first, kw, isl, osl) if explain else None
-        if as_json:
-            click.echo(json.dumps({"model": spec.name, "hardware": hw.name, "gpus": gpus, "engine": engine_name,
-                                   "isl": isl, "osl": osl, "candidates": [r.to_json() for r in rows],
-                                   "pareto": [r.to_json() for r in pareto(rows)], "launch": command,
-                                   "terms": terms}, indent=2))
-            return
-        click.echo(f"{spec.name} on {gpus} x {hw.name}, {engine_name}, ISL {isl} / OSL {osl}, weights {weight_dtype}, "
-                   f"KV {kv_dtype}: {len(rows)} layouts, {len(good)} meet the limits")
-        for line in _rows_text(rows, top):
-            click.echo(line)
-        front = pareto(rows)
-        click.echo("Pareto front (TPOT vs output tok/s/GPU): " + ", ".join(
-            f"tp{r.estimate.layout.tp}/pp{r.estimate.layout.pp}"
-            f"{'/ep' + str(r.estimate.layout.ep) if r.estimate.layout.ep > 1 else ''}"
-            f"{'/dpa' + str(r.estimate.layout.dp_attention) if r.estimate.layout.dp_attention > 1 else ''} "
-            f"{r.estimate.tpot_s * 1e3:.1f} ms {r.per_budget_gpu:.0f}" for r in front))
-        for t in terms or ():
-            click.echo(f"{t['key']} = {t['value']:.6g} {t['unit']}  ({t['source']}; {t['note']})")
-            click.echo(f"    = {t['formula']}")
-        if command:
-            click.echo(f"launch ({emit_engine}, the first layout, one replica):")
-            click.echo(command)
-        if not good:
-            raise SystemExit(1)
+        spec, hw = load_model(o["model"]), load_hardware(o["hardware"])
+        kw = _settings(spec, o)
+        if o["disaggregate"]:
+            _disaggregate(spec, hw, kw, o["rate"], o["as_json"])
+        elif o["find_min_gpus"]:
+            _min_gpus(spec, hw, kw, o["as_json"])
+        else:
+            _search(spec, hw, o, kw)

@@ -27,7 +27,7 @@ from ndplan.serve import memory as SM
 from ndplan.serve.engines import engine
 from ndplan.serve.estimate import StepKernel, engine_layout, serve_estimate
 from ndplan.serve.layout import ServeLayout, WeightRecipe
-from ndplan.serve.search import candidate_layouts
+from ndplan.serve.search import candidate_layouts, largest_true
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,7 @@ def _decode(spec, hw, lay, kernel, isl, osl, tpot_s, run) -> tuple[float, float,
         return sum(kernel(b, isl + osl / 2, 0, 0).values())
     if tpot_s is not None and tpot(1) > tpot_s:
         return None
-    lo, hi = 1, cap
-    if tpot_s is None or tpot(cap) <= tpot_s:
-        lo = cap
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if tpot(mid) <= tpot_s else (lo, mid)
+    lo = largest_true(1, cap, lambda b: tpot_s is None or tpot(b) <= tpot_s)
     return lo * lay.dp_attention * lay.pp / (max(1, osl - 1) * tpot(lo)), tpot(lo), lo  # the prefill made token 1
 
 

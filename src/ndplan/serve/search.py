@@ -167,21 +167,24 @@ def serve_search(spec: ModelSpec, hw: Hardware, gpus: int, *, isl: int, osl: int
     return sorted(rows, key=lambda r: (not r.meets, -r.per_budget_gpu, r.estimate.devices, r.estimate.layout.tp))
 
 
+def largest_true(lo: int, hi: int, ok) -> int:
+    """The largest x in lo..hi with ok(x), for ok true at lo and monotone (true, then false)."""
+    if ok(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
 def _largest_meeting(run, ttft_s, tpot_s) -> ServeEstimate:
-    """Max load, or under latency limits the largest concurrency meeting them (bisection)."""
+    """Max load, or under latency limits the largest concurrency meeting them (TTFT and TPOT grow with it)."""
     top = run(None)
     if (ttft_s is None and tpot_s is None) or not top.fits or not _meets(top, ttft_s, tpot_s):
         return top
-    lo, hi = 1, top.concurrency
-    if _meets(run(1), ttft_s, tpot_s):
+    if _meets(run(1), ttft_s, tpot_s):  # not even one request meets them: report that one
         return run(1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _meets(run(mid), ttft_s, tpot_s):
-            hi = mid
-        else:
-            lo = mid
-    return run(lo)
+    return run(largest_true(1, top.concurrency, lambda c: not _meets(run(c), ttft_s, tpot_s)))
 
 
 def pareto(rows: list[ServeRow]) -> list[ServeRow]:
