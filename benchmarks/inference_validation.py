@@ -9,7 +9,9 @@ unsupported with the reason):
   DeepSeek-R1 and V3 rows deepseek-v3's); gpt-oss-120b has no catalog entry.
 * hardware: the catalog preset of the GPU; RTX 3090 / RTX PRO 6000 / unnamed 80 GB GPUs have none
   (their memory rows use the logged total_gpu_memory with the H100's rates: memory only).
-* engine: TensorRT-LLM, NIM and NVIDIA's MLPerf harness -> trtllm; SGLang -> sglang; vLLM -> vllm.
+* engine: trtllm-bench rows (TensorRT-LLM's performance overviews) -> trtllm-bench, whose batch
+  limits are trtllm-bench's own tuning heuristic (serve/engines.py trtllm_bench_limits), never a
+  per-row batch; NIM and NVIDIA's MLPerf harness -> trtllm; SGLang -> sglang; vLLM -> vllm.
 * weights: fp8 when the precision says fp8, else 16-bit; nvfp4 is not modelled. KV cache fp8 where
   the row states it (the DeepSeek rows) and for NVIDIA's ModelOpt FP8 checkpoints, whose
   hf_quant_config.json carries kv_cache_quant_algo FP8 (ModelOpt's export, the form its own
@@ -58,7 +60,7 @@ MODELS = (("deepseek", "deepseek-v3"), ("llama-3.3-70b", "llama3.1-70b"), ("llam
           ("llama2-70b", "llama2-70b"), ("llama 8b", "llama3-8b"), ("llama 70b", "llama3-70b"), ("mixtral", "mixtral-8x7b"))
 HARDWARE = {"H100-SXM5-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "B200-180GB": "b200", "H800-SXM-80GB": "h800",
             "A100-SXM4-80GB": "a100-80gb"}
-ENGINES = (("tensorrt", "trtllm"), ("nim", "trtllm"), ("mlperf", "trtllm"), ("sglang", "sglang"), ("vllm", "vllm"))
+ENGINES = (("trtllm-bench", "trtllm-bench"), ("tensorrt", "trtllm"), ("nim", "trtllm"), ("mlperf", "trtllm"), ("sglang", "sglang"), ("vllm", "vllm"))
 
 
 class Unsupported(Exception):

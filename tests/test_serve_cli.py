@@ -72,3 +72,25 @@ def test_explain_prints_every_term_with_its_formula():
     terms = {t["key"]: t for t in json.loads(r.output)["terms"]}
     assert {"serve.weights", "serve.kv_per_token", "serve.step.gemm", "serve.step.attention"} <= set(terms)
     assert "Max" in terms["serve.kv_per_token"]["formula"] and terms["serve.kv_per_token"]["value"] == 131072
+
+
+def test_report_tables_match_the_json_and_carry_the_terms(tmp_path):
+    args = ("-m", "llama3.1-70b", "--gpus", "8", "--isl", "2000", "--osl", "500", "--tpot-ms", "50")
+    doc = json.loads(_run(*args, "--json").output)
+    r = _run(*args, "--report", str(tmp_path / "s.md"))
+    assert r.exit_code == 0, r.output
+    layouts = json.loads((tmp_path / "s_layouts.json").read_text())
+    assert [(x["tp"], x["pp"], x["tpot_s"]) for x in layouts] == [(c["tp"], c["pp"], c["tpot_s"])
+                                                                   for c in doc["candidates"]]
+    pareto = json.loads((tmp_path / "s_pareto.json").read_text())
+    assert [(x["tp"], x["pp"]) for x in pareto] == [(c["tp"], c["pp"]) for c in doc["pareto"]]
+    text = (tmp_path / "s.md").read_text()
+    for key in ("serve.weights", "serve.kv_pool", "serve.max_concurrency", "serve.step.gemm", "serve.ttft",
+                "serve.output_tokens_per_s_per_gpu"):
+        assert f"`{key}`" in text
+
+
+@pytest.mark.parametrize("extra", [("--disaggregate", "--rate", "5"), ("--find-min-gpus", "--rate", "5")])
+def test_report_refused_where_there_is_no_search(tmp_path, extra):
+    r = _run("-m", "llama3.1-8b", "--isl", "100", "--osl", "10", *extra, "--report", str(tmp_path / "x.md"))
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--report" in r.output, r.output

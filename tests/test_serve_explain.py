@@ -36,3 +36,20 @@ def test_the_step_kernel_equals_its_sympy_terms(b, ctx, p, pctx, other, tp, moe)
         ST.B: b, ST.CTX: ctx, ST.P: p, ST.PCTX: pctx, ST.OTHER: other}
     for t in ST.step_terms(spec, lay, WeightRecipe(), "bf16"):
         assert kernel[t.key] == pytest.approx(float(t.expr.subs(values)), rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("name, layout, conc", [("llama3.1-8b", dict(tp=1), None), ("llama3.1-70b", dict(tp=4, pp=2), 400),
+                                                ("qwen3-30b-a3b", dict(tp=4, ep=4, dp_attention=4), None)])
+def test_explained_derived_numbers_are_the_estimates(name, layout, conc):
+    """--explain's pool, capacity, concurrency, TPOT, TTFT and throughput rows evaluate their printed
+    formula to the very numbers the estimate ranks by (one function, serve/derived.py)."""
+    spec = ndplan.load_model(name)
+    lay = ServeLayout(**layout).check(spec)
+    est = serve_estimate(spec, HW, lay, isl=2000, osl=300, concurrency=conc)
+    rows = {r["key"]: r["value"] for r in explain_rows(spec, HW, est, WeightRecipe(), "bf16", 2000, 300)}
+    assert rows["serve.kv_cache_tokens"] == est.kv_cache_tokens
+    assert rows["serve.max_concurrency"] == est.max_concurrency
+    assert rows["serve.tpot"] == est.tpot_s
+    assert rows["serve.ttft"] == pytest.approx(est.ttft_s, rel=1e-12)
+    assert rows["serve.output_tokens_per_s_per_gpu"] == pytest.approx(est.output_tokens_per_s_per_gpu, rel=1e-12)
+    assert rows["serve.kv_pool"] == pytest.approx(est.details["pool_bytes"], rel=1e-12)

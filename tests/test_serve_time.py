@@ -79,3 +79,27 @@ def test_batch_latency_is_one_prefill_and_the_decode_steps():
     k = _kernel()
     expect = sum(k(0, 0, 8 * 32, 16).values()) + 127 * sum(k(8, 32 + 64, 0, 0).values())
     assert batch_latency_s(k, 8, 32, 128) == pytest.approx(expect, rel=1e-12)
+
+
+def test_host_step_is_in_every_step_once():
+    """serve.step.host is the same at any batch and adds to the roofline terms (time.HOST_STEP_S)."""
+    from ndplan.serve.time import HOST_STEP_S
+    k = _kernel()
+    assert k(1, 1000, 0, 0)["serve.step.host"] == k(256, 4000, 512, 500)["serve.step.host"] == HOST_STEP_S
+
+
+def test_trtllm_bench_limits_by_hand():
+    """tensorrt_llm/bench/build/tuning.py worked by hand. Llama-3.3-70B FP8 (70,553,706,496 params), FP8 KV,
+    tp 2 on 139.59 GiB devices, ISL = OSL = 1024, fraction 0.9: per token 2 x 80 x max(2, 8) x 128 x 1 B;
+    (2 x 139.59 - 65.71 GiB) x 0.9 / (that x 2048) = 614.8 requests -> 128 x ceil(614.8 / 128) = 640;
+    tokens 614.8 x 2 = 1229.6 -> at least 2048, and at least ISL + batch = 1664 (no chunked prefill).
+    DeepSeek-R1 FP8 (its config's 128 KV heads of hidden / heads = 56, 61 layers, 682.6e9 params with
+    the MTP module) at tp 8 on H200: 260 requests -> 128 x ceil(260 / 128) = 384 per rank."""
+    from ndplan.serve.engines import trtllm_bench_limits
+    assert trtllm_bench_limits(70_553_706_496, 1.0, 8, 128, 80, 1, 139.59, 2, 1, 1024, 1024, 0.9) == (640, 2048)
+    per_token = 2 * 61 * 128 * 56 / 2 ** 30
+    requests = (8 * 139.59 - 682.6e9 / 2 ** 30) * 0.9 / (per_token * 2048)
+    assert 256 < requests < 384
+    assert trtllm_bench_limits(682_600_000_000, 1.0, 128, 56, 61, 1, 139.59, 8, 1, 1024, 1024, 0.9) == (384, 2048)
+    # a long prompt without chunked prefill: max_num_tokens covers it
+    assert trtllm_bench_limits(70_553_706_496, 1.0, 8, 128, 80, 1, 139.59, 2, 1, 8192, 1024, 0.9)[1] >= 8192

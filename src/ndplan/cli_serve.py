@@ -10,6 +10,7 @@ import click
 from ndplan import limits
 from ndplan.cli_options import MODEL, apply
 from ndplan.cli_types import DEGREE, DEVICES, FRACTION, SEQ, TOP, Count, Real
+from ndplan.report import cli as report_cli
 from ndplan.serve.emit import EMIT_ENGINES
 from ndplan.serve.engines import ENGINES
 from ndplan.serve.layout import KV_DTYPES, WEIGHT_DTYPES
@@ -115,6 +116,7 @@ SERVE_OPTIONS = [
                       "TTFT with the KV cache's transfer, TPOT without prompts in the step."),
     click.option("--top", type=TOP, default=10, show_default=True, help="Rows to print."),
     click.option("--json", "as_json", is_flag=True, help="Print every layout as JSON."),
+    report_cli._REPORT,
     click.option("--explain", "explain", is_flag=True,
                  help="Print the first layout's Terms: value, unit, source and closed form (memory over tp "
                       "and dpa, the step over the batch B, context CTX, prompt tokens P and their context PCTX)."),
@@ -133,10 +135,14 @@ def _settings(spec, o: dict) -> dict:
                           "was planned", "give the same engine to both, or --emit alone")
     if o["find_min_gpus"] and o["concurrency"] is None and o["rate"] is None:
         raise NdplanError("--find-min-gpus", True, "needs a load", "give --rate or --concurrency")
+    if o["find_min_gpus"] and o["report_path"]:
+        raise NdplanError("--report", o["report_path"], "reports the search on --gpus, not --find-min-gpus",
+                          "run the search at the GPU count found, with --report")
     if o["disaggregate"]:
         given = [flag for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--ep", "ep"), ("--dp-attention", "dp_attention"),
                                         ("--concurrency", "concurrency"), ("--emit", "emit_engine"),
-                                        ("--explain", "explain"), ("--find-min-gpus", "find_min_gpus")) if o[key]]
+                                        ("--explain", "explain"), ("--find-min-gpus", "find_min_gpus"),
+                                        ("--report", "report_path")) if o[key]]
         if given:
             raise NdplanError(given[0], True, "does not apply to --disaggregate, which sizes both pools itself",
                               "leave it out")
@@ -207,6 +213,15 @@ def _print_search(spec, hw, o: dict, kw: dict, rows, command, terms) -> None:
         click.echo(command)
 
 
+def _report_inputs(spec, hw, o: dict, kw: dict, rows) -> dict:
+    limits_ms = {k: v * 1e3 for k, v in (("TTFT limit ms", kw["ttft_s"]), ("TPOT limit ms", kw["tpot_s"])) if v}
+    load = ({"concurrency": kw["concurrency"]} if kw["concurrency"] else {"rate req/s": kw["rate"]} if kw["rate"]
+            else {"load": "max load"})
+    return {"model": spec.name, "hardware": hw.name, "gpus": o["gpus"], "engine": kw["engine_name"], "isl": kw["isl"],
+            "osl": kw["osl"], **load, **limits_ms, "weights": o["weight_dtype"], "kv cache": kw["kv_dtype"],
+            "layouts": f"{len(rows)}, {sum(r.meets for r in rows)} meet the limits"}
+
+
 def _search(spec, hw, o: dict, kw: dict) -> None:
     from ndplan.serve.search import pareto, serve_search
     rows = serve_search(spec, hw, o["gpus"], **kw)
@@ -215,7 +230,9 @@ def _search(spec, hw, o: dict, kw: dict) -> None:
     first = good[0] if good else rows[0]
     command = (_launch(o["emit_engine"], o["model"], first, kw, o["engine_mem_fraction"],
                        o["max_model_len"] or kw["isl"] + kw["osl"]) if o["emit_engine"] else None)
-    terms = _explained(spec, hw, first, kw, kw["isl"], kw["osl"]) if o["explain"] else None
+    terms = _explained(spec, hw, first, kw, kw["isl"], kw["osl"]) if o["explain"] or o["report_path"] else None
+    report_cli.serve(_report_inputs(spec, hw, o, kw, rows), rows, pareto(rows), terms, o)
+    terms = terms if o["explain"] else None
     if o["as_json"]:
         click.echo(json.dumps({"model": spec.name, "hardware": hw.name, "gpus": o["gpus"], "engine": kw["engine_name"],
                                "isl": kw["isl"], "osl": kw["osl"], "candidates": [r.to_json() for r in rows],

@@ -81,6 +81,13 @@ class ModelSpec:
     # --- MTP ---
     mtp_layers: int = 0
     """num_nextn_predict_layers: MTP modules after the last decoder layer (last stage)."""
+    # --- attention span ---
+    attention_windows: tuple[int, ...] = ()
+    """Per decoder layer, the sliding window in tokens (a query attends to the last ``window`` keys,
+    itself included), 0 for full causal attention; empty when every layer is full (``_windows``
+    reads the Hugging Face fields). Serving reads it (the KV cache and decode reads of a sliding
+    layer stop growing at the window); the training formulas cost every layer as full attention
+    (``warn_long_seq`` says so past the window)."""
     # --- measured inputs ---
     traced: object = None
     """formulas.traced.TracedActivations: the activation bytes ``ndplan trace`` measured on the
@@ -173,16 +180,36 @@ class ModelSpec:
         if len(self.layer_kinds) != self.num_hidden_layers:
             raise NdplanError("layer_kinds", len(self.layer_kinds),
                               f"not one kind per layer ({self.num_hidden_layers})", "give one kind per layer")
+        if self.attention_windows and len(self.attention_windows) != self.num_hidden_layers:
+            raise NdplanError("attention_windows", len(self.attention_windows),
+                              f"not one window per layer ({self.num_hidden_layers})", "give one window per layer")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in self.attention_windows):
+            raise NdplanError("sliding_window", self.attention_windows, "not a whole number of tokens >= 0",
+                              "fix the model file")
         if self.learned_positions and self.max_position_embeddings <= 0:
             raise NdplanError("max_position_embeddings", self.max_position_embeddings,
                               "learned positions need a positive max_position_embeddings",
                               "add max_position_embeddings")
 
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window in tokens, 0 for full attention."""
+        return self.attention_windows[layer] if self.attention_windows else 0
+
+    @property
+    def sliding_layers(self) -> int:
+        return sum(1 for w in self.attention_windows if w)
+
     def warn_long_seq(self, seq: int) -> None:
-        """A warning (not an error) when ``seq`` exceeds max_position_embeddings."""
+        """A warning (not an error) when ``seq`` exceeds max_position_embeddings, or the smallest
+        sliding window (the training formulas cost those layers as full attention)."""
         if self.max_position_embeddings and seq > self.max_position_embeddings:
             warn("seq", seq, f"above {self.name}'s max_position_embeddings={self.max_position_embeddings}",
                  "the estimate assumes the model runs at this length (e.g. after RoPE scaling)")
+        windows = [w for w in self.attention_windows if w]
+        if windows and seq > min(windows):
+            warn("seq", seq, f"above {self.name}'s sliding window of {min(windows)} tokens "
+                 f"({len(windows)} of {self.num_hidden_layers} layers)",
+                 "training estimates cost those layers as full attention (an upper bound on their FLOPs)")
 
 
 POSITIVE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -253,6 +280,48 @@ def _layer_kinds(cfg: dict, model_type: str, L: int, n_experts: int, where: str)
     return tuple(kinds)
 
 
+#: model_type values whose sliding_window, when set, applies to every layer (transformers' Mistral
+#: and Mixtral attention pass ``sliding_window=config.sliding_window`` to every layer).
+EVERY_LAYER_WINDOW_TYPES = frozenset({"mistral", "mixtral"})
+
+
+def _windows(cfg: dict, model_type: str, L: int, where: str) -> tuple[int, ...]:
+    """Per-layer sliding windows from the Hugging Face fields (0: full attention):
+    ``layer_types`` ("sliding_attention" / "full_attention", gpt-oss, Gemma 3, newer configs)
+    with ``sliding_window``; else by model_type: Mistral and Mixtral every layer; Gemma 2 the even
+    layers (``is_sliding = not bool(layer_idx % 2)``); Gemma 3's older configs every layer but each
+    ``sliding_window_pattern``-th; Qwen2 and Qwen3 only under ``use_sliding_window``, layers from
+    ``max_window_layers`` on. Anything else: full attention."""
+    w = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != L or not all(isinstance(t, str) for t in types):
+            raise NdplanError("layer_types", types, f"not one layer type per layer ({L}) in {where}",
+                              'list "full_attention" or "sliding_attention" per layer')
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise NdplanError("layer_types", unknown[0], f"in {where}: a layer kind ndplan does not model",
+                              "use a config whose layers are full_attention or sliding_attention")
+        if "sliding_attention" in types:
+            window = _int_field(cfg, where, "sliding_window", lo=1)
+            return tuple(window if t == "sliding_attention" else 0 for t in types)
+        return ()
+    if w is None or cfg.get("use_sliding_window") is False:
+        return ()
+    window = _int_field(cfg, where, "sliding_window", lo=1)
+    if model_type in EVERY_LAYER_WINDOW_TYPES:
+        return (window,) * L
+    if model_type == "gemma2":
+        return tuple(0 if i % 2 else window for i in range(L))
+    if model_type.startswith("gemma3") and cfg.get("sliding_window_pattern"):
+        n = _int_field(cfg, where, "sliding_window_pattern", lo=1)
+        return tuple(0 if (i + 1) % n == 0 else window for i in range(L))
+    if model_type.startswith(("qwen2", "qwen3")) and cfg.get("use_sliding_window"):
+        first = _int_field(cfg, where, "max_window_layers", default=0)
+        return tuple(window if i >= first else 0 for i in range(L))
+    return ()
+
+
 def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
     """Build a ModelSpec from a mapping with HF config.json field names."""
     model_type = str(_first(cfg, "model_type", default="")).lower()
@@ -313,6 +382,7 @@ def model_from_config(cfg: dict, name: str, where: str) -> ModelSpec:
         qk_rope_head_dim=_int_field(cfg, where, "qk_rope_head_dim", default=0) if kv_lora else 0,
         v_head_dim=_int_field(cfg, where, "v_head_dim", default=0) if kv_lora else 0,
         mtp_layers=_int_field(cfg, where, "num_nextn_predict_layers", default=0),
+        attention_windows=_windows(cfg, model_type, L, where),
     )
     return spec
 

@@ -6,19 +6,20 @@ tables.py    tables of a sweep, an estimate and a balance run
 figures.py   matplotlib figures (optional extra ``ndplan[plot]``), PNG bytes
 pipeline.py  PPB balance + discrete-event replay of a candidate for the timeline
 build.py     assemble a Report from a SweepResult, an Estimate or a balance run
+serve.py     the Report of ``ndplan serve``
 render.py    Markdown / HTML writers
 cli.py       the ``--report`` / ``--csv`` option block shared by the commands
 """
 
 import importlib as _importlib
 
-_EXPORTS = {"balance_report": "build", "estimate_report": "build", "sweep_report": "build",
+_EXPORTS = {"balance_report": "build", "estimate_report": "build", "sweep_report": "build", "serve_report": "serve",
             "PLOT_MISSING": "notes", "have_matplotlib": "figures", "Figure": "model", "Report": "model",
             "Table": "model", "write_report": "render"}
 """Name -> the submodule defining it, imported on first use (PEP 562): the commands' option
 block (cli.py) loads without the report builders and SymPy."""
 
-__all__ = ["Report", "Table", "Figure", "sweep_report", "estimate_report", "balance_report",
+__all__ = ["Report", "Table", "Figure", "sweep_report", "estimate_report", "balance_report", "serve_report",
            "write_report", "have_matplotlib", "PLOT_MISSING"]
 
 

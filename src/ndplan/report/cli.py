@@ -1,5 +1,5 @@
-"""The ``--report`` / ``--csv`` option block of ``ndplan sweep``, ``estimate`` and
-``balance``: one decorator and one call per command. Messages go to stderr so that
+"""The ``--report`` / ``--csv`` option block of ``ndplan sweep``, ``estimate``, ``balance``
+and (``--report`` alone) ``serve``: one decorator and one call per command. Messages go to stderr so that
 ``--json`` / ``--csv`` output stays clean."""
 
 from __future__ import annotations
@@ -66,3 +66,10 @@ def balance(out: dict, sim, inputs: dict, kw: dict) -> bool:
         click.echo(balance_stage_table(out).to_csv(), nl=False)
         return True
     return False
+
+
+def serve(inputs: dict, rows, front, terms, kw: dict) -> None:
+    """``ndplan serve --report``."""
+    if kw.get("report_path"):
+        from ndplan.report import serve_report
+        _write(lambda: serve_report(inputs, rows, front, terms), kw["report_path"])

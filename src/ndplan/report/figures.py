@@ -216,3 +216,21 @@ def timeline_plot(sim: SimResult, title: str = ""):
     mem.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
                ncols=1 if pp <= 12 else 2)
     return fig
+
+
+def serve_plot(rows, front):
+    """``ndplan serve``'s layouts: TPOT (ms) against output tokens/s per GPU, the Pareto front joined,
+    layouts missing a limit hollow."""
+    fig, ax = _figure(6.5, 4.0)
+    ax = ax[0][0]
+    for meets, style in ((True, dict(color="tab:blue")), (False, dict(facecolors="none", edgecolors="tab:gray"))):
+        pts = [(r.per_budget_gpu, r.estimate.tpot_s * 1e3) for r in rows if r.meets == meets and r.estimate.fits]
+        if pts:
+            ax.scatter(*zip(*pts), s=18, label="meets the limits" if meets else "misses a limit", **style)
+    line = sorted((r.per_budget_gpu, r.estimate.tpot_s * 1e3) for r in front)
+    if line:
+        ax.plot(*zip(*line), color="tab:red", lw=1, label="Pareto front")
+    ax.set_xlabel("output tokens/s per GPU")
+    ax.set_ylabel("TPOT (ms)")
+    ax.legend(fontsize=8)
+    return fig

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from ndplan import limits
 from ndplan.errors import NdplanError
-from ndplan.serve import memory as SM
 from ndplan.serve.engines import engine
-from ndplan.serve.estimate import StepKernel, engine_layout, serve_estimate
+from ndplan.serve.estimate import StepKernel, engine_layout, request_bytes, serve_estimate
 from ndplan.serve.layout import ServeLayout, WeightRecipe
 from ndplan.serve.search import candidate_layouts, largest_true
 
@@ -56,9 +55,9 @@ def _prefill(spec, hw, lay, kernel, eng, isl, ttft_s) -> tuple[float, float, flo
     """(requests/s, TTFT, tokens per step) of one prefill instance, None when TTFT misses."""
     budget = eng.max_tokens
     step = sum(kernel(0, 0, budget, isl / 2).values())
-    kv_full = float(SM.kv_bytes_per_token(spec, ServeLayout(), kernel.kv_dtype, 0).subs(SM.values(ServeLayout())))
+    prompt_kv = request_bytes(spec, ServeLayout(), kernel.kv_dtype, 0, isl, budget, 1)  # the whole model's, unsplit
     holders = lay.attention_tp * lay.pp  # one attention-DP group holds a request's cache
-    send = isl * kv_full / (holders * hw.inter_node_gb_per_s * 1e9 * hw.inter_node_efficiency)
+    send = prompt_kv / (holders * hw.inter_node_gb_per_s * 1e9 * hw.inter_node_efficiency)
     # a full pool: wait half a step for the current one, then the prompt's share of full steps
     ttft = step / 2 + math.ceil(isl / budget) * step + send
     if ttft_s is not None and ttft > ttft_s:

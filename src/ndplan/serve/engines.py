@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ndplan import limits
 from ndplan.errors import NdplanError
+from ndplan.serve import derived
 from ndplan.units import GIB
 
 NON_TORCH_GIB = 0.35
@@ -58,6 +59,8 @@ class ServeEngine:
     self.enable_attention_dp`` (tensorrt_llm/_torch/models/modeling_qwen3.py, modeling_llama.py's
     Llama 4 shared expert); vLLM's data-parallel ranks are whole models whose MoE layers alone span
     the DP x TP expert group. SGLang splits them over all tp devices (``--moe-dense-tp-size`` unset)."""
+    bench_limits: bool = False
+    """The batch limits are trtllm-bench's own tuning heuristic (``trtllm_bench_limits``), not fixed defaults."""
     reserves_output: bool = False
     """A request holds pages for its whole ISL + OSL from admission (TensorRT-LLM's default
     GUARANTEED_NO_EVICT capacity scheduler); without it pages are taken as tokens are written and
@@ -78,6 +81,11 @@ ENGINES = {
                           "max_batch_size 2048, max_num_tokens 8192 (LLM API defaults; trtllm-serve's own "
                           "max_batch_size default differs across versions), GUARANTEED_NO_EVICT",
                           dense_with_attention_dp=True, reserves_output=True),
+    "trtllm-bench": ServeEngine("trtllm-bench", "kv_cache_free_gpu_mem_fraction", 0.9, "free_after_load", 32, 2048,
+                                8192, "trtllm-bench throughput (TensorRT-LLM's offline benchmark, PyTorch backend): "
+                                "TensorRT-LLM's rules, with max_batch_size and max_num_tokens from its tuning "
+                                "heuristic (tensorrt_llm/bench/build/tuning.py) and chunked prefill off",
+                                dense_with_attention_dp=True, reserves_output=True, bench_limits=True),
 }
 
 
@@ -91,16 +99,56 @@ def kv_pool_bytes(eng: ServeEngine, total_bytes: float, weights: float, activati
                   non_torch: float = NON_TORCH_GIB * GIB) -> float:
     """Bytes of one device's KV pool under ``eng``'s rule (module docstring); negative when the
     weights do not fit."""
-    f = eng.default_fraction if fraction is None else limits.fraction(f"--engine-mem-fraction ({eng.knob})", fraction)
-    if eng.rule == "total_minus_peak":
-        return total_bytes * f - weights - activation - non_torch
-    if eng.rule == "static":
-        return total_bytes * f - weights
-    return f * (total_bytes - weights - activation - non_torch)
+    return derived.kv_pool(eng.rule, total_bytes, mem_fraction(eng, fraction), weights, activation, non_torch)
+
+
+def mem_fraction(eng: ServeEngine, fraction: float | None) -> float:
+    """The engine's memory knob: ``fraction`` (checked) or its default."""
+    return eng.default_fraction if fraction is None else limits.fraction(f"--engine-mem-fraction ({eng.knob})", fraction)
 
 
 def kv_capacity(pool_bytes: float, kv_per_token: float, block_tokens: int) -> int:
     """Tokens one device's pool holds, in whole pages of ``block_tokens`` (0 when it is empty)."""
     if pool_bytes <= 0:
         return 0
-    return math.floor(pool_bytes / (kv_per_token * block_tokens)) * block_tokens
+    return derived.capacity_tokens(pool_bytes, kv_per_token, block_tokens)
+
+
+def _round_up(raw: float, least: int, steps: tuple[tuple[float, int], ...]) -> int:
+    """tuning.py finetune_setting's rounding: up to a multiple of the step of the first band whose
+    bound ``raw`` is under, never below ``least``."""
+    step = next(st for bound, st in steps if raw < bound)
+    return max(least, step * math.ceil(raw / step))
+
+
+BATCH_STEPS = ((256, 32), (1024, 128), (math.inf, 256))
+"""max_batch_size: at least 64, in steps of 32 below 256, 128 below 1024, else 256."""
+TOKEN_STEPS = ((4096, 256), (8192, 512), (math.inf, 1024))
+"""max_num_tokens: at least 2048, in steps of 256 below 4096, 512 below 8192, else 1024."""
+
+
+TRTLLM_BENCH_MAX_REQUESTS = 4096
+"""tuning.py caps the requests it sizes for ("avoid decoder buffer size becoming too large")."""
+TRTLLM_BENCH_MAX_TOKENS = 32768
+"""tuning.py caps the tokens per step ("avoid TRT activation buffer becoming too large")."""
+
+
+def trtllm_bench_limits(params: int, weight_bytes: float, kv_heads: int, head_dim: int, layers: int,
+                        kv_bytes: int, device_gib: float, tp: int, pp: int, isl: int, osl: int,
+                        fraction: float) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) that ``trtllm-bench throughput`` runs with when not given
+    (NVIDIA/TensorRT-LLM tensorrt_llm/bench/build/tuning.py ``calc_engine_setting`` and
+    ``finetune_setting``; bench/build/build.py ``get_benchmark_engine_settings``): it sizes the KV
+    cache as if every layer kept max(tp, num_key_value_heads) heads of head_size (for MLA models the
+    config's head count and hidden / heads, far above the latent the engine stores), over
+    tp x pp devices less the checkpoint's parameters at their bytes, and rounds the requests that
+    fit up. Its max_batch_size is per attention-DP rank (the executor admits tp x max_num_active_requests
+    under enable_attention_dp). Without chunked prefill (trtllm-bench's default) max_num_tokens is
+    raised to the longest prompt plus the batch."""
+    per_token_gib = 2 * layers * max(tp, kv_heads) * head_dim * kv_bytes / 2 ** 30
+    available_gib = device_gib * tp * pp - params * weight_bytes / 2 ** 30
+    requests = available_gib * fraction / (per_token_gib * (isl + osl))
+    raw_batch = min(requests, TRTLLM_BENCH_MAX_REQUESTS) / pp
+    batch = _round_up(raw_batch, 64, BATCH_STEPS)
+    tokens = _round_up(min(raw_batch * (1 + isl / osl), TRTLLM_BENCH_MAX_TOKENS), 2048, TOKEN_STEPS)
+    return batch, max(tokens, isl + batch)

@@ -24,9 +24,12 @@ C = R: one rule for every row (issue 17).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import sympy as sp
 
@@ -35,10 +38,12 @@ from ndplan import symbols as S
 from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
-from ndplan.lambdify import lambdify
+from ndplan.kernels import cached_kernel
 from ndplan.serve import memory as SM
 from ndplan.serve import time as ST
-from ndplan.serve.engines import NON_TORCH_GIB, ServeEngine, engine, kv_capacity, kv_pool_bytes
+from ndplan.serve import derived
+from ndplan.serve.engines import NON_TORCH_GIB, ServeEngine, engine, kv_capacity, trtllm_bench_limits
+from ndplan.serve.engines import mem_fraction as engine_fraction
 from ndplan.serve.layout import KV_DTYPES, ServeLayout, WeightRecipe
 from ndplan.units import GIB
 
@@ -70,6 +75,10 @@ class ServeEstimate:
     """serve.step.* seconds of the steady-state step."""
     step_point: dict = field(default_factory=dict)
     """The steady-state step's prompt tokens per attention-DP group (``P``)."""
+    details: dict = field(default_factory=dict)
+    """The values behind the derived numbers (serve/derived.py), for ``--explain``: the limiting
+    stage's pool and its parts, one request's KV bytes, the prompt's chunks and their step, the
+    requests running and waiting."""
 
     @property
     def devices(self) -> int:
@@ -107,32 +116,59 @@ def device_total_bytes(hw: Hardware, total_gib: float | None = None) -> float:
 
 
 _ARGS = tuple(S.HW_SYMBOLS) + (S.tp, SM.DPA) + ST.WORKLOAD_SYMBOLS
+_SERVE_DIR = Path(__file__).resolve().parent
+_SPEC_IDENTITY_SKIP = ("name", "source", "traced")
+
+
+@functools.lru_cache(maxsize=1)
+def _serve_sources_digest() -> str:
+    """sha256 of serve/*.py: with kernels.py's digest of the formula modules, what a serving kernel's
+    expressions depend on besides its key."""
+    h = hashlib.sha256()
+    for p in sorted(_SERVE_DIR.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _architecture(spec: ModelSpec) -> tuple:
+    """Every ModelSpec field the step reads: the model's sizes and flags, not its name or source."""
+    return tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
+                 if f.name not in _SPEC_IDENTITY_SKIP)
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled(spec: ModelSpec, pp: int, ep: int, dense_with_attention: bool, recipe: WeightRecipe, kv_dtype: str):
-    """(Term keys, the numpy function of the hardware, tp, dpa and workload values): the step's
-    Terms depend on the layout only through tp and dpa once pp, ep and the dense split are fixed."""
-    terms = ST.step_terms(spec, ServeLayout(pp=pp, ep=ep, dense_with_attention=dense_with_attention), recipe,
-                          kv_dtype)
-    return terms.keys(), lambdify(_ARGS, [t.expr for t in terms])
+    """The step kernel over the hardware, tp, dpa and workload values: the step's Terms depend on the
+    layout only through tp and dpa once pp, ep and the dense split are fixed. Compiled as training
+    kernels are (kernels.cached_kernel): once per architecture and layout class, kept in memory and
+    in the on-disk kernel cache, so another model of the same sizes and a later run load it."""
+    key = ("serve.step", _serve_sources_digest(), _architecture(spec), pp, ep, dense_with_attention, repr(recipe),
+           kv_dtype)
+    layout = ServeLayout(pp=pp, ep=ep, dense_with_attention=dense_with_attention)
+    return cached_kernel(key, lambda: ST.step_terms(spec, layout, recipe, kv_dtype), _ARGS,
+                         use_disk=spec.traced is None)
 
 
 class StepKernel:
-    """serve.step.* of one (model, layout, recipe, KV dtype), compiled once (ndplan.lambdify) per
-    (model, pp, ep, recipe, KV dtype) and evaluated at many workload points."""
+    """serve.step.* of one (model, layout, recipe, KV dtype), compiled once per architecture
+    (``_compiled``) and evaluated at many workload points."""
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
         self.kv_dtype, self.dense_with_attention = kv_dtype, layout.dense_with_attention
-        self.keys, self._fn = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, recipe, kv_dtype)
-        self._fixed = [hw_values[s.name] for s in S.HW_SYMBOLS] + [layout.tp, layout.dp_attention]
+        self._kernel = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, recipe, kv_dtype)
+        self.keys = self._kernel.keys
+        self._fixed = {s.name: hw_values[s.name] for s in S.HW_SYMBOLS} | {
+            S.tp.name: layout.tp, SM.DPA.name: layout.dp_attention}
 
     def __call__(self, b, ctx, p, pctx, other=None) -> dict:
         """Seconds per Term at ``b`` decoding sequences of ``ctx`` context and ``p`` prefill tokens of
         ``pctx`` mean context per attention-DP group; ``other``: each other group's tokens (default
         b + p, every group alike)."""
         other = b + p if other is None else other
-        return {k: float(v) for k, v in zip(self.keys, self._fn(*self._fixed, b, ctx, p, pctx, other))}
+        out = self._kernel(**self._fixed, **{ST.B.name: b, ST.CTX.name: ctx, ST.P.name: p, ST.PCTX.name: pctx,
+                                             ST.OTHER.name: other})
+        return {k: float(v) for k, v in out.items()}
 
 
 def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: int, osl: int,
@@ -155,19 +191,27 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
         raise NdplanError("--kv-dtype", kv_dtype, "not a KV-cache dtype ndplan models", f"one of {', '.join(KV_DTYPES)}")
     isl = limits.count("--isl", isl, 1, limits.MAX_SEQ)
     osl = limits.count("--osl", osl, 1, limits.MAX_SEQ)
+    if eng.bench_limits and max_tokens is None and max_seqs is None:
+        eng = replace(eng, **bench_limits(spec, hw, layout, recipe, kv_dtype, isl, osl, mem_fraction, gpu_mem_gib))
     total = device_total_bytes(hw, gpu_mem_gib)
-    per_stage = []
+    fraction = engine_fraction(eng, mem_fraction)
+    per_stage = []  # (weights, KV bytes per token, workspace, pool) of one device of each stage
     for w, kv, act in stage_memory(spec, layout, recipe, kv_dtype, eng.max_tokens, eng.max_seqs):
-        pool = kv_pool_bytes(eng, total, w, act, mem_fraction, NON_TORCH_GIB * GIB)
-        per_stage.append((w, kv, kv_capacity(pool, kv, eng.block_tokens)))
-    per_group = min(t for _, _, t in per_stage)  # each attention-DP group's pool (its devices hold the same tokens)
-    tokens = per_group * layout.dp_attention
-    max_conc = per_group // _pages(isl + osl, eng.block_tokens) * layout.dp_attention
+        per_stage.append((w, kv, act, derived.kv_pool(eng.rule, total, fraction, w, act, NON_TORCH_GIB * GIB)))
+    per_group = min(kv_capacity(pool, kv, eng.block_tokens) for _, kv, _, pool in per_stage)
+    tokens = per_group * layout.dp_attention  # each attention-DP group's pool (its devices hold the same tokens)
+
+    def held_by(stage: int, length: int) -> int:
+        """Requests of ``length`` tokens each attention-DP group's pool holds on ``stage``."""
+        return requests_held(per_stage[stage][3], request_bytes(spec, layout, kv_dtype, stage, length, eng.max_tokens,
+                                                                eng.block_tokens))
+    limiting = min(range(layout.pp), key=lambda st: (held_by(st, isl + osl), -per_stage[st][0]))
+    max_conc = held_by(limiting, isl + osl) * layout.dp_attention
     fits = max_conc >= 1
     if concurrency is not None:
         limits.count("--concurrency", concurrency, 1, 10 ** 9)
     held = isl + osl if eng.reserves_output else isl + math.ceil(osl / 2)
-    running = min(per_group // _pages(held, eng.block_tokens) * layout.dp_attention,
+    running = min(min(held_by(st, held) for st in range(layout.pp)) * layout.dp_attention,
                   eng.max_seqs * layout.dp_attention)
     conc = running if concurrency is None else concurrency
     running = max(1, min(running, conc))
@@ -181,16 +225,39 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     step = kernel(b, isl + osl / 2, steady, isl / 2)
     tpot = sum(step.values())
     others = max(0.0, b - 1 / (layout.dp_attention * layout.pp))  # the others decoding while this prompt runs
-    chunk = min(isl, budget)
-    ttft = max(tpot, math.ceil(isl / budget) * sum(
-        kernel(others, isl + osl / 2, chunk, isl / 2, b + steady if conc > 1 else 0).values()))
-    life = lifetime_s(ttft, tpot, osl)
-    ttft += max(0, conc - running) / running * life
-    rate = running * osl / life / layout.devices if fits else 0.0
-    return ServeEstimate(layout=layout, fits=fits, weights_bytes=int(max(w for w, _, _ in per_stage)),
-                         kv_bytes_per_token=int(max(kv for _, kv, _ in per_stage)), kv_cache_tokens=int(tokens),
-                         max_concurrency=int(max_conc), concurrency=int(conc), running=int(running), ttft_s=ttft,
-                         tpot_s=tpot, output_tokens_per_s_per_gpu=rate, step_terms=step, step_point={"P": steady})
+    chunks = math.ceil(isl / budget)
+    chunk_step = sum(kernel(others, isl + osl / 2, min(isl, budget), isl / 2, b + steady if conc > 1 else 0).values())
+    waiting = max(0, conc - running)
+    w_lim, kv_lim, act_lim, pool_lim = per_stage[limiting]
+    details = {"stage": limiting, "total_bytes": total, "fraction": fraction, "weights_bytes": w_lim,
+               "workspace_bytes": act_lim, "non_torch_bytes": NON_TORCH_GIB * GIB, "pool_bytes": pool_lim,
+               "kv_per_token_bytes": kv_lim, "block_tokens": eng.block_tokens,
+               "request_bytes": request_bytes(spec, layout, kv_dtype, limiting, isl + osl, eng.max_tokens,
+                                              eng.block_tokens),
+               "rule": eng.rule, "chunks": chunks, "chunk_step_s": chunk_step, "waiting": waiting, "running": running,
+               "devices": layout.devices, "osl": osl}
+    rate = derived.output_per_gpu(running, osl, tpot, chunks, chunk_step, layout.devices) if fits else 0.0
+    return ServeEstimate(layout=layout, fits=fits, weights_bytes=int(max(w for w, _, _, _ in per_stage)),
+                         kv_bytes_per_token=int(max(kv for _, kv, _, _ in per_stage)), kv_cache_tokens=int(tokens),
+                         max_concurrency=int(max_conc), concurrency=int(conc), running=int(running),
+                         ttft_s=derived.ttft(tpot, chunks, chunk_step, waiting, running, osl), tpot_s=tpot,
+                         output_tokens_per_s_per_gpu=rate, step_terms=step, step_point={"P": steady}, details=details)
+
+
+def bench_limits(spec: ModelSpec, hw: Hardware, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str, isl: int,
+                 osl: int, fraction: float | None, gpu_mem_gib: float | None) -> dict:
+    """trtllm-bench's max_batch_size and max_num_tokens for this run (engines.trtllm_bench_limits), from
+    the checkpoint's parameter count (MTP modules included, as its safetensors are) at the recipe's
+    bytes (fp8 1, int4 0.5, else 2) and the KV dtype's."""
+    from ndplan.formulas.params import params_total
+    from ndplan.symbols import model_symbols
+    params = int(params_total(spec, model_symbols(spec), mtp=True))
+    weight = {"fp8": 1.0, "int4": 0.5}.get(recipe.dtype, 2.0)
+    batch, tokens = trtllm_bench_limits(params, weight, spec.num_key_value_heads, spec.head_dim,
+                                        spec.num_hidden_layers, SM.KV_DTYPE_BYTES[kv_dtype],
+                                        device_total_bytes(hw, gpu_mem_gib) / GIB, layout.tp, layout.pp, isl, osl,
+                                        0.9 if fraction is None else fraction)
+    return {"max_seqs": batch, "max_tokens": tokens}
 
 
 def engine_layout(eng: ServeEngine, layout: ServeLayout) -> ServeLayout:
@@ -199,14 +266,16 @@ def engine_layout(eng: ServeEngine, layout: ServeLayout) -> ServeLayout:
     return replace(layout, dense_with_attention=eng.dense_with_attention_dp and layout.dp_attention > 1)
 
 
-def _pages(tokens: int, block: int) -> int:
-    """Tokens a request holds in whole pages."""
-    return -(-tokens // block) * block
+@functools.lru_cache(maxsize=4096)
+def request_bytes(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stage: int, length: int, chunk: int,
+                  block: int) -> float:
+    """KV bytes one request of ``length`` tokens holds on one device of ``stage`` (SM.kv_request_bytes)."""
+    return _value(SM.kv_request_bytes(spec, layout, kv_dtype, stage, length, chunk, block), SM.values(layout))
 
 
-def lifetime_s(ttft_s: float, tpot_s: float, osl: int) -> float:
-    """Seconds one request stays: its first token, then OSL - 1 steps."""
-    return ttft_s + (osl - 1) * tpot_s
+def requests_held(pool_bytes: float, one_request_bytes: float) -> int:
+    """Whole requests a pool holds (0 when it is empty)."""
+    return max(0, derived.requests_held(pool_bytes, one_request_bytes))
 
 
 def batch_latency_s(kernel: StepKernel, batch: int, isl: int, osl: int) -> float:

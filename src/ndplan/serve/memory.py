@@ -26,7 +26,9 @@ KV cache per token (``kv_bytes_per_token``), for the stage's layers:
 * MLA (DeepSeek-V2 Sec. 2.1.2): the compressed latent and the decoupled RoPE key,
   kv_lora_rank + qk_rope_head_dim elements per layer, the same on every device of the
   attention-TP group (vLLM's MLA backends cache ``kv_c_and_k_pe``).
-Elements at 2 bytes (bf16/fp16) or 1 (fp8 KV cache).
+Elements at 2 bytes (bf16/fp16) or 1 (fp8 KV cache). A sliding-window layer (ModelSpec.attention_windows:
+Mistral, Gemma 2/3, gpt-oss) keeps only its window's last tokens (``held_tokens``): a request's bytes
+(``kv_request_bytes``) are what the concurrency counts, the per-token figure counts every layer.
 
 Workspace (``activation_bytes``): a forward over ``tokens`` tokens at once (the engine's
 largest batch of scheduled tokens) keeps, per token, the residual stream and the normed input
@@ -151,15 +153,41 @@ def rope_table_bytes(spec: ModelSpec) -> int:
     return spec.max_position_embeddings * rotary * SIXTEEN_BIT
 
 
-def kv_bytes_per_token(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stage: int) -> sp.Expr:
-    """KV-cache bytes per token on one device of ``stage`` (module docstring)."""
+def kv_layer_bytes(spec: ModelSpec, kv_dtype: str) -> sp.Expr:
+    """KV-cache bytes per token of one layer on one device (module docstring), over tp and dpa."""
     M = ModelSymbols.of(spec)
-    layers = len(stage_layers(spec, layout.pp)[stage])
-    if spec.is_mla:
-        per_layer = M.kl + M.dr
-    else:
-        per_layer = 2 * sp.Max(1, M.kv / ATTN_TP) * M.d
-    return layers * per_layer * KV_DTYPE_BYTES[kv_dtype]
+    per_layer = M.kl + M.dr if spec.is_mla else 2 * sp.Max(1, M.kv / ATTN_TP) * M.d
+    return per_layer * KV_DTYPE_BYTES[kv_dtype]
+
+
+def kv_bytes_per_token(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stage: int) -> sp.Expr:
+    """KV-cache bytes per token on one device of ``stage``, every layer of it counted (module docstring)."""
+    return len(stage_layers(spec, layout.pp)[stage]) * kv_layer_bytes(spec, kv_dtype)
+
+
+def pages(tokens: int, block: int) -> int:
+    """Tokens in whole pages of ``block``."""
+    return -(-tokens // block) * block
+
+
+def held_tokens(window: int, tokens: int, chunk: int, block: int) -> int:
+    """Tokens a layer's cache holds for a request of ``tokens``: all of them in whole pages for full
+    attention (``window`` 0); for a sliding window the last window - 1 plus the ``chunk`` the engine
+    may schedule at once, in whole pages and one more (the window need not start on a page), never
+    more than the full layer's (vLLM ``SlidingWindowSpec.max_memory_usage_bytes``; the same rule is
+    used for every engine)."""
+    full = pages(tokens, block)
+    if not window:
+        return full
+    return min(full, pages(min(window - 1 + chunk, tokens), block) + block)
+
+
+def kv_request_bytes(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stage: int, tokens: int, chunk: int,
+                     block: int) -> sp.Expr:
+    """KV-cache bytes one request of ``tokens`` holds on one device of ``stage``: each layer's
+    ``held_tokens`` (sliding-window and hybrid models hold less than ``tokens`` on their sliding layers)."""
+    held = sum(held_tokens(spec.window(i), tokens, chunk, block) for i in stage_layers(spec, layout.pp)[stage])
+    return held * kv_layer_bytes(spec, kv_dtype)
 
 
 def activation_bytes(spec: ModelSpec, tokens, seqs, dense_with_attention: bool = False) -> sp.Expr:

@@ -24,7 +24,8 @@ from ndplan.catalog.hardware import Hardware
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 from ndplan.serve.engines import engine
-from ndplan.serve.estimate import ServeEstimate, StepKernel, engine_layout, lifetime_s, serve_estimate
+from ndplan.serve.derived import lifetime
+from ndplan.serve.estimate import ServeEstimate, StepKernel, engine_layout, serve_estimate
 from ndplan.serve.layout import ServeLayout, WeightRecipe
 
 RATE_ITERATIONS = 50
@@ -108,12 +109,12 @@ def _at_rate(run, rate: float, osl: int):
     """The estimate whose concurrency solves c = rate x lifetime(c), or None when ``rate`` is above
     the max-load throughput (running requests / lifetime)."""
     top = run(None)
-    if not top.fits or rate * lifetime_s(top.ttft_s, top.tpot_s, osl) > top.concurrency:
+    if not top.fits or rate * lifetime(top.ttft_s, top.tpot_s, osl) > top.concurrency:
         return None
     c = 1.0
     for _ in range(RATE_ITERATIONS):
         est = run(max(1, round(c)))
-        nxt = min(top.concurrency, rate * lifetime_s(est.ttft_s, est.tpot_s, osl))
+        nxt = min(top.concurrency, rate * lifetime(est.ttft_s, est.tpot_s, osl))
         if abs(nxt - c) < 0.5:
             break
         c = nxt

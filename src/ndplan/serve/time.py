@@ -15,7 +15,8 @@ Per layer and device:
   weight it uses once: a small batch is bandwidth-bound (Williams et al. 2009 roofline). Routed
   experts: each device's E/ep experts are read only when some token picks them, an expected
   1 - (1 - k/E)^N of them for N tokens of the whole instance (top-k picks, uniform routing).
-* Attention core: decode reads the B sequences' KV cache (B x CTX x the per-layer KV bytes) and
+* Attention core (a sliding-window layer over at most its window of keys): decode reads the B
+  sequences' KV cache (B x CTX x the per-layer KV bytes) and
   computes 2 x (d_qk + d_v) FLOPs per query head and key (MLA: over the latent, the absorbed
   form, 2 x (kv_lora_rank + rope) + 2 x kv_lora_rank); prefill computes the causal core at
   eff_attn times formulas/step.py's length factor; each the larger of compute and bytes.
@@ -24,7 +25,9 @@ Per layer and device:
   dispatch and combine all-to-alls over the ep group (formulas/comm.py alpha-beta, intra-node
   links while the group fits a node).
 The output layer runs for the B decoding sequences on the last stage. Norms, activations and
-sampling kernels are not timed (a few 16-bit passes over (B + P) x h per layer).
+sampling kernels are not timed (a few 16-bit passes over (B + P) x h per layer); with the
+scheduler, the sampler and the gaps between launches they are in one fitted constant per step,
+``HOST_STEP_S`` (``serve.step.host``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ndplan.formulas import flops as FL
 from ndplan.formulas.activations import ActContext
 from ndplan.formulas.step import ATTN_HALF_TOKENS
 from ndplan.serve.layout import ServeLayout, WeightRecipe
-from ndplan.serve.memory import ATTN_TP, DPA, elem_bytes, kv_bytes_per_token, quantized, stage_layers
+from ndplan.serve.memory import ATTN_TP, DPA, elem_bytes, kv_layer_bytes, quantized, stage_layers
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
 
@@ -89,28 +92,41 @@ def layer_seconds(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv
     dense_alone = layout.dense_with_attention and kind != "moe"  # a MoE layer's experts still span the tp devices
     comm = (_comm_seconds(M, tokens, tokens if dense_alone else every, dense_alone) if kind != "moe" or layout.ep == 1
             else _ep_comm_seconds(M, tokens, ep))
-    return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype), "comm": comm}
+    return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype, spec.window(layer)), "comm": comm}
 
+
+HOST_STEP_S = 2.5e-3
+"""Seconds each engine step spends beyond the roofline's GEMMs, attention cores and collectives:
+scheduling, sampling, the untimed elementwise kernels and the gaps between launches. FITTED on
+the three vLLM CI fixed-batch rows of ../shared/validation/inference (vLLM benchmark_latency on
+H200, batch 8, ISL 32, OSL 128: 128 steps each): (measured - roofline) / 128 = 2.55 ms
+(Llama-3-8B tp 1), 2.20 ms (Llama-3-70B tp 4), 3.34 ms (Mixtral-8x7B tp 2); the median, 2.5 ms.
+Held out: every other row (TensorRT-LLM's tables, NIM's latencies and throughputs, whose
+concurrency-1 TPOTs sit 3.3 and 4.0 ms above the roofline: benchmarks/README.md). One value for
+every engine and device, per step, independent of the batch."""
 
 FLASH_QUERY_TILE = 128
 """Queries per tile of a fused prefill attention kernel: it reads each key and value once per tile
 (FlashAttention-2 Sec. 3.1, block size 128 on A100/H100)."""
 
 
-def _attention_seconds(spec: ModelSpec, M: ModelSymbols, kv_dtype: str) -> sp.Expr:
+def _attention_seconds(spec: ModelSpec, M: ModelSymbols, kv_dtype: str, window: int = 0) -> sp.Expr:
     """Decode and prefill attention cores of one layer (module docstring); the prefill's FLOPs are
     stretched by formulas/step.py's length factor (L + ATTN_HALF_TOKENS) / L at L = 2 PCTX, the
-    prompt a whole-prompt prefill runs."""
+    prompt a whole-prompt prefill runs. A sliding-window layer (``window`` > 0) attends to at most
+    ``window`` keys: decode reads min(CTX, window) of them, a prefill token min(PCTX, window) (the
+    mean over a prompt longer than the window is a little less: an upper bound)."""
     heads = M.a / ATTN_TP
-    kv_layer = kv_bytes_per_token(spec, ServeLayout(), kv_dtype, 0) / spec.num_hidden_layers  # this device's, one layer
+    kv_layer = kv_layer_bytes(spec, kv_dtype)  # this device's, one layer
+    ctx, pctx = (sp.Min(CTX, window), sp.Min(PCTX, window)) if window else (CTX, PCTX)
     if spec.is_mla:
         decode_dims, prefill_dims = (M.kl + M.dr) + M.kl, M.dn + M.dr + M.dv
     else:
         decode_dims = prefill_dims = 2 * M.d
     hbm = S.hbm_bytes_per_s * S.eff_hbm
-    decode = C.vmax(2 * B * CTX * heads * decode_dims / (S.peak_bf16 * S.eff_attn), B * CTX * kv_layer / hbm)
-    prefill_flops = 2 * P * heads * prefill_dims * (PCTX + sp.Rational(ATTN_HALF_TOKENS, 2))
-    prefill = C.vmax(prefill_flops / (S.peak_bf16 * S.eff_attn), P / FLASH_QUERY_TILE * PCTX * kv_layer / hbm)
+    decode = C.vmax(2 * B * ctx * heads * decode_dims / (S.peak_bf16 * S.eff_attn), B * ctx * kv_layer / hbm)
+    prefill_flops = 2 * P * heads * prefill_dims * (pctx + sp.Rational(ATTN_HALF_TOKENS, 2))
+    prefill = C.vmax(prefill_flops / (S.peak_bf16 * S.eff_attn), P / FLASH_QUERY_TILE * pctx * kv_layer / hbm)
     return decode + prefill
 
 
@@ -144,7 +160,7 @@ def head_seconds(spec: ModelSpec) -> sp.Expr:
 
 
 def step_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str) -> Breakdown:
-    """serve.step.{gemm, attention, comm, head, pp, pipeline_wait}: seconds between two tokens of a
+    """serve.step.{gemm, attention, comm, head, pp, pipeline_wait, host}: seconds between two tokens of a
     sequence. A token crosses every stage (gemm, attention, comm summed over the stages' layers, the
     head on the last, the activations sent between stages); with pp batches in flight each stage
     runs them in turn, so the period is pp x the slowest stage, and ``pipeline_wait`` holds what that
@@ -156,7 +172,7 @@ def step_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dt
     for s_idx, layers in enumerate(stage_layers(spec, layout.pp)):
         groups: dict = {}
         for layer in layers:
-            key = (spec.layer_kinds[layer], layer in recipe.keep_layers)
+            key = (spec.layer_kinds[layer], layer in recipe.keep_layers, spec.window(layer))
             groups.setdefault(key, [layer, 0])[1] += 1
         stage = {"gemm": sp.Integer(0), "attention": sp.Integer(0), "comm": sp.Integer(0)}
         for layer, count in groups.values():
@@ -175,5 +191,8 @@ def step_terms(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv_dt
               Term(key="serve.step.pp", expr=pp_send, unit="s", source="formulas/comm.py p2p",
                    note="activations sent between stages"),
               Term(key="serve.step.pipeline_wait", expr=wait, unit="s", source="serve/time.py step_terms",
-                   note="pp x the slowest stage less the sum of the stages")]
+                   note="pp x the slowest stage less the sum of the stages"),
+              Term(key="serve.step.host", expr=sp.Float(HOST_STEP_S), unit="s",
+                   source="HOST_STEP_S, fitted on vLLM CI's fixed-batch latency rows (serve/time.py)",
+                   note="scheduler, sampler, untimed kernels and launch gaps, once per step")]
     return Breakdown(tuple(terms))
