@@ -17,7 +17,9 @@ unsupported with the reason):
   hf_quant_config.json carries kv_cache_quant_algo FP8 (ModelOpt's export, the form its own
   config-conversion docstring shows), which TensorRT-LLM and vLLM follow at kv dtype "auto".
 * layout: tp as published (SGLang's and DeepSeek's EP-n rows: tp = ep = n); attention DP on ->
-  dp_attention = tp; data-parallel replicas (MLPerf dp 8 of tp 1) are separate instances.
+  dp_attention = tp; data-parallel replicas (MLPerf dp 8 of tp 1) are separate instances; an engine
+  naming DeepEP -> ``a2a`` deepep; SGLang's ``--moe-dense-tp-size 1`` -> the dense FFN with the
+  attention. Two-batch overlap, which the SGLang rows name, is not modelled (comm and compute add).
 * workload: ISL / OSL as published; offline rows run at the max-load rule of serve/estimate.py
   (KV-capacity concurrency capped by the engine's default maximum batch, never a per-row batch);
   online rows at their concurrency; fixed-batch rows at their batch.
@@ -34,6 +36,7 @@ Usage: python benchmarks/inference_validation.py [--json out.json]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -97,7 +100,8 @@ def _layout(c, spec):
         tp = 1
     dpa = tp if s["dp_attention"] is True else 1
     ep = s["ep"] if (s["ep"] and spec.is_moe) else 1
-    return ServeLayout(tp=tp, pp=s["pp"] or 1, ep=ep, dp_attention=dpa).check(spec)
+    a2a = "deepep" if "deepep" in str(s["engine"]).lower() else "nccl"
+    return ServeLayout(tp=tp, pp=s["pp"] or 1, ep=ep, dp_attention=dpa, a2a=a2a).check(spec)
 
 
 def _batch(c):
@@ -123,7 +127,6 @@ def predict(c) -> list[tuple[str, float, float]]:
     if c["kind"] in ("kv_capacity", "memory_breakdown"):
         mml = srv.get("max_model_len") or spec.max_position_embeddings
         if "405b" in spec.name:  # the July-2024 checkpoint: 16 KV heads, Meta's FP8 recipe (case notes)
-            import dataclasses
             spec = dataclasses.replace(spec, num_key_value_heads=16)
             recipe = WeightRecipe("fp8", keep_pieces=("attn",), keep_layers=(0, spec.num_hidden_layers - 1),
                                   channel_scales=True)
@@ -140,6 +143,8 @@ def predict(c) -> list[tuple[str, float, float]]:
         return out
     isl, osl, conc, batch = wl.get("isl"), wl.get("osl"), wl.get("concurrency"), _batch(c)
     run_layout = engine_layout(engine(eng_name), layout)  # as the engine runs it (serve_estimate does the same)
+    if "moe-dense-tp-size 1" in str(srv.get("extra") or ""):  # SGLang's dense FFN per attention-DP rank
+        run_layout = dataclasses.replace(run_layout, dense_with_attention=True)
     if c["kind"] in ("prefill_throughput", "decode_throughput"):
         kernel = StepKernel(spec, run_layout, recipe, kv_dtype, hw.kernel_values(fp8=recipe.dtype == "fp8"))
         if c["kind"] == "prefill_throughput":

@@ -94,3 +94,11 @@ def test_report_tables_match_the_json_and_carry_the_terms(tmp_path):
 def test_report_refused_where_there_is_no_search(tmp_path, extra):
     r = _run("-m", "llama3.1-8b", "--isl", "100", "--osl", "10", *extra, "--report", str(tmp_path / "x.md"))
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "--report" in r.output, r.output
+
+
+def test_deepep_backend_reaches_the_launch_flags_and_is_refused_where_unused():
+    r = _run("-m", "qwen3-30b-a3b", "--gpus", "8", "--tp", "8", "--ep", "8", "--dp-attention", "8", "--isl", "1000",
+             "--osl", "200", "--weight-dtype", "fp8", "--ep-a2a", "deepep", "--emit", "sglang")
+    assert r.exit_code == 0 and "--moe-a2a-backend deepep" in r.output, r.output
+    r = _run("-m", "qwen3-30b-a3b", "--isl", "100", "--osl", "10", "--rate", "5", "--disaggregate", "--ep-a2a", "deepep")
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--ep-a2a" in r.output, r.output

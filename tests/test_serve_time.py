@@ -103,3 +103,27 @@ def test_trtllm_bench_limits_by_hand():
     assert trtllm_bench_limits(682_600_000_000, 1.0, 128, 56, 61, 1, 139.59, 8, 1, 1024, 1024, 0.9) == (384, 2048)
     # a long prompt without chunked prefill: max_num_tokens covers it
     assert trtllm_bench_limits(70_553_706_496, 1.0, 8, 128, 80, 1, 139.59, 2, 1, 8192, 1024, 0.9)[1] >= 8192
+
+
+def test_deepep_dispatch_and_combine_by_hand():
+    """DeepSeek-V3 over EP 32 (4 nodes of 8), attention DP 32, 8192 prompt tokens per rank, fp8 weights:
+    each of the 58 MoE layers sends every token once per remote node holding one of its 8 experts,
+    3 (1 - (3/4)^8) nodes on average, over the NIC (fp8 + a 4-byte scale per 128 to dispatch, 16-bit to
+    combine), while NVLink forwards it to 32 (1 - (31/32)^8) ranks; each pass the slower leg plus one
+    inter-node latency. The nccl backend sends 16-bit copies to every such rank instead."""
+    hw = ndplan.load_hardware("h100-sxm")
+    spec = ndplan.load_model("deepseek-v3")
+    v = hw.kernel_values(fp8=True)
+    t, h = 8192, 7168
+    remote, ranks = 3 * (1 - 0.75 ** 8), 32 * (1 - (31 / 32) ** 8)
+    per_layer = 0.0
+    for nbytes in (1 + 4 / 128, 2):
+        rdma = t * remote * h * nbytes / (v["bw_inter"] * v["eff_inter"])
+        nvlink = t * ranks * h * nbytes / (v["bw_intra"] * v["eff_intra"])
+        per_layer += max(rdma, nvlink) + v["lat_inter"]
+    lay = ServeLayout(tp=32, ep=32, dp_attention=32, dense_with_attention=True, a2a="deepep")
+    step = StepKernel(spec, lay, WeightRecipe("fp8"), "bf16", v)(0, 0, t, 512)
+    assert step["serve.step.comm"] == pytest.approx(58 * per_layer, rel=1e-12)
+    nccl = StepKernel(spec, ServeLayout(tp=32, ep=32, dp_attention=32, dense_with_attention=True),
+                      WeightRecipe("fp8"), "bf16", v)(0, 0, t, 512)
+    assert nccl["serve.step.comm"] > 2 * step["serve.step.comm"]

@@ -13,7 +13,7 @@ from ndplan.cli_types import DEGREE, DEVICES, FRACTION, SEQ, TOP, Count, Real
 from ndplan.report import cli as report_cli
 from ndplan.serve.emit import EMIT_ENGINES
 from ndplan.serve.engines import ENGINES
-from ndplan.serve.layout import KV_DTYPES, WEIGHT_DTYPES
+from ndplan.serve.layout import A2A_BACKENDS, KV_DTYPES, WEIGHT_DTYPES
 
 
 def _rows_text(rows, top: int) -> list[str]:
@@ -92,6 +92,11 @@ SERVE_OPTIONS = [
     click.option("--dp-attention", type=DEGREE, default=None,
                  help="Fix the attention data-parallel degree (divides tp; SGLang --enable-dp-attention --dp, "
                       "TensorRT-LLM enable_attention_dp: = tp)."),
+    click.option("--ep-a2a", type=click.Choice(list(A2A_BACKENDS)), default=None,
+                 help="The MoE dispatch/combine under --ep: nccl (default; each token sent once per destination "
+                      "rank) or deepep (DeepEP's kernels: one RDMA copy per destination node, fp8 dispatch under "
+                      "--weight-dtype fp8; SGLang --moe-a2a-backend deepep, vLLM --all2all-backend "
+                      "deepep_high_throughput)."),
     click.option("--engine", "engine_name", type=click.Choice(list(ENGINES)), default=None,
                  help="Serving engine: its KV-pool rule, page size and batch limits (default: --emit's, else vllm)."),
     click.option("--emit", "emit_engine", type=click.Choice(list(EMIT_ENGINES)), default=None,
@@ -142,7 +147,7 @@ def _settings(spec, o: dict) -> dict:
         given = [flag for flag, key in (("--tp", "tp"), ("--pp", "pp"), ("--ep", "ep"), ("--dp-attention", "dp_attention"),
                                         ("--concurrency", "concurrency"), ("--emit", "emit_engine"),
                                         ("--explain", "explain"), ("--find-min-gpus", "find_min_gpus"),
-                                        ("--report", "report_path")) if o[key]]
+                                        ("--report", "report_path"), ("--ep-a2a", "ep_a2a")) if o[key]]
         if given:
             raise NdplanError(given[0], True, "does not apply to --disaggregate, which sizes both pools itself",
                               "leave it out")
@@ -150,7 +155,8 @@ def _settings(spec, o: dict) -> dict:
     return dict(isl=o["isl"], osl=o["osl"], concurrency=o["concurrency"], rate=o["rate"], ttft_s=ms(o["ttft_ms"]),
                 tpot_s=ms(o["tpot_ms"]), recipe=WeightRecipe(o["weight_dtype"]), kv_dtype=o["kv_dtype"],
                 engine_name=o["engine_name"] or o["emit_engine"] or "vllm", mem_fraction=o["engine_mem_fraction"],
-                fixed={k: o[k] for k in ("tp", "pp", "ep", "dp_attention") if o[k]})
+                fixed={k: o[k] for k in ("tp", "pp", "ep", "dp_attention") if o[k]}
+                | ({"a2a": o["ep_a2a"]} if o["ep_a2a"] else {}))
 
 
 def _min_gpus(spec, hw, kw: dict, as_json: bool) -> None:

@@ -138,14 +138,15 @@ def _architecture(spec: ModelSpec) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(spec: ModelSpec, pp: int, ep: int, dense_with_attention: bool, recipe: WeightRecipe, kv_dtype: str):
+def _compiled(spec: ModelSpec, pp: int, ep: int, dense_with_attention: bool, a2a: str, recipe: WeightRecipe,
+              kv_dtype: str):
     """The step kernel over the hardware, tp, dpa and workload values: the step's Terms depend on the
     layout only through tp and dpa once pp, ep and the dense split are fixed. Compiled as training
     kernels are (kernels.cached_kernel): once per architecture and layout class, kept in memory and
     in the on-disk kernel cache, so another model of the same sizes and a later run load it."""
-    key = ("serve.step", _serve_sources_digest(), _architecture(spec), pp, ep, dense_with_attention, repr(recipe),
-           kv_dtype)
-    layout = ServeLayout(pp=pp, ep=ep, dense_with_attention=dense_with_attention)
+    key = ("serve.step", _serve_sources_digest(), _architecture(spec), pp, ep, dense_with_attention, a2a,
+           repr(recipe), kv_dtype)
+    layout = ServeLayout(pp=pp, ep=ep, dense_with_attention=dense_with_attention, a2a=a2a)
     return cached_kernel(key, lambda: ST.step_terms(spec, layout, recipe, kv_dtype), _ARGS,
                          use_disk=spec.traced is None)
 
@@ -156,7 +157,7 @@ class StepKernel:
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
         self.kv_dtype, self.dense_with_attention = kv_dtype, layout.dense_with_attention
-        self._kernel = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, recipe, kv_dtype)
+        self._kernel = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, layout.a2a, recipe, kv_dtype)
         self.keys = self._kernel.keys
         self._fixed = {s.name: hw_values[s.name] for s in S.HW_SYMBOLS} | {
             S.tp.name: layout.tp, SM.DPA.name: layout.dp_attention}

@@ -20,6 +20,10 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
 
 WEIGHT_DTYPES = ("bf16", "fp8", "int4")
+A2A_BACKENDS = ("nccl", "deepep")
+"""The MoE dispatch/combine: ``nccl`` (an all-to-all, each token sent once per destination rank,
+16-bit) or ``deepep`` (DeepEP's normal kernels: one RDMA copy per destination node, forwarded over
+NVLink; fp8 dispatch under fp8 weights; serve/time.py ``_deepep_seconds``)."""
 KV_DTYPES = ("bf16", "fp8")
 
 
@@ -32,6 +36,8 @@ class ServeLayout:
     dense_with_attention: bool = False
     """Dense MLPs and shared experts run with the attention, over the attention-TP group and once per
     attention-DP group (engines.ServeEngine.dense_with_attention_dp), not over all tp devices."""
+    a2a: str = "nccl"
+    """The MoE all-to-all backend (``A2A_BACKENDS``); used only when ep > 1."""
 
     @property
     def devices(self) -> int:
@@ -45,6 +51,9 @@ class ServeLayout:
         """This layout, or a one-line NdplanError naming the degree that does not fit ``spec``."""
         for name in ("tp", "pp", "ep", "dp_attention"):
             limits.count(f"--{name.replace('_', '-')}", getattr(self, name), 1, limits.MAX_DEVICES)
+        if self.a2a not in A2A_BACKENDS:
+            raise NdplanError("--ep-a2a", self.a2a, "not an all-to-all backend ndplan models",
+                              f"one of {', '.join(A2A_BACKENDS)}")
         if self.tp % self.dp_attention:
             raise NdplanError("--dp-attention", self.dp_attention, f"does not divide --tp {self.tp}",
                               "give a divisor of tp (the attention runs tensor-parallel over tp / dp_attention)")

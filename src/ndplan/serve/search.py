@@ -66,7 +66,7 @@ def _pow2(limit: int) -> list[int]:
 
 def candidate_layouts(spec: ModelSpec, gpus: int, node: int, fixed: dict) -> list[ServeLayout]:
     """Valid layouts (module docstring); ``fixed`` maps tp/pp/ep/dp_attention to given degrees, checked
-    against the model and the budget first (one-line errors)."""
+    against the model and the budget first (one-line errors), and a2a to the all-to-all backend."""
     if fixed:
         lay = ServeLayout(**{"tp": fixed.get("tp") or max(fixed.get("ep") or 1, fixed.get("dp_attention") or 1)}
                           | {k: v for k, v in fixed.items() if k != "tp"}).check(spec)
@@ -85,7 +85,7 @@ def candidate_layouts(spec: ModelSpec, gpus: int, node: int, fixed: dict) -> lis
                 continue
             for ep in eps:
                 for dpa in dpas:
-                    lay = ServeLayout(tp=tp, pp=pp, ep=ep, dp_attention=dpa)
+                    lay = ServeLayout(tp=tp, pp=pp, ep=ep, dp_attention=dpa, a2a=fixed.get("a2a", "nccl"))
                     try:
                         out.append(lay.check(spec))
                     except NdplanError:  # a combination the model cannot run; a fixed layout was checked above

@@ -91,7 +91,7 @@ def layer_seconds(spec: ModelSpec, layout: ServeLayout, recipe: WeightRecipe, kv
         gemm += _gemm_seconds(g, recipe, layer, count)
     dense_alone = layout.dense_with_attention and kind != "moe"  # a MoE layer's experts still span the tp devices
     comm = (_comm_seconds(M, tokens, tokens if dense_alone else every, dense_alone) if kind != "moe" or layout.ep == 1
-            else _ep_comm_seconds(M, tokens, ep))
+            else _ep_comm_seconds(M, tokens, ep, layout.a2a == "deepep", recipe.dtype == "fp8"))
     return {"gemm": gemm, "attention": _attention_seconds(spec, M, kv_dtype, spec.window(layer)), "comm": comm}
 
 
@@ -138,19 +138,47 @@ def _comm_seconds(M: ModelSymbols, tokens, mlp_tokens, with_attention: bool) -> 
             + C.all_reduce(group, ACT_BYTES * mlp_tokens * M.h, group))
 
 
-def _ep_comm_seconds(M: ModelSymbols, tokens, ep) -> sp.Expr:
+def _ep_comm_seconds(M: ModelSymbols, tokens, ep, deepep: bool = False, fp8: bool = False) -> sp.Expr:
     """A MoE layer under expert parallelism: the attention output's all-reduce, then each device
     dispatches its share of its group's tokens (tokens / attention tp) once to each distinct ep rank
     holding one of its k experts, ep (1 - (1 - 1/ep)^k) of them on average under uniform routing
     (DeepEP and the engines' all-to-all send a token once per rank), and combines their outputs back:
     two all-to-alls over the ep group (16-bit hidden states; the expert groups sit tp / ep ranks
-    apart). Not modelled: overlap with compute (SGLang's two-batch overlap, DeepEP's hooks), fp8
-    dispatch, node-limited routing, the all-gather that re-replicates the tokens when the attention
-    tp exceeds 1, the shared experts' reduction."""
+    apart). Under ``layout.a2a == "deepep"``: ``_deepep_seconds``. Not modelled: overlap with compute
+    (SGLang's two-batch overlap, DeepEP's hooks), node-limited routing (DeepSeek-V3's at most 4
+    nodes per token: uniform routing over the nodes is used), the all-gather that re-replicates the
+    tokens when the attention tp exceeds 1, the shared experts' reduction."""
     x = ACT_BYTES * tokens * M.h
+    if deepep:
+        return C.all_reduce(ATTN_TP, x, ATTN_TP) + _deepep_seconds(M, tokens / ATTN_TP, ep, fp8)
     ranks = ep * (1 - (1 - sp.Integer(1) / ep) ** M.k)
     sent = ACT_BYTES * tokens / ATTN_TP * ranks * M.h
     return C.all_reduce(ATTN_TP, x, ATTN_TP) + 2 * C.all_to_all(ep, sent, S.tp / ep)
+
+
+FP8_DISPATCH_BYTES = 1 + sp.Rational(4, 128)
+"""Bytes per hidden element of DeepEP's fp8 dispatch: the e4m3 value and an fp32 scale per 128
+(the block-fp8 activations DeepGEMM takes; DeepEP README: "FP8 dispatching, BF16 combining")."""
+
+
+def _deepep_seconds(M: ModelSymbols, tokens, ep: sp.Integer, fp8: bool) -> sp.Expr:
+    """DeepEP's normal (high-throughput) dispatch and combine of ``tokens`` per rank over an ep group
+    spanning N = tp / node nodes (deepseek-ai/DeepEP README and docs/legacy.md): a token crosses the RDMA
+    network once per destination node holding one of its k experts, (N - 1)(1 - (1 - 1/N)^k) remote
+    nodes of N on average under uniform routing, and is forwarded over NVLink to the ranks there,
+    ep (1 - (1 - 1/ep)^k) of them; the two legs run at once, so each pass takes the slower (NVLink
+    alone within a node). Dispatch sends fp8 under fp8 weights (FP8_DISPATCH_BYTES), combine 16-bit.
+    DeepEP V1's measured logical RDMA bandwidth on H800 with CX7 400 Gb/s, 43-58 GB/s at EP 16-64,
+    is the NIC's 50 GB/s the device presets carry (bw_inter x eff_inter)."""
+    nodes = C.vmax(1, S.tp / S.node)  # the ep group's ranks sit tp / ep apart over the stage's tp devices
+    remote = (nodes - 1) * (1 - (1 - 1 / nodes) ** M.k)
+    ranks = ep * (1 - (1 - sp.Integer(1) / ep) ** M.k)
+    total = 0
+    for nbytes in ((FP8_DISPATCH_BYTES if fp8 else ACT_BYTES), ACT_BYTES):  # dispatch, combine
+        rdma = tokens * remote * M.h * nbytes / (S.bw_inter * S.eff_inter)
+        nvlink = tokens * ranks * M.h * nbytes / (S.bw_intra * S.eff_intra)
+        total += C.vmax(rdma, nvlink) + C.latency(S.tp)
+    return total
 
 
 def head_seconds(spec: ModelSpec) -> sp.Expr:
