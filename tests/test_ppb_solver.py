@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ndplan.ppb.instance import MODES, Instance, Pipeline
-from ndplan.ppb.plan import Plan, stage_memory_bytes, uniform_plan
+from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, stage_memory_bytes, uniform_plan
+from ndplan.ppb.local import lighter_modes
 from ndplan.ppb.solve import Config, diagnose, evaluate, solve
 from tests.helpers import MB, MS, llm_instance as _llm, layer, oracle_memory, oracle_time
 
@@ -29,13 +30,17 @@ CFG = Config(deterministic_time=20, workers=1)
 
 
 def brute_force(inst: Instance):
-    """(best time, best plan) over every contiguous split x recompute choice, or None."""
+    """(best time, best plan) over every contiguous split x recompute choice, or None; a plan
+    MindFormers cannot express (a slice with selective-only and comm-only layers) does not count."""
     L, V = len(inst.layers), inst.pipeline.chunks
     best = None
+    restricted = offers_both_selects(inst)
     for cuts in itertools.combinations(range(1, L), V - 1):
         bounds = (0, *cuts, L)
         for rec in itertools.product(*(x.modes for x in inst.layers)):
             plan = Plan(bounds=bounds, recompute=rec)
+            if restricted and not one_select_list(plan):
+                continue
             if max(oracle_memory(inst, plan)) > inst.pipeline.budget_bytes:
                 continue
             t = oracle_time(inst, plan)
@@ -82,13 +87,15 @@ def test_optimum_equals_brute_force(schedule, data):
     sol.plan.check(inst)  # order, contiguity, non-empty slices, offered modes
     assert max(oracle_memory(inst, sol.plan)) <= inst.pipeline.budget_bytes
     assert oracle_time(inst, sol.plan) == pytest.approx(sol.objective_s, abs=1e-9)
-    # no recompute that buys nothing: recomputing any one layer less either breaks the
-    # budget or makes the step slower
+    # no recompute that buys nothing: moving any one layer to a mode that recomputes less (less
+    # time, or as much time on a subset: local.lighter_modes, since the modes are only partially
+    # ordered) either
+    # breaks the budget, makes the step slower or leaves a plan MindFormers cannot express
     for i, mode in enumerate(sol.plan.recompute):
-        modes = inst.layers[i].modes
-        for lighter in modes[:modes.index(mode)]:
+        for lighter in lighter_modes(inst.layers[i], mode):
             cand = dataclasses.replace(sol.plan, recompute=sol.plan.recompute[:i] + (lighter,) + sol.plan.recompute[i + 1:])
             assert (max(oracle_memory(inst, cand)) > inst.pipeline.budget_bytes
+                    or (offers_both_selects(inst) and not one_select_list(cand))
                     or oracle_time(inst, cand) > sol.objective_s + 1e-9), (i, mode, lighter)
 
 
@@ -201,8 +208,9 @@ def test_deterministic_budget_is_not_the_wall_clock():
     params = _solver(Config(deterministic_time=3, workers=2), 1.5).parameters
     assert (params.max_deterministic_time, params.max_time_in_seconds, params.interleave_search) == (1.5, math.inf, True)
     assert _solver(Config(time_limit_s=4), 2.0).parameters.max_time_in_seconds == 2.0
-    budget = _Budget(Config(time_limit_s=1e-9, deterministic_time=7))
+    budget = _Budget(Config(deterministic_time=7))
     assert (budget.total, budget.deadline(0.2)) == (7, math.inf)
+    assert Config().deterministic and not Config(time_limit_s=4).deterministic  # deterministic by default
     inst = _llm(10, 4, 1, 8, "1f1b", 12)
     a, b = solve(inst, CFG), solve(inst, CFG)
     assert a.status == "OPTIMAL" and (a.plan, a.objective_s) == (b.plan, b.objective_s)
@@ -220,3 +228,37 @@ def test_a_bound_a_rounding_error_below_the_optimum_proves_it():
                     pipeline=Pipeline(pp=2, m=2, schedule="zb-h1", budget_bytes=60 * MB))
     sol = solve(inst, CFG)
     assert sol.status == "OPTIMAL" and sol.objective_s == pytest.approx(brute_force(inst)[0], abs=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zbv"])
+@SLOW
+@given(data=st.data())
+def test_relaxation_bounds_every_plan_from_below(schedule, data):
+    """relax.py's Kelley bound never exceeds the brute-force optimum (it is a relaxation), and
+    it calls an instance infeasible only when no plan fits."""
+    from ndplan.ppb.relax import relax
+    from ndplan.ppb.scale import scale_instance
+    inst = data.draw(instances(schedule))
+    want = brute_force(inst)
+    rel = relax(inst, scale_instance(inst, CFG.scale))
+    if rel.infeasible:
+        assert want is None
+        return
+    if want is not None:
+        assert rel.bound * CFG.scale.time_s <= want[0] + 1e-9
+
+
+def test_bound_source_is_reported():
+    """The 1f1b instance of 14 layers on 4 stages is proven optimal; the bound's source is named."""
+    sol = solve(_llm(14, 4, 1, 8, "1f1b", 30), CFG)
+    assert sol.status == "OPTIMAL" and sol.bound_source in ("CP-SAT", "relaxation")
+    assert sol.bound_s == pytest.approx(sol.objective_s)
+
+
+def test_default_solves_are_deterministic_with_two_workers():
+    """The default budget is deterministic (ppb/config.py): two solves of an interleaved instance
+    with two workers (interleave_search) return the same plan, objective and bound."""
+    inst = _llm(30, 4, 2, 8, "interleaved", 30)
+    cfg = Config(deterministic_time=1, workers=2)
+    a, b = solve(inst, cfg), solve(inst, cfg)
+    assert a.plan is not None and (a.plan, a.objective_s, a.bound_s) == (b.plan, b.objective_s, b.bound_s)

@@ -102,3 +102,22 @@ def test_deepep_backend_reaches_the_launch_flags_and_is_refused_where_unused():
     assert r.exit_code == 0 and "--moe-a2a-backend deepep" in r.output, r.output
     r = _run("-m", "qwen3-30b-a3b", "--isl", "100", "--osl", "10", "--rate", "5", "--disaggregate", "--ep-a2a", "deepep")
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "--ep-a2a" in r.output, r.output
+
+
+@pytest.mark.parametrize("args", [("-m", "llama3.1-8b", "--ep-a2a", "deepep"),
+                                  ("-m", "qwen3-30b-a3b", "--ep", "1", "--ep-a2a", "deepep"),
+                                  ("-m", "qwen3-30b-a3b", "--engine", "trtllm", "--ep-a2a", "deepep")])
+def test_deepep_where_it_does_nothing_is_one_line(args):
+    r = _run(*args, "--gpus", "8", "--isl", "100", "--osl", "10")
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--ep-a2a" in r.output, r.output
+
+
+def test_trtllm_admits_a_batch_per_pipeline_stage():
+    """TensorRT-LLM's executor admits pp_size x max_batch_size requests (get_max_num_sequences)."""
+    import ndplan
+    from ndplan.serve.estimate import serve_estimate
+    from ndplan.serve.layout import ServeLayout, WeightRecipe
+    spec, hw = ndplan.load_model("llama3.1-70b"), ndplan.load_hardware("h200")
+    est = serve_estimate(spec, hw, ServeLayout(pp=4), isl=1000, osl=1000, recipe=WeightRecipe("fp8"),
+                         engine_name="trtllm", max_seqs=100)
+    assert est.running == 400

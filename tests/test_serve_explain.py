@@ -38,15 +38,27 @@ def test_the_step_kernel_equals_its_sympy_terms(b, ctx, p, pctx, other, tp, moe)
         assert kernel[t.key] == pytest.approx(float(t.expr.subs(values)), rel=1e-9, abs=1e-15)
 
 
+def _hybrid():
+    """llama3.1-8b with its first 6 layers full and 26 sliding over 512 tokens: on 5 stages the stage
+    with the fewest KV tokens (the first) is not the one holding the fewest requests."""
+    import dataclasses
+    spec = ndplan.load_model("llama3.1-8b")
+    return dataclasses.replace(spec, name="hybrid", attention_windows=(0,) * 6 + (512,) * 26)
+
+
 @pytest.mark.parametrize("name, layout, conc", [("llama3.1-8b", dict(tp=1), None), ("llama3.1-70b", dict(tp=4, pp=2), 400),
-                                                ("qwen3-30b-a3b", dict(tp=4, ep=4, dp_attention=4), None)])
+                                                ("qwen3-30b-a3b", dict(tp=4, ep=4, dp_attention=4), None),
+                                                ("hybrid", dict(tp=1, pp=5), None)])
 def test_explained_derived_numbers_are_the_estimates(name, layout, conc):
     """--explain's pool, capacity, concurrency, TPOT, TTFT and throughput rows evaluate their printed
     formula to the very numbers the estimate ranks by (one function, serve/derived.py)."""
-    spec = ndplan.load_model(name)
+    spec = _hybrid() if name == "hybrid" else ndplan.load_model(name)
     lay = ServeLayout(**layout).check(spec)
-    est = serve_estimate(spec, HW, lay, isl=2000, osl=300, concurrency=conc)
-    rows = {r["key"]: r["value"] for r in explain_rows(spec, HW, est, WeightRecipe(), "bf16", 2000, 300)}
+    isl = 30000 if name == "hybrid" else 2000
+    est = serve_estimate(spec, HW, lay, isl=isl, osl=300, concurrency=conc)
+    rows = {r["key"]: r["value"] for r in explain_rows(spec, HW, est, WeightRecipe(), "bf16", isl, 300)}
+    if name == "hybrid":
+        assert est.details["capacity_stage"] != est.details["stage"]
     assert rows["serve.kv_cache_tokens"] == est.kv_cache_tokens
     assert rows["serve.max_concurrency"] == est.max_concurrency
     assert rows["serve.tpot"] == est.tpot_s

@@ -89,3 +89,32 @@ def test_sliding_decode_reads_stop_at_the_window():
     assert inside < at_window
     assert ST.CTX not in ST.step_terms(spec, ServeLayout(), ndplan.serve.WeightRecipe(), "bf16")[
         "serve.step.attention"].expr.subs(ST.CTX, 5000).free_symbols
+
+
+def test_decoding_requests_hold_the_window_only():
+    """While decoding a sliding layer holds its window in whole pages and one more (vLLM's
+    SlidingWindowManager frees the pages behind it): 4096 + 16 at 32k tokens, not 12,304."""
+    assert SM.held_tokens(4096, 32768, 8192, 16, steady=True) == 4096 + 16
+    assert SM.held_tokens(4096, 1000, 8192, 16, steady=True) == 1008
+    spec = ndplan.load_model("mistral-7b")
+    est = serve_estimate(spec, ndplan.load_hardware("h100-sxm"), ServeLayout(), isl=30000, osl=2768,
+                         max_seqs=10 ** 5)
+    assert est.running == est.kv_cache_tokens // (4096 + 16)
+
+
+def test_window_rules_match_transformers_layer_types():
+    """transformers' own configs derive ``layer_types`` (5.x). Read with them, and without them by
+    ndplan's model_type rules (Qwen2 under use_sliding_window with its default max_window_layers 28,
+    Gemma 2's even layers), the windows are transformers'; Cohere2 (pattern of 4) through layer_types."""
+    transformers = pytest.importorskip("transformers")
+    cases = ((transformers.Qwen2Config(num_hidden_layers=32, use_sliding_window=True, sliding_window=4096), True),
+             (transformers.Gemma2Config(num_hidden_layers=6, sliding_window=4096), True),
+             (transformers.Cohere2Config(num_hidden_layers=8, sliding_window=4096), False))
+    for cfg, by_rule in cases:
+        want = tuple(cfg.sliding_window if t == "sliding_attention" else 0 for t in cfg.layer_types)
+        d = cfg.to_dict()
+        d.setdefault("vocab_size", 1000)
+        assert model_from_config(d, cfg.model_type, "transformers").attention_windows == want, cfg.model_type
+        if by_rule:
+            d.pop("layer_types")
+            assert model_from_config(d, cfg.model_type, "transformers").attention_windows == want, cfg.model_type

@@ -12,12 +12,12 @@ from ndplan.errors import NdplanError, warn
 from ndplan import limits
 from ndplan.cli_types import Count, Real
 from ndplan.paths import output_file
-from ndplan.ppb.instance import Instance, Pipeline, layers_from_doc, load_layer_doc
-from ndplan.ppb.plan import Plan, uniform_plan
-from ndplan.ppb.config import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS
+from ndplan.ppb.instance import Instance, Pipeline, layers_from_doc, load_layer_doc, stage_constant_bytes
+from ndplan.ppb.userplan import user_plan as user_plan_of
+from ndplan.ppb.config import DEFAULT_DETERMINISTIC_TIME, DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS
 from ndplan.ppb.scale import TIME_UNIT_S, Scale
 from ndplan.report import cli as report_cli
-from ndplan.vocab import RECOMPUTE_MODES as MODES
+from ndplan.vocab import PPB_RECOMPUTE_MODES as MODES
 from ndplan.vocab import SCHEDULES
 from ndplan.units import GIB, fmt_bytes, fmt_seconds
 from ndplan.points import default_schedule
@@ -51,28 +51,6 @@ def _budget(meta: dict, budget_gib, hardware, reserve_gib) -> int:
         raise NdplanError("--reserve-gib", reserve / GIB, f"leaves nothing of the device's {hbm / GIB:g} GiB",
                           "give a smaller reserve, or --budget-gib")
     return int(hbm - reserve)
-
-
-def _user_plan(inst: Instance, text: str | None, rec: str | None) -> Plan | None:
-    if text is None:
-        if rec is not None:
-            raise NdplanError("--plan-recompute", rec, "given without --plan", "give --plan too, or drop it")
-        return None
-    try:
-        sizes = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise NdplanError("--plan", text, "not comma-separated integers",
-                          "give layers per virtual stage, e.g. 21,20,20,21") from None
-    if len(sizes) != inst.pipeline.chunks or sum(sizes) != len(inst.layers) or min(sizes) < 1:
-        raise NdplanError("--plan", text, f"{len(sizes)} counts summing to {sum(sizes)}",
-                          f"give {inst.pipeline.chunks} positive counts summing to {len(inst.layers)} "
-                          "(the layer file's layers, embedding and head included)")
-    bounds = [0]
-    for n in sizes:
-        bounds.append(bounds[-1] + n)
-    plan = uniform_plan(inst, rec or "none", tuple(bounds))
-    plan.check(inst)
-    return plan
 
 
 def _index_note(layers) -> str:
@@ -126,13 +104,18 @@ def _print_text(out: dict, res) -> None:
     """The human-readable answer: status, per-stage table, baselines, framework forms."""
     sol, sim, pipe = res.solution, res.simulation, res.inst.pipeline
     gap = f", gap {sol.gap:.2%}" if sol.gap else ""
-    click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)}{gap}; "
+    click.echo(f"{sol.status}: step {fmt_seconds(sol.objective_s)} (bound {fmt_seconds(sol.bound_s)} from "
+               f"{sol.bound_source}{gap}; "
                f"replay {fmt_seconds(sim.step_s)}) in {sol.wall_s:.1f} s; budget {fmt_bytes(pipe.budget_bytes)}")
     click.echo(_index_note(res.inst.layers))
-    click.echo("stage chunk  layers      full sel  t/mb      peak        bubble    imbalance recompute")
+    comm = any(m in r["recompute"] for r in out["stages"] for m in ("comm", "selective+comm"))
+    click.echo("stage chunk  layers      full " + ("s+c comm " if comm else "") +
+               "sel  t/mb      peak        bubble    imbalance recompute")
     for r in out["stages"]:
-        click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {r['recompute'].count('full'):>4} "
-                   f"{r['recompute'].count('selective'):>3}  {fmt_seconds(r['time_s']):<9} "
+        rec = r["recompute"]
+        both = f"{rec.count('selective+comm'):>3} {rec.count('comm'):>4} " if comm else ""
+        click.echo(f"{r['stage']:>5} {r['chunk']:>5}  {_ranges(r['layers']):<10} {rec.count('full'):>4} {both}"
+                   f"{rec.count('selective'):>3}  {fmt_seconds(r['time_s']):<9} "
                    f"{fmt_bytes(r['peak_bytes']):<11} {fmt_seconds(r['bubble_s']):<9} "
                    f"{fmt_seconds(r['imbalance_s']):<9} {fmt_seconds(r['recompute_s'])}")
     for name, c in out["baselines"].items():
@@ -141,7 +124,7 @@ def _print_text(out: dict, res) -> None:
     _print_forms(out)
 
 
-def _no_plan(res, out: dict, as_json: bool, time_limit) -> None:
+def _no_plan(res, out: dict, as_json: bool, time_limit, budget) -> None:
     """No plan: the JSON answer, or the one error line (infeasible budget, or the limit)."""
     if as_json:
         click.echo(json.dumps(out, indent=2))
@@ -149,13 +132,19 @@ def _no_plan(res, out: dict, as_json: bool, time_limit) -> None:
     if res.diagnosis is not None:
         raise NdplanError("budget", fmt_bytes(res.inst.pipeline.budget_bytes), res.diagnosis.message(),
                           "raise --budget-gib, or give more stages or recompute in the layer file")
-    raise NdplanError("--time-limit", time_limit, f"solver status {res.solution.status}: no plan found", "raise it")
+    flag, value = ("--time-limit", time_limit) if time_limit is not None else ("--deterministic-time", budget)
+    raise NdplanError(flag, value, f"solver status {res.solution.status}: no plan found", "raise it")
 
 
 def _instance(doc: dict, pp, vpp, m, schedule, budget) -> Instance:
+    """The instance of the layer file under the options; the budget less what every stage holds
+    besides its layers (SAPP's stage_const_mem, instance.stage_constant_bytes)."""
     layers = layers_from_doc(doc)
-    pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or default_schedule(vpp),
-                    budget_bytes=_budget(doc, *budget))
+    total, const = _budget(doc, *budget), stage_constant_bytes(doc)
+    if const >= total:
+        raise NdplanError("stage_const_mem", fmt_bytes(const), f"leaves nothing of the budget {fmt_bytes(total)}",
+                          "raise --budget-gib, or lower stage_const_mem in the layer file")
+    pipe = Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule or default_schedule(vpp), budget_bytes=total - const)
     return Instance(layers=layers, pipeline=pipe)
 
 
@@ -176,20 +165,26 @@ OPTIONS = [
     click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib."),
     click.option("--reserve-gib", type=Real(lambda f, v: limits.gib(f, v, lo_open=False)), default=None,
                  help="Default: the layer file's overhead_bytes."),
-    click.option("--time-limit", type=_seconds("seconds"), default=DEFAULT_TIME_LIMIT_S, show_default=True,
-                 help="Solver wall-clock seconds (CP-SAT passes and local search)."),
     click.option("--deterministic-time", type=_seconds("CP-SAT deterministic time units"), default=None,
-                 help="Instead of --time-limit: a budget in CP-SAT deterministic time (about a second a unit); "
-                      "the plan is then the same on every machine and under any load, for given --workers."),
+                 help=f"The solver's budget in CP-SAT deterministic time (default {DEFAULT_DETERMINISTIC_TIME:g}: "
+                      "about 9 s on 2 cores for 96 layers x 16 stages x vpp 2): the same plan on every machine "
+                      "and under any load, for given --workers."),
+    click.option("--time-limit", type=_seconds("seconds"), default=None,
+                 help=f"Instead: a wall-clock budget, e.g. {DEFAULT_TIME_LIMIT_S:g} (CP-SAT passes and local "
+                      "search); the plan found then depends on the machine and its load."),
     click.option("--workers", type=Count(hi=limits.MAX_WORKERS, what="a worker count"), default=DEFAULT_WORKERS,
                  show_default=True, help="CP-SAT search workers. A fixed count, not the machine's cores: the plan "
                                          "found within a limit depends on it, so fixing it keeps results comparable."),
     click.option("--time-resolution-us", type=Real(lambda f, v: limits.real(f, v, 0.0, 1e6, what="microseconds")),
                  default=TIME_UNIT_S * 1e6, show_default=True, help="Time unit of the CP-SAT model."),
     click.option("--plan", "user_plan", default=None,
-                 help="A plan to compare: layers per virtual stage (the layer file's layers, embedding and head "
-                      "included), e.g. 21,20,20,21."),
-    click.option("--plan-recompute", type=click.Choice(MODES), default=None, help="Recompute mode of --plan."),
+                 help="A plan to replay and compare: layers per virtual stage (the layer file's layers, embedding "
+                      "and head included), e.g. 21,20,20,21; a Megatron-LM layout, e.g. 'Et*20|t*20|t*20|t*20L'; "
+                      "or a MindFormers YAML/JSON file with offset and recompute, select_recompute and "
+                      "select_comm_recompute."),
+    click.option("--plan-recompute", default=None,
+                 help=f"Recompute of a sizes or layout --plan: one mode for every layer, or one per layer, "
+                      f"comma-separated ({', '.join(MODES)})."),
     click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Write an SVG timeline here."),
     click.option("--json", "as_json", is_flag=True),
     emit_options,
@@ -215,12 +210,15 @@ def register(main: click.Group) -> None:
         inst = _instance(doc, pp, vpp, m, schedule, (budget_gib, hardware, reserve_gib))
         from ndplan.ppb.result import balance  # ortools: import on use (0.3 s)
         from ndplan.ppb.config import Config
-        cfg = Config(time_limit_s=time_limit, deterministic_time=deterministic_time, workers=workers,
-                     scale=Scale(time_s=time_resolution_us * 1e-6))
-        res = balance(inst, cfg, _user_plan(inst, user_plan, plan_recompute))
+        if time_limit is not None and deterministic_time is not None:
+            raise NdplanError("--time-limit", time_limit, "given with --deterministic-time",
+                              "give one budget: --deterministic-time (reproducible) or --time-limit (wall clock)")
+        cfg = Config(time_limit_s=time_limit, deterministic_time=deterministic_time or DEFAULT_DETERMINISTIC_TIME,
+                     workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6))
+        res = balance(inst, cfg, user_plan_of(inst, user_plan, plan_recompute))
         out = res.as_dict()
         if res.plan is None:
-            return _no_plan(res, out, as_json, time_limit)
+            return _no_plan(res, out, as_json, time_limit, cfg.deterministic_time)
         if timeline:
             from ndplan.ppb.svg import timeline_svg
             Path(timeline).write_text(timeline_svg(res.simulation, f"{inst.pipeline.schedule} pp={pp} vpp={vpp} m={m}"))

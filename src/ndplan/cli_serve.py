@@ -151,12 +151,28 @@ def _settings(spec, o: dict) -> dict:
         if given:
             raise NdplanError(given[0], True, "does not apply to --disaggregate, which sizes both pools itself",
                               "leave it out")
+    _check_a2a(spec, o)
     ms = lambda v: None if v is None else v / 1e3  # noqa: E731
     return dict(isl=o["isl"], osl=o["osl"], concurrency=o["concurrency"], rate=o["rate"], ttft_s=ms(o["ttft_ms"]),
                 tpot_s=ms(o["tpot_ms"]), recipe=WeightRecipe(o["weight_dtype"]), kv_dtype=o["kv_dtype"],
                 engine_name=o["engine_name"] or o["emit_engine"] or "vllm", mem_fraction=o["engine_mem_fraction"],
                 fixed={k: o[k] for k in ("tp", "pp", "ep", "dp_attention") if o[k]}
                 | ({"a2a": o["ep_a2a"]} if o["ep_a2a"] else {}))
+
+
+def _check_a2a(spec, o: dict) -> None:
+    """--ep-a2a deepep only where it acts: a MoE model, expert parallelism, an engine with DeepEP."""
+    from ndplan.errors import NdplanError
+    if o["ep_a2a"] != "deepep":
+        return
+    engine_name = o["engine_name"] or o["emit_engine"] or "vllm"
+    if not spec.is_moe:
+        raise NdplanError("--ep-a2a", "deepep", f"{spec.name} has no experts to dispatch", "leave --ep-a2a out")
+    if o["ep"] == 1:
+        raise NdplanError("--ep-a2a", "deepep", "given with --ep 1 (no all-to-all)", "give --ep above 1, or drop it")
+    if engine_name.startswith("trtllm"):
+        raise NdplanError("--ep-a2a", "deepep", f"engine {engine_name} has no DeepEP backend in ndplan's model "
+                          "(its MoE communication is its own)", "use --engine vllm or sglang, or drop --ep-a2a")
 
 
 def _min_gpus(spec, hw, kw: dict, as_json: bool) -> None:

@@ -54,9 +54,10 @@ _SOURCES_DIGEST: str | None = None
 _EXPR_MODULES = ("formulas", "catalog", "argnames.py", "engines.py", "engine_fields.py", "engine_time.py",
                  "torch_facts.py", "units.py", "vocab.py",
                  "symbols.py", "strategy.py", "structure.py", "layouts.py", "terms.py", "lambdify.py", "estimate.py",
-                 "readlog.py")
+                 "readlog.py", "serve")
 """Modules whose sources are in every kernel's key: the builders, what they read, the Breakdowns
-estimate.py asks of them, and the code printer (lambdify.py)."""
+estimate.py asks of them, the code printer (lambdify.py), and serving's (serve/, whose step kernels
+the shipped store carries too)."""
 _VALUE_FREE_MODULES = ("errors.py", "limits.py", "paths.py", "rules.py", "autoep.py", "hooks.py", "kernels.py",
                        "prebuilt.py", "memo.py")
 """Modules the formulas import that decide no expression: messages, input bounds, catalog paths,

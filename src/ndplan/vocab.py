@@ -11,7 +11,19 @@ interleaved 1F1B (Narayanan et al. 2021 Sec. 2.2), zero-bubble ZB-H1 and ZBV (Qi
 from __future__ import annotations
 
 RECOMPUTE_MODES = ("none", "selective", "full")
-"""In order of increasing recompute (decreasing memory): PPB's plans rank modes by this order."""
+"""The training formulas' modes, in order of increasing recompute (decreasing memory)."""
+PPB_RECOMPUTE_MODES = ("none", "selective", "comm", "selective+comm", "full")
+"""The per-layer modes PPB balances: the training modes and MindSpore's communication recompute
+(MindFormers ``select_comm_recompute``: the all-gathers of sequence parallelism are run again in
+backward; ``selective+comm`` both; SAPP ``Recompute.TYPE`` NONE, SLCT, COMM, BOTH, FULL). Not a
+total order: ``selective`` and ``comm`` recompute different things, so none is below both and
+both are below ``selective+comm``, which is below ``full`` (``RECOMPUTE_BELOW``). Where PPB needs
+one order for a layer (its local search's "one mode deeper / lighter"), it orders that layer's
+modes by the activation bytes they keep (ppb/instance.py ``Layer.by_memory``)."""
+RECOMPUTE_BELOW = {"none": (), "selective": ("none",), "comm": ("none",),
+                   "selective+comm": ("none", "selective", "comm"),
+                   "full": ("none", "selective", "comm", "selective+comm")}
+"""mode -> the modes that recompute a subset of what it recomputes (the partial order)."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 """Schedules with one model chunk per stage (vpp must be 1)."""

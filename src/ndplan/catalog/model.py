@@ -280,18 +280,22 @@ def _layer_kinds(cfg: dict, model_type: str, L: int, n_experts: int, where: str)
     return tuple(kinds)
 
 
-#: model_type values whose sliding_window, when set, applies to every layer (transformers' Mistral
-#: and Mixtral attention pass ``sliding_window=config.sliding_window`` to every layer).
-EVERY_LAYER_WINDOW_TYPES = frozenset({"mistral", "mixtral"})
+#: model_type values whose sliding_window, when set, applies to every layer (transformers' Mistral,
+#: Mixtral, Phi-3 and Starcoder2 attention pass ``sliding_window=config.sliding_window`` to every layer).
+EVERY_LAYER_WINDOW_TYPES = frozenset({"mistral", "mixtral", "phi3", "starcoder2"})
+QWEN_MAX_WINDOW_LAYERS = 28
+"""transformers' Qwen2Config / Qwen3Config default ``max_window_layers``: with use_sliding_window and
+no max_window_layers, layers from the 29th on slide."""
 
 
 def _windows(cfg: dict, model_type: str, L: int, where: str) -> tuple[int, ...]:
     """Per-layer sliding windows from the Hugging Face fields (0: full attention):
     ``layer_types`` ("sliding_attention" / "full_attention", gpt-oss, Gemma 3, newer configs)
-    with ``sliding_window``; else by model_type: Mistral and Mixtral every layer; Gemma 2 the even
-    layers (``is_sliding = not bool(layer_idx % 2)``); Gemma 3's older configs every layer but each
-    ``sliding_window_pattern``-th; Qwen2 and Qwen3 only under ``use_sliding_window``, layers from
-    ``max_window_layers`` on. Anything else: full attention."""
+    with ``sliding_window``; else by model_type: Mistral, Mixtral, Phi-3 and Starcoder2 every layer;
+    Gemma 2 the even layers (``is_sliding = not bool(layer_idx % 2)``); a ``sliding_window_pattern``
+    (Gemma 3's and Cohere2's older configs) every layer but each pattern-th; Qwen2 and Qwen3 only
+    under ``use_sliding_window``, layers from ``max_window_layers`` (default 28) on. Anything else:
+    full attention. Fields nested under ``text_config`` (multimodal Gemma 3) are not read."""
     w = cfg.get("sliding_window")
     types = cfg.get("layer_types")
     if types is not None:
@@ -313,11 +317,11 @@ def _windows(cfg: dict, model_type: str, L: int, where: str) -> tuple[int, ...]:
         return (window,) * L
     if model_type == "gemma2":
         return tuple(0 if i % 2 else window for i in range(L))
-    if model_type.startswith("gemma3") and cfg.get("sliding_window_pattern"):
+    if cfg.get("sliding_window_pattern"):
         n = _int_field(cfg, where, "sliding_window_pattern", lo=1)
         return tuple(0 if (i + 1) % n == 0 else window for i in range(L))
     if model_type.startswith(("qwen2", "qwen3")) and cfg.get("use_sliding_window"):
-        first = _int_field(cfg, where, "max_window_layers", default=0)
+        first = _int_field(cfg, where, "max_window_layers", default=QWEN_MAX_WINDOW_LAYERS)
         return tuple(window if i >= first else 0 for i in range(L))
     return ()
 

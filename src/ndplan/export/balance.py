@@ -16,6 +16,8 @@ from ndplan.ppb.plan import Plan
 
 NOT_DECODER = ("embedding", "head", "mtp")
 """Layer kinds that are not decoder layers (ppb/export.py writes these kinds)."""
+COMM_MODES = ("comm", "selective+comm")
+"""The recompute modes only MindFormers expresses (``select_comm_recompute``)."""
 LAYOUT_SYMBOL = {"embedding": "E", "head": "L", "mtp": "m"}
 """Layer kind -> Megatron-LM layout character (megatron/core/transformer/
 pipeline_parallel_layer_layout.py ``parse_str_to_list``: E embedding, L loss, m MTP,
@@ -34,12 +36,23 @@ class Balance:
         """Decoder layers of every virtual stage, in model order."""
         return tuple(len(self._modes(v)) for v in range(self.inst.pipeline.chunks))
 
+    def mode_counts(self, mode: str) -> tuple[int, ...]:
+        """Decoder layers of every virtual stage at recompute ``mode``."""
+        return tuple(self._modes(v).count(mode) for v in range(self.inst.pipeline.chunks))
+
+    def has_comm(self) -> bool:
+        return any(any(self.mode_counts(m)) for m in COMM_MODES)
+
     def recompute_counts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(full, selective) decoder-layer counts per virtual stage; the plan puts full
-        recompute on a slice's first layers, then selective (ppb/model.py)."""
-        v_all = range(self.inst.pipeline.chunks)
-        return (tuple(self._modes(v).count("full") for v in v_all),
-                tuple(self._modes(v).count("selective") for v in v_all))
+        recompute on a slice's first layers, then selective (ppb/model.py). A plan with
+        MindSpore's communication recompute has no such form (a one-line error): only
+        MindFormers names it (``mindformers.plan_fields`` reads ``mode_counts``)."""
+        if self.has_comm():
+            raise NdplanError("recompute", "comm", "MindSpore's communication recompute (select_comm_recompute) "
+                              "has no flag in this framework", "balance a layer file without the comm modes, or "
+                              "take the MindFormers form")
+        return self.mode_counts("full"), self.mode_counts("selective")
 
     def layout_groups(self) -> list[str]:
         """Megatron-LM layout group of every virtual stage from the layers' kinds. Megatron

@@ -90,20 +90,31 @@ def _check_schedule(p) -> None:
     refuse_engine_rules(TARGET, c, ("schedule", "m"))
 
 
-def pipeline_fields(p, layers, full, sel) -> dict:
-    """recompute, select_recompute and offset (dotted keys) of decoder ``layers`` and
-    (``full``, ``sel``) recompute counts per virtual stage; ``p`` has pp, vpp, schedule."""
+def pipeline_fields(p, layers, full, sel, comm=None, both=None) -> dict:
+    """recompute, select_recompute (select_comm_recompute) and offset (dotted keys) of decoder
+    ``layers`` and recompute counts per virtual stage (``comm``: communication recompute alone,
+    ``both``: selective + communication); ``p`` has pp, vpp, schedule. A fully recomputed layer
+    counts in every list and a ``both`` layer in both select lists, SAPP's ``yaml_from_internal``
+    (toolkit/pipeline_balance/utils/recompute.py at v1.6.0-beta1)."""
     offset = [n - sum(layers) // len(layers) for n in layers]
-    return {KEY["full"]: _counts(p, full, layers),
-            KEY["selective"]: _counts(p, [f + x for f, x in zip(full, sel)], layers) if max(sel) else False,
-            KEY["offset"]: per_stage(p, offset) if any(offset) else 0}
+    both = both or [0] * len(layers)
+    doc = {KEY["full"]: _counts(p, full, layers),
+           KEY["selective"]: (_counts(p, [f + b + x for f, b, x in zip(full, both, sel)], layers)
+                              if max(sel) or max(both) else False),
+           KEY["offset"]: per_stage(p, offset) if any(offset) else 0}
+    if comm is not None and (max(comm) or max(both)):
+        doc[KEY["selective_comm"]] = _counts(p, [f + b + c for f, b, c in zip(full, both, comm)], layers)
+    return doc
 
 
 def plan_fields(p, balance) -> dict:
     """``pipeline_fields`` of a PPB plan alone (``ndplan balance``), by leaf name."""
     _check_schedule(p)
-    doc = pipeline_fields(p, balance.decoder_layers(), *balance.recompute_counts())
-    out = {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"])}
+    count = balance.mode_counts
+    doc = pipeline_fields(p, balance.decoder_layers(), count("full"), count("selective"), count("comm"),
+                          count("selective+comm"))
+    out = {k.rsplit(".", 1)[1]: doc[k] for k in (KEY["offset"], KEY["full"], KEY["selective"], KEY["selective_comm"])
+           if k in doc}
     if p.pp > 1 and SCHEDULER[p.schedule] != "1f1b":
         out[KEY["scheduler"].rsplit(".", 1)[1]] = SCHEDULER[p.schedule]
     return out

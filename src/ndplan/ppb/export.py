@@ -32,7 +32,8 @@ from ndplan.formulas.local import act_context, device_params
 from ndplan.formulas.memory import chunk_activation, weight_cast
 from ndplan.formulas.states import static_terms
 from ndplan.formulas.step import head_parts, layer_parts
-from ndplan.ppb.instance import MODES, Layer
+from ndplan.ppb.instance import Layer
+from ndplan.vocab import RECOMPUTE_MODES as MODES  # the training formulas' modes
 from ndplan.strategy import Strategy
 from ndplan.symbols import model_symbols
 

@@ -7,7 +7,8 @@ A layer (one entry of the expanded, ordered list) carries, per micro-batch on on
   W (weight gradient; zero-bubble schedules run it apart from B),
 * ``static_bytes``: weights + gradients + master + optimizer share on its device,
 * ``activation_bytes[mode]``: bytes kept for backward per micro-batch under each
-  recompute mode it offers (``none`` always; ``selective``/``full`` when meaningful),
+  recompute mode it offers (``none`` always; ``selective``, ``comm``, ``selective+comm``,
+  ``full`` when meaningful: vocab.PPB_RECOMPUTE_MODES),
 * ``recompute_s[mode]``: the extra forward time the mode costs in backward
   (``none`` -> 0).
 
@@ -31,9 +32,9 @@ from pathlib import Path
 
 from ndplan import limits, rules
 from ndplan.catalog.files import read_mapping
-from ndplan.errors import NdplanError
+from ndplan.errors import NdplanError, warn
 from ndplan.units import GIB, MIB
-from ndplan.vocab import RECOMPUTE_MODES as MODES, SCHEDULES  # PPB balances every schedule
+from ndplan.vocab import PPB_RECOMPUTE_MODES as MODES, RECOMPUTE_BELOW, SCHEDULES  # PPB balances every schedule
 
 FORMAT = "ndplan-layers/1"
 
@@ -74,6 +75,23 @@ class Layer:
     @property
     def modes(self) -> tuple[str, ...]:
         return tuple(m for m in MODES if m in self.activation_bytes)
+
+    @property
+    def by_memory(self) -> tuple[str, ...]:
+        """This layer's modes from the most activation bytes kept to the fewest (ties: less
+        recompute time first): the one order PPB's local search steps through ("one mode
+        deeper" is the next, "lighter" any earlier), since the modes are only partially
+        ordered (vocab.PPB_RECOMPUTE_MODES)."""
+        return tuple(sorted(self.modes, key=lambda m: (-self.activation_bytes[m], self.recompute_s.get(m, 0.0),
+                                                       MODES.index(m))))
+
+    def at_most(self, mode: str) -> str:
+        """The offered mode nearest ``mode`` from below in the partial order: ``mode`` itself when
+        offered, else the one of the modes it includes (RECOMPUTE_BELOW) keeping the fewest bytes."""
+        if mode in self.activation_bytes:
+            return mode
+        below = [m for m in RECOMPUTE_BELOW[mode] if m in self.activation_bytes]
+        return min(below, key=lambda m: (self.activation_bytes[m], MODES.index(m)))
 
     def time_s(self, mode: str) -> float:
         """F + B + W + recompute of one micro-batch under ``mode``."""
@@ -232,13 +250,21 @@ def layers_to_doc(layers: tuple[Layer, ...], meta: dict | None = None) -> dict:
 
 # ------------------------------------------------------------ MindSpore SAPP
 
-SAPP_MEMORY_KEYS = {"none": "memory_activation", "selective": "memory_select_rec", "full": "memory_recompute"}
-"""SAPP activation keys per mode, MB per micro-batch (SAPP ``Recompute.JSON_MEMORY_NAME``)."""
-SAPP_TIME_KEYS = {"none": "backward_time", "selective": "select_rec_time", "full": "recompute_time"}
-"""SAPP backward-time keys per mode: backward including that mode's recompute."""
-SAPP_DEFAULT_COEF = {"none": 0.0, "selective": 0.04, "full": 0.5}
-"""SAPP fallback when a backward time is absent: backward = 2 x time x (1 + coef)
-(SAPP ``Recompute.DEFAULT_COEF``: selective 0.04, full 0.5)."""
+SAPP_MODES = {
+    "none": ("memory_activation", "backward_time", "backward_coef", 0.0),
+    "selective": ("memory_select_rec", "select_rec_time", "select_rec_coef", 0.04),
+    "comm": ("memory_select_comm", "select_comm_time", "select_comm_coef", 0.125),
+    "selective+comm": ("memory_both_comm_select", "both_comm_select_time", "both_comm_select_coef", 0.165),
+    "full": ("memory_recompute", "recompute_time ", "recompute_coef", 0.5),
+}
+"""ndplan mode -> (SAPP activation key, MB per micro-batch; backward-time key, ms; coefficient key;
+SAPP's default coefficient), from mindformers v1.6.0-beta1 toolkit/pipeline_balance/utils/
+recompute.py (``JSON_MEMORY_NAME``, ``JSON_TIME_NAME``, ``JSON_COEF_NAME``, ``DEFAULT_COEF``). The
+full mode's time key is ``"recompute_time "`` with a trailing space there, so SAPP never reads a
+file's ``recompute_time``: its full-recompute backward always comes from ``recompute_coef``."""
+SAPP_BACKWARD_RATIO = 2
+"""SAPP ``Layer.backward_default_ratio``: a layer's backward is 2 x its ``time`` (not its
+forward_time) times (1 + the mode's coefficient) unless the mode's time is given (``compute_internal_time``)."""
 SAPP_KINDS = {"HEAD": "embedding", "BODY": "body", "TAIL": "head"}
 """SAPP entry type -> layer kind: SAPP's HEAD is the model's first layer (the embedding)
 and TAIL its last (output layer and loss), ``Layer.type_enum`` of SAPP
@@ -251,41 +277,84 @@ SAPP_WEIGHT_GRAD_SHARE = 0.5
 """SAPP does not split backward into B and W; the weight-gradient GEMMs take as many
 FLOPs as the input-gradient ones (formulas/step.py: B = gemm + ..., W = gemm), so W is
 taken as half the no-recompute backward."""
+SAPP_ENTRY_FIELDS = frozenset({"name", "model_name", "type", "time", "nb_layer", "forward_time", "memory_parameter",
+                               "recompute_time"}
+                              | {f for keys in SAPP_MODES.values() for f in keys[:3]})
+"""The fields SAPP's ``generate_layers_list`` reads from an entry (and ``recompute_time``, which it
+means to read): any other is named in a warning."""
+SAPP_TOP_FIELDS = frozenset({"name", "pre_defined_layer", "auto_partition_layer", "layers_description",
+                             "stage_const_mem"})
+"""Top-level keys of a SAPP layer file (``run_pipeline_balance.py``, ``config.get_stage_const_mem``)."""
+
+
+def _sapp_backward(d: dict, mode: str) -> float:
+    """SAPP's backward time (ms, its recompute included) of a BODY entry under ``mode``."""
+    _, time_key, coef_key, default = SAPP_MODES[mode]
+    given = d.get(time_key)
+    if given:
+        return given
+    coef = d.get(coef_key)
+    return (1 + (default if coef is None else coef)) * SAPP_BACKWARD_RATIO * d["time"]
+
+
+def _sapp_numbers(d: dict, where: str) -> None:
+    for k in ("time", "forward_time", "memory_parameter", *(f for keys in SAPP_MODES.values() for f in keys[:3]),
+              "recompute_time"):
+        if d.get(k) is not None:
+            limits.real(f"{where}.{k}", d[k], 0.0, MAX_LAYER_S / SAPP_TIME_UNIT_S, lo_open=False,
+                        what="a number (SAPP: milliseconds, MB, coefficients)")
 
 
 def _sapp_layer(d: dict, where: str) -> Layer:
+    """One SAPP entry as SAPP reads it (``Layer.compute_internal_time`` and the solver's time and
+    memory terms): HEAD and TAIL run ``time`` forward and 2 x ``time`` backward and keep no
+    activations (SAPP counts BODY activations only); a BODY entry's forward is ``forward_time``
+    (else ``time``) and each mode it considers (its activation MB > 0) has the backward
+    ``_sapp_backward`` gives, the mode's recompute being that less the no-recompute backward."""
     if not isinstance(d, dict):
         raise NdplanError(where, d, "not a mapping", "write each layers_description entry as a mapping")
-    keys = ("time", "forward_time", "memory_parameter", *SAPP_TIME_KEYS.values(), *SAPP_MEMORY_KEYS.values())
-    for k in keys:
-        limits.real(f"{where}.{k}", d.get(k, 0), 0.0, MAX_LAYER_S / SAPP_TIME_UNIT_S, lo_open=False,
-                    what="a number (SAPP: milliseconds, MB)")
+    _sapp_numbers(d, where)
+    for k in sorted(set(d) - SAPP_ENTRY_FIELDS - {"count"}):
+        warn(f"{where}.{k}", d[k], "not a SAPP layer field: ignored", "check the spelling against SAPP's "
+             "layers_description keys")
+    if "recompute_time" in d:
+        warn(f"{where}.recompute_time", d["recompute_time"], "never read by SAPP (v1.6.0-beta1 looks up "
+             "'recompute_time ' with a trailing space): ndplan does as SAPP does and takes recompute_coef",
+             "give recompute_coef instead")
+    kind = SAPP_KINDS[str(d.get("type", "BODY")).upper()]
     t = _number(d, "time", where)
-    fwd = d.get("forward_time", t)
-    bwd = {mode: d.get(key, 2 * fwd * (1 + SAPP_DEFAULT_COEF[mode])) for mode, key in SAPP_TIME_KEYS.items()}
-    act = {mode: d[key] * MIB for mode, key in SAPP_MEMORY_KEYS.items() if key in d}
-    act.setdefault("none", 0)
+    static = int(_number(d, "memory_parameter", where, 0) * MIB)
+    if kind != "body":
+        w = SAPP_WEIGHT_GRAD_SHARE * SAPP_BACKWARD_RATIO * t
+        return Layer(name=str(d.get("name", where)), kind=kind, forward_s=t * SAPP_TIME_UNIT_S,
+                     backward_input_s=(SAPP_BACKWARD_RATIO * t - w) * SAPP_TIME_UNIT_S,
+                     backward_weight_s=w * SAPP_TIME_UNIT_S, static_bytes=static, activation_bytes={"none": 0})
+    act = {mode: d[keys[0]] * MIB for mode, keys in SAPP_MODES.items() if (d.get(keys[0]) or 0) > 0}
+    if not act:  # no memory information: SAPP balances time alone
+        act = {"none": 0}
+    if "none" not in act:
+        raise NdplanError(f"{where}.memory_activation", d.get("memory_activation"),
+                          "missing or 0: SAPP would then never leave this layer without recompute, which ndplan "
+                          "does not model", "give the layer's activation MB without recompute")
+    bwd = {mode: _sapp_backward(d, mode) for mode in act}
+    fwd = d.get("forward_time")
     w = SAPP_WEIGHT_GRAD_SHARE * bwd["none"]
-    rec = {m: max(bwd[m] - bwd["none"], 0) * SAPP_TIME_UNIT_S for m in act if m != "none"}
-    return Layer(name=str(d.get("name", where)), kind=SAPP_KINDS[str(d.get("type", "BODY")).upper()],
-                 forward_s=fwd * SAPP_TIME_UNIT_S, backward_input_s=(bwd["none"] - w) * SAPP_TIME_UNIT_S,
-                 backward_weight_s=w * SAPP_TIME_UNIT_S,
-                 static_bytes=int(_number(d, "memory_parameter", where, 0) * MIB),
-                 activation_bytes={k: int(v) for k, v in act.items()}, recompute_s=rec)
+    return Layer(name=str(d.get("name", where)), kind=kind, forward_s=(t if fwd is None else fwd) * SAPP_TIME_UNIT_S,
+                 backward_input_s=(bwd["none"] - w) * SAPP_TIME_UNIT_S, backward_weight_s=w * SAPP_TIME_UNIT_S,
+                 static_bytes=static, activation_bytes={k: int(v) for k, v in act.items()},
+                 recompute_s={m: max(bwd[m] - bwd["none"], 0) * SAPP_TIME_UNIT_S for m in act if m != "none"})
 
 
 def from_sapp(doc: dict) -> tuple[Layer, ...]:
-    """Layers of a SAPP ``layers_description`` (MindSpore SAPP pipeline balancing input).
-
-    Facts of that format: entries typed HEAD / BODY / TAIL with ``nb_layer`` repeats,
-    ``time`` the forward time (ms), optional ``backward_time`` / ``select_rec_time`` /
-    ``recompute_time`` (backward incl. the mode's recompute), ``memory_parameter``
-    (static MB) and ``memory_activation`` / ``memory_select_rec`` / ``memory_recompute``
-    (MB per micro-batch). Order: HEAD entries, BODY entries as listed, TAIL entries.
-    """
+    """Layers of a SAPP ``layers_description`` (MindSpore SAPP pipeline balancing input; every
+    field SAPP reads, as it reads it: ``_sapp_layer``, SAPP_MODES; ``stage_const_mem`` is
+    ``stage_constant_bytes``). Entries typed HEAD / BODY / TAIL with ``nb_layer`` repeats, in the
+    order HEAD entries, BODY entries as listed, TAIL entries."""
     entries = doc["layers_description"]
     if not isinstance(entries, list) or not entries:
         raise NdplanError("layers_description", entries, "not a non-empty list", "list the HEAD, BODY and TAIL entries")
+    for k in sorted(set(doc) - SAPP_TOP_FIELDS):
+        warn(k, doc[k], "not a SAPP layer-file key: ignored", "check the spelling")
     rank = {"HEAD": 0, "BODY": 1, "TAIL": 2}
     for i, d in enumerate(entries):
         if not isinstance(d, dict) or str(d.get("type", "BODY")).upper() not in rank:
@@ -293,3 +362,13 @@ def from_sapp(doc: dict) -> tuple[Layer, ...]:
                               "unknown entry type", "give HEAD, BODY or TAIL")
     ordered = sorted(entries, key=lambda d: rank[str(d.get("type", "BODY")).upper()])
     return _expand([dict(d, count=d.get("nb_layer", 1)) for d in ordered], "layers_description", _sapp_layer)
+
+
+def stage_constant_bytes(doc: dict) -> int:
+    """Memory every stage holds besides its layers: SAPP's ``stage_const_mem`` (MB), which its
+    solver adds to every stage's memory constraint (sapp_solver.py ``add_pipeline_memory_constraint``:
+    ``memory_limit >= param + activation + overhead + constant_memory_``); 0 when absent."""
+    if "layers_description" not in doc or doc.get("stage_const_mem") is None:
+        return 0
+    return int(limits.real("stage_const_mem", doc["stage_const_mem"], 0.0, MAX_LAYER_BYTES / MIB, lo_open=False,
+                           what="MB") * MIB)

@@ -9,6 +9,8 @@ plans are improved here between solves (solve.py). Moves:
   by recomputing one layer of the receiving stage one mode deeper (the fastest repair
   that fits);
 * lighter: one layer recomputed one or more modes less, taken also at an equal step time,
+  (modes ordered per layer by the activation bytes they keep, ``Layer.by_memory``: they are only
+  partially ordered; plans keep ``plan.one_select_list`` where it applies),
   so a plan never recomputes what does not buy memory it needs.
 
 Identical layers of a slice are interchangeable, so recompute moves try one
@@ -26,7 +28,8 @@ from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb import dag
 from ndplan.vocab import SPLIT_W_SCHEDULES
 from ndplan.ppb.instance import Instance
-from ndplan.ppb.plan import Plan, slot
+from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, slot
+from ndplan.vocab import RECOMPUTE_BELOW
 from ndplan.ppb.scale import Scaled
 
 
@@ -116,18 +119,38 @@ def _shifts(plan: Plan, V: int):
 
 
 def _recomputed(inst: Instance, sc: Scaled, plan: Plan, slices, deeper: bool):
-    """Plans with one layer (one per slice, type and mode) of ``slices`` recomputed one
-    mode deeper (``deeper``) or any mode lighter."""
+    """Plans with one layer (one per slice, type and mode) of ``slices`` recomputed one mode
+    deeper (``deeper``: the offered mode keeping the most activation bytes below the current
+    one's, ``Layer.by_memory``) or lighter (``lighter_modes``, cheapest first).
+    The modes are only partially ordered (vocab.PPB_RECOMPUTE_MODES): memory orders the repairs,
+    recompute time the relief."""
     for v in slices:
         seen = set()
         for i in plan.layers(v):
-            modes, mode = inst.layers[i].modes, plan.recompute[i]
+            layer, mode = inst.layers[i], plan.recompute[i]
             if (sc.type_of[i], mode) in seen:
                 continue
             seen.add((sc.type_of[i], mode))
-            k = modes.index(mode)
-            for other in (modes[k + 1:k + 2] if deeper else modes[:k]):
+            for other in (_deeper(layer, mode) if deeper else _lighter(layer, mode)):
                 yield replace(plan, recompute=plan.recompute[:i] + (other,) + plan.recompute[i + 1:])
+
+
+def _deeper(layer, mode: str) -> list[str]:
+    act = layer.activation_bytes
+    return [m for m in layer.by_memory if act[m] < act[mode]][:1]
+
+
+def _lighter(layer, mode: str) -> list[str]:
+    return sorted(lighter_modes(layer, mode), key=lambda m: (layer.recompute_s.get(m, 0.0), -layer.activation_bytes[m]))
+
+
+def lighter_modes(layer, mode: str) -> list[str]:
+    """The layer's modes that recompute less than ``mode``: less recompute time, or as much while
+    recomputing a subset of what it does (vocab.RECOMPUTE_BELOW); the search's tie-break."""
+    rec = layer.recompute_s
+    r = rec.get(mode, 0.0)
+    return [m for m in layer.modes
+            if rec.get(m, 0.0) < r or (m in RECOMPUTE_BELOW[mode] and rec.get(m, 0.0) <= r)]
 
 
 def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, deadline: float,
@@ -139,6 +162,10 @@ def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, 
     lexicographically, so it ends. ``on_path(counts)`` receives the critical path of
     every plan taken (a valid cut for the relaxation)."""
     p = inst.pipeline
+    restricted = offers_both_selects(inst)
+
+    def allowed(cand: Plan) -> bool:
+        return not restricted or one_select_list(cand)
 
     def take(cand: Plan) -> tuple[int, Plan]:
         x, counts = dag.longest_path(graph, unit_durations(inst, sc, cand))
@@ -149,6 +176,8 @@ def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, 
         shifts = list(_shifts(plan, p.chunks))
         if shifts:
             lengths, fits = _shift_scores(inst, sc, graph, plan, shifts, deadline)
+            if restricted:
+                fits = fits & np.array([allowed(c) for c, _ in shifts[:len(fits)]])
             faster = lengths < length
             if (faster & fits).any():
                 k = int(np.argmin(np.where(fits, lengths, np.iinfo(np.int64).max)))
@@ -159,7 +188,7 @@ def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, 
                 cand, c = shifts[k]
                 stage = slot(p, c)[0]
                 for fix in _recomputed(inst, sc, cand, [v for v in range(p.chunks) if slot(p, v)[0] == stage], True):
-                    if unit_memory_fits(inst, sc, fix):
+                    if allowed(fix) and unit_memory_fits(inst, sc, fix):
                         repairs.append((dag.longest_path(graph, unit_durations(inst, sc, fix))[0], fix))
             if repairs and min(r[0] for r in repairs) < length:
                 length, plan = take(min(repairs, key=lambda r: r[0])[1])
@@ -167,7 +196,8 @@ def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, 
         for cand in _recomputed(inst, sc, plan, range(p.chunks), False):
             if time.perf_counter() >= deadline:
                 return length, plan
-            if unit_memory_fits(inst, sc, cand) and dag.longest_path(graph, unit_durations(inst, sc, cand))[0] <= length:
+            if allowed(cand) and unit_memory_fits(inst, sc, cand) and \
+                    dag.longest_path(graph, unit_durations(inst, sc, cand))[0] <= length:
                 length, plan = take(cand)
                 break
         else:

@@ -143,6 +143,21 @@ class PPBModel:
                 md.Add(sum(xs) == self.cnt[v][k])
                 row.append(xs)
             self.n.append(row)
+            self._one_select_list(v, row)
+
+    def _one_select_list(self, v: int, row: list) -> None:
+        """MindFormers recomputes a slice's first ``select_recompute`` and first
+        ``select_comm_recompute`` layers, so a slice cannot hold selective-only and comm-only
+        layers at once (one of the two prefixes contains the other): at most one kind per slice."""
+        def of(mode):
+            return [row[k][t.modes.index(mode)] for k, t in enumerate(self.sc.types) if mode in t.modes and len(t.modes) > 1]
+        sel, comm = of("selective"), of("comm")
+        if not sel or not comm:
+            return
+        total = len(self.sc.type_of)
+        y = self.model.NewBoolVar(f"sel_not_comm{v}")
+        self.model.Add(sum(sel) <= total * y)
+        self.model.Add(sum(comm) <= total * (1 - y))
 
     # ---- derived quantities
     def _add_stage_times(self):

@@ -44,6 +44,22 @@ class Plan:
                                   f"choose from {', '.join(layer.modes)}")
 
 
+def offers_both_selects(inst: Instance) -> bool:
+    """Some layer offers ``selective`` and some ``comm`` (then ``one_select_list`` restricts plans)."""
+    return any("selective" in x.modes for x in inst.layers) and any("comm" in x.modes for x in inst.layers)
+
+
+def one_select_list(plan: Plan) -> bool:
+    """No slice holds both selective-only and comm-only layers: MindFormers recomputes a slice's
+    first ``select_recompute`` and first ``select_comm_recompute`` layers, so one of the two
+    prefixes contains the other and only one kind can stand alone (ppb/model.py adds the same)."""
+    for v in range(len(plan.bounds) - 1):
+        modes = {plan.recompute[i] for i in plan.layers(v)}
+        if "selective" in modes and "comm" in modes:
+            return False
+    return True
+
+
 def slot(p: Pipeline, v: int) -> tuple[int, int]:
     """(stage, chunk) running virtual stage v."""
     for s in range(p.pp):
@@ -96,8 +112,7 @@ def even_bounds(L: int, V: int) -> tuple[int, ...]:
 
 
 def uniform_plan(inst: Instance, mode: str, bounds: tuple[int, ...] | None = None) -> Plan:
-    """Every layer at ``mode`` where it offers it (else its deepest offered mode below)."""
-    from ndplan.ppb.instance import MODES
-    rank = MODES.index(mode)
-    rec = tuple(max((m for m in layer.modes if MODES.index(m) <= rank), key=MODES.index) for layer in inst.layers)
+    """Every layer at ``mode`` where it offers it, else at the offered mode nearest below it in the
+    partial order of the modes (``Layer.at_most``)."""
+    rec = tuple(layer.at_most(mode) for layer in inst.layers)
     return Plan(bounds=bounds or even_bounds(len(inst.layers), inst.pipeline.chunks), recompute=rec)

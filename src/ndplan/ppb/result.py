@@ -39,7 +39,7 @@ class BalanceResult:
     simulation: SimResult | None = None
     """Replay of the solved plan (None without a plan)."""
     baselines: dict[str, Baseline] = field(default_factory=dict)
-    """even_none, even_selective, even_full, and user (the given plan)."""
+    """even_<mode> for every mode some layer offers, and user (the given plan)."""
     diagnosis: Diagnosis | None = None
     """Why no plan fits (INFEASIBLE only)."""
 
@@ -69,7 +69,8 @@ class BalanceResult:
     def as_dict(self) -> dict:
         """The JSON form (``ndplan balance --json``; the report reads it too)."""
         sol = self.solution
-        out = {"status": sol.status, "objective_s": sol.objective_s, "bound_s": sol.bound_s, "solve_s": sol.wall_s,
+        out = {"status": sol.status, "objective_s": sol.objective_s, "bound_s": sol.bound_s,
+               "bound_source": sol.bound_source if sol.bound_s is not None else None, "solve_s": sol.wall_s,
                "budget_bytes": self.inst.pipeline.budget_bytes}
         if self.diagnosis is not None:
             d = self.diagnosis
@@ -88,7 +89,8 @@ def gain(baseline_s: float, step_s: float) -> float:
 
 
 def baseline_plans(inst: Instance, user: Plan | None = None) -> dict[str, Plan]:
-    plans = {f"even_{mode}": uniform_plan(inst, mode) for mode in MODES}
+    plans = {f"even_{mode}": uniform_plan(inst, mode) for mode in MODES
+             if any(mode in layer.modes for layer in inst.layers)}
     if user is not None:
         plans["user"] = user
     return plans

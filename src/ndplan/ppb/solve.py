@@ -1,5 +1,9 @@
 """Solve a PPB instance: Config / Solution, the greedy hint, explicit status handling,
-plan evaluation under the same model, baselines and infeasibility diagnosis."""
+plan evaluation under the same model, baselines and infeasibility diagnosis.
+
+A solve first runs the continuous relaxation (relax.py): its bound is kept beside CP-SAT's (the
+tighter one is reported, with its source), its paths are CP-SAT's first cuts, and an instance it
+finds infeasible has no plan. Then CP-SAT passes over path cuts and local search (``_solve_paths``)."""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from ndplan.ppb import dag
 from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.local import polish, unit_durations, unit_memory_fits
 from ndplan.ppb.model import PPBModel
+from ndplan.ppb.relax import relax
 from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, uniform_plan
-from ndplan.ppb.config import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config  # noqa: F401 (re-exported)
+from ndplan.ppb.config import DEFAULT_DETERMINISTIC_TIME, DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config  # noqa: F401 (re-exported)
 from ndplan.ppb.scale import Scaled, scale_instance
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +31,9 @@ class Solution:
     """The model's step time of ``plan``, seconds (scale.time_s resolution)."""
     bound_s: float | None
     """Proven lower bound on the optimal step time, seconds."""
+    bound_source: str = "CP-SAT"
+    """Which proof gives ``bound_s``: "CP-SAT" (its best objective bound) or "relaxation"
+    (relax.py's continuous relaxation, when tighter)."""
     wall_s: float
     """Solver wall time, seconds."""
 
@@ -64,7 +72,7 @@ class _Budget:
 
     def __init__(self, cfg: Config, total: float | None = None):
         self.cfg = cfg
-        self.deterministic = cfg.deterministic_time is not None
+        self.deterministic = cfg.deterministic
         whole = cfg.deterministic_time if self.deterministic else cfg.time_limit_s
         self.total = max(whole if total is None else total, MIN_PASS)
         self.t0 = time.perf_counter()
@@ -97,7 +105,7 @@ MIN_PASS = 0.01
 
 def _solver(cfg: Config, limit: float) -> cp_model.CpSolver:
     s = cp_model.CpSolver()
-    if cfg.deterministic_time is None:
+    if not cfg.deterministic:
         s.parameters.max_time_in_seconds = limit
     else:
         s.parameters.max_deterministic_time = limit
@@ -138,18 +146,25 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     t0 = time.perf_counter()
     whole = _Budget(cfg)
     sc = scale_instance(inst, cfg.scale)
+    rel = relax(inst, sc)
+    if rel.infeasible:  # not even a fractional plan fits the memory rows
+        return Solution(status="INFEASIBLE", plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
+    floor = integer_bound(rel.bound)
     start = hint or greedy_hint(inst)
     pm = PPBModel(inst, sc)
+    for c in rel.cuts:  # the relaxation's paths guide CP-SAT from its first pass
+        pm.add_path_cut(c)
     if inst.pipeline.vpp > 1:
         first = PPBModel(inst, sc, chunk_slack=CHUNK_SLACK)
+        first.add_path_cuts(pm.cuts)
         phase = _Budget(cfg, whole.total * BALANCED_PHASE_SHARE)
-        sol = _solve_paths(inst, sc, first, phase, start)
+        sol = _solve_paths(inst, sc, first, phase, start)  # a restriction: its bound is not the problem's
         whole.passes += phase.passes
         pm.add_path_cuts(first.cuts)
         if sol.plan is not None and (not unit_memory_fits(inst, sc, start) or sol.objective_s <= evaluate(inst, start, cfg)):
             start = sol.plan
     rest = _Budget(cfg, whole.left())
-    sol = _solve_paths(inst, sc, pm, rest, start)
+    sol = _solve_paths(inst, sc, pm, rest, start, floor)
     return replace(sol, wall_s=time.perf_counter() - t0)
 
 
@@ -185,12 +200,14 @@ def _seed_cuts(inst: Instance, sc: Scaled, pm: PPBModel, graph, stages, start_pl
     return dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan
 
 
-def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, start_plan: Plan) -> Solution:
+def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, start_plan: Plan,
+                 floor: int = 0) -> Solution:
     """Fixed-order schedules: minimise Z over path cuts (model.py), adding the critical
     paths of each solved plan until a solve's optimum is its own longest path. Every
     relaxation bound is a valid bound (it has a subset of the paths); the incumbent is
     the best plan by its longest path, the replayed step time; each solved plan is
-    polished by local search (local.py) before the next solve."""
+    polished by local search (local.py) before the next solve. ``floor``: a bound proven
+    otherwise (relax.py), in time units."""
     t0 = time.perf_counter()
     p = inst.pipeline
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
@@ -199,7 +216,10 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
     best = _seed_cuts(inst, sc, pm, graph, stages, start_plan)
     bound = 0.0
     status = "UNKNOWN"
-    while (left := budget.left() - FINAL_POLISH_SHARE * total) > 0:
+    if best is not None:
+        best = polish(inst, sc, graph, best[1], best[0], budget.deadline(LOCAL_SEARCH_SHARE, keep=FINAL_POLISH_SHARE),
+                      pm.add_path_cut)
+    while (left := budget.left() - FINAL_POLISH_SHARE * total) > 0 and not (best and floor >= best[0]):
         pm.model.ClearHints()
         pm.hint(best[1] if best else start_plan)
         status, solver = budget.run(pm, min(left, PASS_SHARE * total))
@@ -221,7 +241,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
             length, plan = polish(inst, sc, graph, plan, length, deadline, pm.add_path_cut)
         if best is None or length < best[0]:
             best = (length, plan)
-        if bound >= best[0] or (status == "OPTIMAL" and not new):
+        if max(bound, floor) >= best[0] or (status == "OPTIMAL" and not new):
             break  # proven (a relaxation optimum whose critical paths are all cuts is its longest path)
     unit = budget.cfg.scale.time_s
     if best is not None:
@@ -229,9 +249,11 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
     wall = time.perf_counter() - t0
     if best is None:
         return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
+    source = "relaxation" if floor > bound else "CP-SAT"
+    bound = max(bound, floor)
     proven = bound >= best[0]
     return Solution(status="OPTIMAL" if proven else "FEASIBLE", plan=best[1], objective_s=best[0] * unit,
-                    bound_s=min(bound, best[0]) * unit, wall_s=wall)
+                    bound_s=min(bound, best[0]) * unit, wall_s=wall, bound_source=source)
 
 
 def evaluate(inst: Instance, plan: Plan, cfg: Config = Config()) -> float:

@@ -59,6 +59,9 @@ class ServeEngine:
     self.enable_attention_dp`` (tensorrt_llm/_torch/models/modeling_qwen3.py, modeling_llama.py's
     Llama 4 shared expert); vLLM's data-parallel ranks are whole models whose MoE layers alone span
     the DP x TP expert group. SGLang splits them over all tp devices (``--moe-dense-tp-size`` unset)."""
+    seqs_per_stage: bool = False
+    """``max_seqs`` is per pipeline stage: the engine keeps pp batches of that many in flight
+    (TensorRT-LLM's PyTorch executor admits pp_size x max_batch_size, ``get_max_num_sequences``)."""
     bench_limits: bool = False
     """The batch limits are trtllm-bench's own tuning heuristic (``trtllm_bench_limits``), not fixed defaults."""
     reserves_output: bool = False
@@ -80,12 +83,13 @@ ENGINES = {
                           "TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction 0.9, tokens_per_block 32, "
                           "max_batch_size 2048, max_num_tokens 8192 (LLM API defaults; trtllm-serve's own "
                           "max_batch_size default differs across versions), GUARANTEED_NO_EVICT",
-                          dense_with_attention_dp=True, reserves_output=True),
+                          dense_with_attention_dp=True, reserves_output=True, seqs_per_stage=True),
     "trtllm-bench": ServeEngine("trtllm-bench", "kv_cache_free_gpu_mem_fraction", 0.9, "free_after_load", 32, 2048,
                                 8192, "trtllm-bench throughput (TensorRT-LLM's offline benchmark, PyTorch backend): "
                                 "TensorRT-LLM's rules, with max_batch_size and max_num_tokens from its tuning "
                                 "heuristic (tensorrt_llm/bench/build/tuning.py) and chunked prefill off",
-                                dense_with_attention_dp=True, reserves_output=True, bench_limits=True),
+                                dense_with_attention_dp=True, reserves_output=True, seqs_per_stage=True,
+                                bench_limits=True),
 }
 
 

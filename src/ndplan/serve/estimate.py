@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import sympy as sp
 
@@ -116,23 +114,12 @@ def device_total_bytes(hw: Hardware, total_gib: float | None = None) -> float:
 
 
 _ARGS = tuple(S.HW_SYMBOLS) + (S.tp, SM.DPA) + ST.WORKLOAD_SYMBOLS
-_SERVE_DIR = Path(__file__).resolve().parent
 _SPEC_IDENTITY_SKIP = ("name", "source", "traced")
 
 
-@functools.lru_cache(maxsize=1)
-def _serve_sources_digest() -> str:
-    """sha256 of serve/*.py: with kernels.py's digest of the formula modules, what a serving kernel's
-    expressions depend on besides its key."""
-    h = hashlib.sha256()
-    for p in sorted(_SERVE_DIR.glob("*.py")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def _architecture(spec: ModelSpec) -> tuple:
-    """Every ModelSpec field the step reads: the model's sizes and flags, not its name or source."""
+    """Every ModelSpec field but the name, the source and traced activations (which the step does not
+    read): models that agree on all of them (sizes, flags, context length, windows) share kernels."""
     return tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
                  if f.name not in _SPEC_IDENTITY_SKIP)
 
@@ -142,10 +129,10 @@ def _compiled(spec: ModelSpec, pp: int, ep: int, dense_with_attention: bool, a2a
               kv_dtype: str):
     """The step kernel over the hardware, tp, dpa and workload values: the step's Terms depend on the
     layout only through tp and dpa once pp, ep and the dense split are fixed. Compiled as training
-    kernels are (kernels.cached_kernel): once per architecture and layout class, kept in memory and
-    in the on-disk kernel cache, so another model of the same sizes and a later run load it."""
-    key = ("serve.step", _serve_sources_digest(), _architecture(spec), pp, ep, dense_with_attention, a2a,
-           repr(recipe), kv_dtype)
+    kernels are (kernels.cached_kernel, whose key holds the sources of serve/ with the formulas'):
+    once per architecture and layout class, kept in memory, in the on-disk kernel cache and in the
+    store shipped with the package (prebuild.py compiles the --help examples' kernels)."""
+    key = ("serve.step", _architecture(spec), pp, ep, dense_with_attention, a2a, repr(recipe), kv_dtype)
     layout = ServeLayout(pp=pp, ep=ep, dense_with_attention=dense_with_attention, a2a=a2a)
     return cached_kernel(key, lambda: ST.step_terms(spec, layout, recipe, kv_dtype), _ARGS,
                          use_disk=spec.traced is None)
@@ -157,7 +144,8 @@ class StepKernel:
 
     def __init__(self, spec, layout, recipe, kv_dtype, hw_values: dict):
         self.kv_dtype, self.dense_with_attention = kv_dtype, layout.dense_with_attention
-        self._kernel = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, layout.a2a, recipe, kv_dtype)
+        self.a2a, self.pp = layout.a2a if layout.ep > 1 else "nccl", layout.pp  # the backend only acts under ep > 1
+        self._kernel = _compiled(spec, layout.pp, layout.ep, layout.dense_with_attention, self.a2a, recipe, kv_dtype)
         self.keys = self._kernel.keys
         self._fixed = {s.name: hw_values[s.name] for s in S.HW_SYMBOLS} | {
             S.tp.name: layout.tp, SM.DPA.name: layout.dp_attention}
@@ -199,26 +187,30 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     per_stage = []  # (weights, KV bytes per token, workspace, pool) of one device of each stage
     for w, kv, act in stage_memory(spec, layout, recipe, kv_dtype, eng.max_tokens, eng.max_seqs):
         per_stage.append((w, kv, act, derived.kv_pool(eng.rule, total, fraction, w, act, NON_TORCH_GIB * GIB)))
-    per_group = min(kv_capacity(pool, kv, eng.block_tokens) for _, kv, _, pool in per_stage)
-    tokens = per_group * layout.dp_attention  # each attention-DP group's pool (its devices hold the same tokens)
+    capacities = [kv_capacity(pool, kv, eng.block_tokens) for _, kv, _, pool in per_stage]
+    fullest = capacities.index(min(capacities))
+    tokens = capacities[fullest] * layout.dp_attention  # each attention-DP group's pool (its devices hold the same)
 
-    def held_by(stage: int, length: int) -> int:
-        """Requests of ``length`` tokens each attention-DP group's pool holds on ``stage``."""
+    def held_by(stage: int, length: int, steady: bool = False) -> int:
+        """Requests of ``length`` tokens each attention-DP group's pool holds on ``stage`` (``steady``:
+        decoding, sliding layers holding only their window, SM.held_tokens)."""
         return requests_held(per_stage[stage][3], request_bytes(spec, layout, kv_dtype, stage, length, eng.max_tokens,
-                                                                eng.block_tokens))
+                                                                eng.block_tokens, steady))
     limiting = min(range(layout.pp), key=lambda st: (held_by(st, isl + osl), -per_stage[st][0]))
     max_conc = held_by(limiting, isl + osl) * layout.dp_attention
     fits = max_conc >= 1
     if concurrency is not None:
         limits.count("--concurrency", concurrency, 1, 10 ** 9)
     held = isl + osl if eng.reserves_output else isl + math.ceil(osl / 2)
-    running = min(min(held_by(st, held) for st in range(layout.pp)) * layout.dp_attention,
-                  eng.max_seqs * layout.dp_attention)
+    batches = layout.pp if eng.seqs_per_stage else 1
+    running = min(min(held_by(st, held, steady=True) for st in range(layout.pp)) * layout.dp_attention,
+                  eng.max_seqs * batches * layout.dp_attention)
     conc = running if concurrency is None else concurrency
     running = max(1, min(running, conc))
     hw_values = hw.kernel_values(fp8=recipe.dtype == "fp8")
     kernel = kernel or StepKernel(spec, layout, recipe, kv_dtype, hw_values)
-    if kernel.dense_with_attention != layout.dense_with_attention or kernel.kv_dtype != kv_dtype:
+    if (kernel.dense_with_attention, kernel.kv_dtype, kernel.pp, kernel.a2a) != (
+            layout.dense_with_attention, kv_dtype, layout.pp, layout.a2a if layout.ep > 1 else "nccl"):
         raise ValueError("the step kernel was built for another layout (engine_layout) or KV dtype")
     b = running / layout.dp_attention / layout.pp  # pp batches in flight, one per stage
     budget = max(1.0, eng.max_tokens - b)  # prompt tokens a step takes beside the decoding ones
@@ -230,7 +222,9 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
     chunk_step = sum(kernel(others, isl + osl / 2, min(isl, budget), isl / 2, b + steady if conc > 1 else 0).values())
     waiting = max(0, conc - running)
     w_lim, kv_lim, act_lim, pool_lim = per_stage[limiting]
-    details = {"stage": limiting, "total_bytes": total, "fraction": fraction, "weights_bytes": w_lim,
+    details = {"stage": limiting, "capacity_stage": fullest, "capacity_pool_bytes": per_stage[fullest][3],
+               "capacity_kv_per_token_bytes": per_stage[fullest][1],
+               "total_bytes": total, "fraction": fraction, "weights_bytes": w_lim,
                "workspace_bytes": act_lim, "non_torch_bytes": NON_TORCH_GIB * GIB, "pool_bytes": pool_lim,
                "kv_per_token_bytes": kv_lim, "block_tokens": eng.block_tokens,
                "request_bytes": request_bytes(spec, layout, kv_dtype, limiting, isl + osl, eng.max_tokens,
@@ -245,15 +239,22 @@ def serve_estimate(spec: ModelSpec, hw: Hardware, layout: ServeLayout, *, isl: i
                          output_tokens_per_s_per_gpu=rate, step_terms=step, step_point={"P": steady}, details=details)
 
 
+BENCH_TUNED_DTYPES = ("bf16", "fp8")
+"""Weight dtypes whose runs trtllm-bench sizes with its heuristic (bench/build/build.py TUNED_QUANTS:
+NVFP4, FP8, FP8_BLOCK_SCALES, no quantization); int4 runs at TensorRT-LLM's default limits."""
+
+
 def bench_limits(spec: ModelSpec, hw: Hardware, layout: ServeLayout, recipe: WeightRecipe, kv_dtype: str, isl: int,
                  osl: int, fraction: float | None, gpu_mem_gib: float | None) -> dict:
     """trtllm-bench's max_batch_size and max_num_tokens for this run (engines.trtllm_bench_limits), from
     the checkpoint's parameter count (MTP modules included, as its safetensors are) at the recipe's
-    bytes (fp8 1, int4 0.5, else 2) and the KV dtype's."""
+    bytes (fp8 1, else 2) and the KV dtype's."""
     from ndplan.formulas.params import params_total
     from ndplan.symbols import model_symbols
+    if recipe.dtype not in BENCH_TUNED_DTYPES:  # build.py: other quantizations get the LLM API's defaults
+        return {"max_seqs": engine("trtllm").max_seqs, "max_tokens": engine("trtllm").max_tokens}
     params = int(params_total(spec, model_symbols(spec), mtp=True))
-    weight = {"fp8": 1.0, "int4": 0.5}.get(recipe.dtype, 2.0)
+    weight = 1.0 if recipe.dtype == "fp8" else 2.0
     batch, tokens = trtllm_bench_limits(params, weight, spec.num_key_value_heads, spec.head_dim,
                                         spec.num_hidden_layers, SM.KV_DTYPE_BYTES[kv_dtype],
                                         device_total_bytes(hw, gpu_mem_gib) / GIB, layout.tp, layout.pp, isl, osl,
@@ -269,9 +270,9 @@ def engine_layout(eng: ServeEngine, layout: ServeLayout) -> ServeLayout:
 
 @functools.lru_cache(maxsize=4096)
 def request_bytes(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stage: int, length: int, chunk: int,
-                  block: int) -> float:
+                  block: int, steady: bool = False) -> float:
     """KV bytes one request of ``length`` tokens holds on one device of ``stage`` (SM.kv_request_bytes)."""
-    return _value(SM.kv_request_bytes(spec, layout, kv_dtype, stage, length, chunk, block), SM.values(layout))
+    return _value(SM.kv_request_bytes(spec, layout, kv_dtype, stage, length, chunk, block, steady), SM.values(layout))
 
 
 def requests_held(pool_bytes: float, one_request_bytes: float) -> int:

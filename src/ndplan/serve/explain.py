@@ -18,7 +18,7 @@ from ndplan.terms import Term
 
 _SYMBOLS = {name: sp.Symbol(name, positive=True) for name in (
     "total_bytes", "fraction", "weights_bytes", "workspace_bytes", "non_torch_bytes", "pool_bytes",
-    "kv_per_token_bytes", "block_tokens", "request_bytes", "dpa", "tpot_s", "chunks", "chunk_step_s", "waiting",
+    "kv_per_token_bytes", "capacity_pool_bytes", "capacity_kv_per_token_bytes", "block_tokens", "request_bytes", "dpa", "tpot_s", "chunks", "chunk_step_s", "waiting",
     "running", "osl", "devices")}
 
 
@@ -30,9 +30,11 @@ def _derived_terms(est: ServeEstimate) -> list[Term]:
         Term(key="serve.kv_pool", expr=D.kv_pool(est.details["rule"], v["total_bytes"], v["fraction"],
                                                  v["weights_bytes"], v["workspace_bytes"], v["non_torch_bytes"]),
              unit="bytes", source="serve/engines.py: the engine's rule", note=f"one device of stage {est.details['stage']}"),
-        Term(key="serve.kv_cache_tokens", expr=D.capacity_tokens(v["pool_bytes"], v["kv_per_token_bytes"],
+        Term(key="serve.kv_cache_tokens", expr=D.capacity_tokens(v["capacity_pool_bytes"],
+                                                                 v["capacity_kv_per_token_bytes"],
                                                                  v["block_tokens"]) * v["dpa"],
-             unit="tokens", source="whole pages of the pool, per attention-DP group", note="the instance"),
+             unit="tokens", source="whole pages of the pool, per attention-DP group",
+             note=f"the instance: stage {est.details['capacity_stage']}'s pool holds the fewest tokens"),
         Term(key="serve.max_concurrency", expr=D.requests_held(v["pool_bytes"], v["request_bytes"]) * v["dpa"],
              unit="requests", source="serve/memory.py kv_request_bytes at ISL + OSL",
              note="requests of ISL + OSL whose KV cache the instance holds at once"),

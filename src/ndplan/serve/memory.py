@@ -27,8 +27,9 @@ KV cache per token (``kv_bytes_per_token``), for the stage's layers:
   kv_lora_rank + qk_rope_head_dim elements per layer, the same on every device of the
   attention-TP group (vLLM's MLA backends cache ``kv_c_and_k_pe``).
 Elements at 2 bytes (bf16/fp16) or 1 (fp8 KV cache). A sliding-window layer (ModelSpec.attention_windows:
-Mistral, Gemma 2/3, gpt-oss) keeps only its window's last tokens (``held_tokens``): a request's bytes
-(``kv_request_bytes``) are what the concurrency counts, the per-token figure counts every layer.
+Mistral, Gemma 2/3, gpt-oss) keeps its window's last tokens and, while a prompt chunk runs, the chunk
+(``held_tokens``): a request's bytes (``kv_request_bytes``) are what the concurrency counts, the
+per-token figure counts every layer.
 
 Workspace (``activation_bytes``): a forward over ``tokens`` tokens at once (the engine's
 largest batch of scheduled tokens) keeps, per token, the residual stream and the normed input
@@ -170,23 +171,27 @@ def pages(tokens: int, block: int) -> int:
     return -(-tokens // block) * block
 
 
-def held_tokens(window: int, tokens: int, chunk: int, block: int) -> int:
+def held_tokens(window: int, tokens: int, chunk: int, block: int, steady: bool = False) -> int:
     """Tokens a layer's cache holds for a request of ``tokens``: all of them in whole pages for full
-    attention (``window`` 0); for a sliding window the last window - 1 plus the ``chunk`` the engine
-    may schedule at once, in whole pages and one more (the window need not start on a page), never
-    more than the full layer's (vLLM ``SlidingWindowSpec.max_memory_usage_bytes``; the same rule is
-    used for every engine)."""
+    attention (``window`` 0). A sliding-window layer, at its peak while a prompt chunk of up to
+    ``chunk`` tokens is scheduled, holds the last window - 1 tokens and the chunk, in whole pages and
+    one more (the window need not start on a page): vLLM's admission and pool-sizing rule
+    (``SlidingWindowSpec.max_memory_usage_bytes``), which the concurrency a pool admits uses. While
+    decoding (``steady``) it holds the window in whole pages and one more, its
+    ``SlidingWindowManager`` freeing the pages that fall out of it. Never more than the full layer's;
+    the same rule for every engine."""
     full = pages(tokens, block)
     if not window:
         return full
-    return min(full, pages(min(window - 1 + chunk, tokens), block) + block)
+    span = window if steady else window - 1 + chunk
+    return min(full, pages(min(span, tokens), block) + block)
 
 
 def kv_request_bytes(spec: ModelSpec, layout: ServeLayout, kv_dtype: str, stage: int, tokens: int, chunk: int,
-                     block: int) -> sp.Expr:
+                     block: int, steady: bool = False) -> sp.Expr:
     """KV-cache bytes one request of ``tokens`` holds on one device of ``stage``: each layer's
     ``held_tokens`` (sliding-window and hybrid models hold less than ``tokens`` on their sliding layers)."""
-    held = sum(held_tokens(spec.window(i), tokens, chunk, block) for i in stage_layers(spec, layout.pp)[stage])
+    held = sum(held_tokens(spec.window(i), tokens, chunk, block, steady) for i in stage_layers(spec, layout.pp)[stage])
     return held * kv_layer_bytes(spec, kv_dtype)
 
 

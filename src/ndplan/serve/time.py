@@ -100,7 +100,7 @@ HOST_STEP_S = 2.5e-3
 scheduling, sampling, the untimed elementwise kernels and the gaps between launches. FITTED on
 the three vLLM CI fixed-batch rows of ../shared/validation/inference (vLLM benchmark_latency on
 H200, batch 8, ISL 32, OSL 128: 128 steps each): (measured - roofline) / 128 = 2.55 ms
-(Llama-3-8B tp 1), 2.20 ms (Llama-3-70B tp 4), 3.34 ms (Mixtral-8x7B tp 2); the median, 2.5 ms.
+(Llama-3.1-8B-Instruct tp 1), 2.20 ms (Llama-3-70B tp 4), 3.34 ms (Mixtral-8x7B tp 2); the median, 2.5 ms.
 Held out: every other row (TensorRT-LLM's tables, NIM's latencies and throughputs, whose
 concurrency-1 TPOTs sit 3.3 and 4.0 ms above the roofline: benchmarks/README.md). One value for
 every engine and device, per step, independent of the batch."""
@@ -168,8 +168,9 @@ def _deepep_seconds(M: ModelSymbols, tokens, ep: sp.Integer, fp8: bool) -> sp.Ex
     nodes of N on average under uniform routing, and is forwarded over NVLink to the ranks there,
     ep (1 - (1 - 1/ep)^k) of them; the two legs run at once, so each pass takes the slower (NVLink
     alone within a node). Dispatch sends fp8 under fp8 weights (FP8_DISPATCH_BYTES), combine 16-bit.
-    DeepEP V1's measured logical RDMA bandwidth on H800 with CX7 400 Gb/s, 43-58 GB/s at EP 16-64,
-    is the NIC's 50 GB/s the device presets carry (bw_inter x eff_inter)."""
+    DeepEP V1's measured logical RDMA bandwidth on H800 with CX7 400 Gb/s, 43-58 GB/s at EP 16-64
+    (local traffic counted), is close to what the device presets carry, 50 GB/s x eff_inter 0.85 =
+    42.5 GB/s (bw_inter x eff_inter)."""
     nodes = C.vmax(1, S.tp / S.node)  # the ep group's ranks sit tp / ep apart over the stage's tp devices
     remote = (nodes - 1) * (1 - (1 - 1 / nodes) ** M.k)
     ranks = ep * (1 - (1 - sp.Integer(1) / ep) ** M.k)

@@ -1,0 +1,150 @@
+"""A continuous relaxation of PPB's model (model.py), solved by Kelley's cutting planes: a lower
+bound on the step time, and the schedule paths it meets, which then seed CP-SAT as cuts.
+
+For a fixed op order the step time is the longest path of the schedule's DAG (dag.py), a max of
+linear functions of the slices' op durations: convex in them, and the durations are linear in
+the layers each slice holds. So with fractional layer counts x[v][k][j] >= 0 (slice v, layer type
+k, recompute mode j; contiguity dropped, every type's count kept, every slice non-empty, the
+first and last layers in the first and last slices) and model.py's memory rows (static +
+held vector x chunk activations <= budget for every held profile of every stage), the
+problem min Z s.t. Z >= every path's length is a linear program, a relaxation of the integer
+model: its optimum bounds every plan's step time from below. Kelley (1960): solve it over the
+paths found so far (at first one chain per stage, as model.py starts), find the longest path at
+the solution's durations, add it while it is longer than Z. Every LP value on the way is a valid
+bound (a relaxation of fewer rows); when no path exceeds Z it is the relaxation's optimum.
+
+Time and memory are model.py's units (scale.py), so the bound is a bound on CP-SAT's objective.
+Deterministic: GLOP (OR-Tools' simplex) and a fixed iteration cap, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ortools.linear_solver import pywraplp
+
+from ndplan.formulas.schedules import held_profiles
+from ndplan.ppb import dag
+from ndplan.ppb.instance import Instance
+from ndplan.ppb.plan import slot
+from ndplan.ppb.scale import Scaled
+from ndplan.vocab import SPLIT_W_SCHEDULES
+
+MAX_ROUNDS = 400
+"""Kelley rounds at most (each an LP solve and a longest path; about 10 ms each on 96 layers x
+32 slices x 32 micro-batches)."""
+CONVERGED = 1e-7
+"""A longest path within this share of Z adds no cut: the LP is the relaxation's optimum."""
+
+
+@dataclass
+class Relaxation:
+    bound: float
+    """Lower bound on the step time, time units (scale.py); 0 when infeasible is False and no LP solved."""
+    infeasible: bool = False
+    """The memory rows alone admit no fractional plan: no plan fits."""
+    cuts: list[Counter] = field(default_factory=list)
+    """The paths met (counts[kind, v]), for CP-SAT (PPBModel.add_path_cut)."""
+    rounds: int = 0
+    converged: bool = False
+
+
+class _LP:
+    def __init__(self, inst: Instance, sc: Scaled):
+        self.inst, self.sc, self.p = inst, sc, inst.pipeline
+        # rows scaled to order one (GLOP reports ABNORMAL on microsecond path sums beside
+        # memory units): times over the largest layer's, memory over the budget
+        self.t0 = max(1, max(t.F + t.B + t.W + max(t.rec) for t in sc.types))
+        self.m0 = max(1, sc.budget)
+        self.lp = pywraplp.Solver.CreateSolver("GLOP")
+        self.V = self.p.chunks
+        types, L = sc.types, len(sc.type_of)
+        count = Counter(sc.type_of)
+        self.x = [[[self.lp.NumVar(0, count[k], f"x{v}_{k}_{j}") for j in range(len(t.modes))]
+                   for k, t in enumerate(types)] for v in range(self.V)]
+        for k in range(len(types)):
+            self.lp.Add(sum(sum(self.x[v][k]) for v in range(self.V)) == count[k])
+        for v in range(self.V):
+            self.lp.Add(sum(sum(row) for row in self.x[v]) >= 1)
+        self.lp.Add(sum(self.x[0][sc.type_of[0]]) >= 1)  # layer 0 opens the first slice
+        self.lp.Add(sum(self.x[self.V - 1][sc.type_of[L - 1]]) >= 1)  # the last layer closes the last
+        self._memory()
+        self._durations()
+        self.Z = self.lp.NumVar(0, self.lp.infinity(), "Z")
+        self.lp.Minimize(self.Z)
+
+    def _sum(self, v: int, value) -> object:
+        return sum(x * value(t, j) for k, t in enumerate(self.sc.types) for j, x in enumerate(self.x[v][k]))
+
+    def _memory(self) -> None:
+        p = self.p
+        for s in range(p.pp):
+            vs = [v for v in range(self.V) if slot(p, v)[0] == s]
+            static = sum(self._sum(v, lambda t, j: t.static / self.m0) for v in vs)
+            act = {slot(p, v)[1]: self._sum(v, lambda t, j: t.act[j] / self.m0) for v in vs}
+            for h in held_profiles(p.schedule, s, p.pp, p.vpp, p.m):
+                self.lp.Add(static + sum(h_c * act[c] for c, h_c in enumerate(h)) <= 1)
+
+    def _durations(self) -> None:
+        split_w = self.p.schedule in SPLIT_W_SCHEDULES
+        self.dur = {}
+        for v in range(self.V):
+            F = self._sum(v, lambda t, j: t.F / self.t0)
+            B = self._sum(v, lambda t, j: (t.B + t.rec[j]) / self.t0)
+            W = self._sum(v, lambda t, j: t.W / self.t0)
+            self.dur["F", v], self.dur["B", v], self.dur["W", v] = F, B + (0 if split_w else W), W
+
+    def cut(self, counts: Counter) -> None:
+        self.lp.Add(self.Z >= sum(n * self.dur[kv] for kv, n in counts.items()))
+
+    def solve(self) -> bool:
+        self.status = self.lp.Solve()
+        return self.status == pywraplp.Solver.OPTIMAL
+
+    def values(self) -> dict:
+        """Op durations at the LP's solution, time units."""
+        return {kv: e.solution_value() * self.t0 for kv, e in self.dur.items()}
+
+    def z(self) -> float:
+        return self.Z.solution_value() * self.t0
+
+
+def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int = MAX_ROUNDS) -> Relaxation:
+    """Kelley's cutting planes on the relaxation (module docstring), at most ``rounds`` LP solves."""
+    p = inst.pipeline
+    graph = graph or dag.build(p.schedule, p.pp, p.vpp, p.m)
+    lp = _LP(inst, sc)
+    stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
+    seen, cuts = set(), []
+
+    def add(counts: Counter) -> bool:
+        key = tuple(sorted(counts.items()))
+        if key in seen:
+            return False
+        seen.add(key)
+        cuts.append(counts)
+        lp.cut(counts)
+        return True
+
+    for s in range(p.pp):
+        add(dag.chain_counts(graph, s))
+    out = Relaxation(bound=0.0, cuts=cuts)
+    for r in range(rounds):
+        out.rounds = r + 1
+        if not lp.solve():
+            out.infeasible = True
+            return out
+        z = lp.z()
+        out.bound = max(out.bound, z)
+        dur = lp.values()
+        length, counts = dag.longest_path(graph, dur)
+        if length <= z * (1 + CONVERGED) + CONVERGED:
+            out.converged = True
+            break
+        new = add(counts)
+        for c in dag.paths_through(graph, dur, stages):
+            new |= add(c)
+        if not new:
+            break
+    return out
