@@ -229,3 +229,44 @@ def test_balanced_strategy_takes_gbs_from_dp_mbs_and_m():
     inst = Instance(layers=inst.layers, pipeline=Pipeline(pp=2, m=8, budget_bytes=10**12))
     s = balanced_strategy(Strategy(dp=2, tp=1, pp=1, mbs=2, gbs=4).as_dict(), inst, plan)
     assert (s.gbs, s.m, s.pp, s.layers_per_stage) == (32, 8, 2, (3, 5))
+
+
+def test_schedule_auto_balances_every_order_and_recommends_the_fastest(tmp_path):
+    """--schedule auto: each fixed order balanced under the same budget; the recommended one is the
+    fastest balanced plan that fits, and it is the plan printed; a pipeline a schedule cannot run
+    (interleaved needs m a multiple of pp: rules.py) is named with the rule's words."""
+    f = tmp_path / "l.json"
+    r = CliRunner().invoke(main, ["estimate", "-m", "llama3-8b", "--tp", "2", "--pp", "4", "--dp", "1", "--gbs", "16",
+                                  "--export-layers", str(f)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["balance", "--layers", str(f), "--pp", "4", "--m", "6", "-H", "h100-sxm",
+                                  "--schedule", "auto", "--deterministic-time", "0.5", "--workers", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    rows = {s["schedule"]: s for s in doc["schedules"]}
+    assert set(rows) == {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"}
+    assert rows["interleaved"]["status"] == "NOT_RUN" and "multiple" in rows["interleaved"]["why"]
+    ran = [s for s in doc["schedules"] if s["balanced_step_s"] is not None]
+    best = min(ran, key=lambda s: s["balanced_step_s"])
+    assert doc["recommended"]["schedule"] == best["schedule"]
+    assert doc["objective_s"] == best["balanced_step_s"]
+    r = CliRunner().invoke(main, ["balance", "--layers", str(f), "--pp", "4", "--m", "8", "-H", "h100-sxm",
+                                  "--schedule", "auto", "--plan", "9,9,9,9"])
+    assert r.exit_code == 2 and "--plan" in r.output
+
+
+def test_sweep_balance_says_why_a_zbv_step_differs_from_the_estimate():
+    """The estimate's zbv bubble is the closed form; the replay runs the hand-written op order, so
+    the estimate's own split replays at another step; the re-ranked line prints that replay."""
+    from ndplan.cli_format import balanced_lines
+    from ndplan.points import complete_point
+    from ndplan.ppb.rerank import rerank
+    from ndplan.ppb.solve import Config
+    from ndplan.strategy import Strategy
+    spec, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
+    s = Strategy(**complete_point({"dp": 1, "tp": 2, "pp": 4, "vpp": 2, "schedule": "zbv", "gbs": 16, "mbs": 1,
+                                   "seq": 4096}, 8))
+    b = rerank([estimate(spec, hw, s)], hw.hbm_bytes, Config(deterministic_time=0.5, workers=1))[0]
+    assert b.step_s <= b.own_split_s + 1e-9  # balancing never loses to the split it starts from
+    assert abs(b.own_split_s - b.estimate.step_s) > 0.01 * b.estimate.step_s
+    assert "its own split replays at" in balanced_lines([b])[1]

@@ -168,3 +168,54 @@ def teardown_module():
     import os
     for name in _FILES:
         os.unlink(name)
+
+
+def test_a_first_slice_without_decoder_layers_round_trips():
+    """The embedding alone on stage 0, 8 decoder layers and the head on stage 1: offset [-4, 4];
+    read back, the embedding stays alone (the boundary is the next slice's first decoder layer)."""
+    inst = _small()
+    plan = Plan(bounds=(0, 1, 10), recompute=("none",) * 10)
+    form = plan_forms(inst, plan)["mindformers"]
+    assert form["offset"] == [-4, 4]
+    assert user_plan(inst, _write(form), None).bounds == (0, 1, 10)
+
+
+def test_plan_file_values_as_mindformers_reads_them():
+    inst = _small()
+    # True inside a list: every layer of that stage; False / 0: none
+    plan = user_plan(inst, _write({"offset": 0, "recompute": [True, 0], "select_recompute": False}), None)
+    assert plan.recompute[1:5] == ("full",) * 4 and plan.recompute[5:9] == ("none",) * 4
+    for bad, field in (({"recompute": [-1, 0]}, "negative"), ({"offset": True}, "offset"), ({"foo": 1}, "none of"),
+                       ({"offset": [1, -1, 0]}, "offset")):
+        with pytest.raises(NdplanError, match=field):
+            user_plan(inst, _write(bad), None)
+    inst2 = _small(vpp=2)
+    with pytest.raises(NdplanError, match="per chunk"):
+        user_plan(inst2, _write({"recompute": [1, 1]}), None)
+
+
+def test_mixed_layer_kinds_whose_recompute_is_not_first_are_refused():
+    """MindFormers and Megatron recompute a slice's first N layers: a plan recomputing a MoE layer
+    after a dense one it leaves alone has no such form (an independent review's case)."""
+    from ndplan.ppb.instance import Layer
+    def layer(name, kind, act):
+        return Layer(name=name, kind=kind, forward_s=1e-3, backward_input_s=1e-3, backward_weight_s=1e-3,
+                     static_bytes=MIB, activation_bytes={"none": act, "full": 1}, recompute_s={"full": 1e-3})
+    emb = Layer(name="e", kind="embedding", forward_s=0, backward_input_s=0, backward_weight_s=0, static_bytes=0,
+                activation_bytes={"none": 0})
+    head = Layer(name="h", kind="head", forward_s=0, backward_input_s=0, backward_weight_s=0, static_bytes=0,
+                 activation_bytes={"none": 0})
+    dense, moe = layer("d", "dense", 10 * MIB), layer("m", "moe", 20 * MIB)
+    inst = Instance(layers=(emb, dense, moe, dense, moe, head), pipeline=Pipeline(pp=2, m=4, budget_bytes=10 ** 12))
+    plan = Plan(bounds=(0, 3, 6), recompute=("none", "none", "full", "none", "none", "none"))
+    forms = plan_forms(inst, plan)
+    assert "first N layers" in forms["mindformers"]["error"] and "first N layers" in forms["megatron"]["error"]
+    ordered = Plan(bounds=(0, 3, 6), recompute=("none", "full", "none", "none", "none", "none"))
+    assert plan_forms(inst, ordered)["mindformers"]["recompute"] == [1, 0]
+
+
+def test_null_fields_are_one_line_or_no_memory():
+    layers = from_sapp({"layers_description": [{"type": "BODY", "time": 2, "memory_parameter": None}]})
+    assert layers[0].static_bytes == 0
+    with pytest.raises(NdplanError, match="time"):
+        from_sapp({"layers_description": [{"type": "BODY", "time": None}]})

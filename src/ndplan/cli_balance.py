@@ -53,6 +53,29 @@ def _budget(meta: dict, budget_gib, hardware, reserve_gib) -> int:
     return int(hbm - reserve)
 
 
+def _auto(inst, pp, vpp, m, cfg):
+    """--schedule auto: every schedule balanced (ppb/auto.py); (choices, the recommended result)."""
+    from ndplan.ppb.auto import candidates, choose
+    n = len(candidates(pp, vpp))
+    choices, best = choose(inst.layers, pp, vpp, m, inst.pipeline.budget_bytes, cfg,
+                           lambda i, name: click.echo(f"balancing {name} ({i + 1}/{n})", err=True))
+    if best is None:
+        raise NdplanError("--schedule", "auto", f"no schedule's plan fits the budget "
+                          f"{fmt_bytes(inst.pipeline.budget_bytes)}", "raise --budget-gib, or give more stages or "
+                          "recompute in the layer file")
+    return choices, best.result
+
+
+def _print_choices(choices, inst) -> None:
+    click.echo("schedule     vpp  balanced    even split  status")
+    for c in choices:
+        j = c.to_json()
+        step = fmt_seconds(j["balanced_step_s"]) if j["balanced_step_s"] else "-"
+        even = fmt_seconds(j["even_step_s"]) if j["even_step_s"] else "does not fit"
+        click.echo(f"{c.schedule:<12} {c.vpp:>3}  {step:<11} {even:<11} {j['why'] or j['status']}")
+    click.echo(f"recommended: {inst.pipeline.schedule} (vpp {inst.pipeline.vpp}); its plan:")
+
+
 def _index_note(layers) -> str:
     """What the layer indices of the table count."""
     n = len(layers) - 1
@@ -160,7 +183,10 @@ OPTIONS = [
                  help="Chunks per stage."),
     click.option("--m", "m", type=Count(hi=limits.MAX_MICROBATCHES, what="a micro-batch count"), required=True,
                  help="Micro-batches per step."),
-    click.option("--schedule", type=click.Choice(SCHEDULES), default=None, help="Default: 1f1b, interleaved if vpp>1."),
+    click.option("--schedule", type=click.Choice((*SCHEDULES, "auto")), default=None,
+                 help="Default: 1f1b, interleaved if vpp>1. auto: balance every schedule (one-chunk ones at vpp 1, "
+                      "interleaved at --vpp or 2, zbv at 2), each with the whole budget, and recommend the fastest "
+                      "that fits."),
     click.option("--budget-gib", type=Real(limits.gib), default=None, help="Per-device memory for static + activations."),
     click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib."),
     click.option("--reserve-gib", type=Real(lambda f, v: limits.gib(f, v, lo_open=False)), default=None,
@@ -204,10 +230,15 @@ def register(main: click.Group) -> None:
           ndplan estimate -m llama3-70b --tp 8 --pp 4 --dp 2 --gbs 64 --export-layers l70.yaml
           ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --json
           ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --emit mindformers
+          ndplan balance --layers l70.yaml --pp 4 --m 32 -H h100-sxm --schedule auto --deterministic-time 1
         """
         _check_outputs(emit_fmt, emit_out, as_json, report_kw.get("report_csv"), timeline)
         doc = load_layer_doc(layers_file)
-        inst = _instance(doc, pp, vpp, m, schedule, (budget_gib, hardware, reserve_gib))
+        auto = schedule == "auto"
+        if auto and user_plan is not None:
+            raise NdplanError("--plan", user_plan, "given with --schedule auto, which balances several schedules "
+                              "(each its own split)", "give the plan's --schedule, or drop --plan")
+        inst = _instance(doc, pp, vpp, m, None if auto else schedule, (budget_gib, hardware, reserve_gib))
         from ndplan.ppb.result import balance  # ortools: import on use (0.3 s)
         from ndplan.ppb.config import Config
         if time_limit is not None and deterministic_time is not None:
@@ -215,15 +246,23 @@ def register(main: click.Group) -> None:
                               "give one budget: --deterministic-time (reproducible) or --time-limit (wall clock)")
         cfg = Config(time_limit_s=time_limit, deterministic_time=deterministic_time or DEFAULT_DETERMINISTIC_TIME,
                      workers=workers, scale=Scale(time_s=time_resolution_us * 1e-6))
-        res = balance(inst, cfg, user_plan_of(inst, user_plan, plan_recompute))
+        choices = None
+        if auto:
+            choices, res = _auto(inst, pp, vpp, m, cfg)
+            inst = res.inst
+        else:
+            res = balance(inst, cfg, user_plan_of(inst, user_plan, plan_recompute))
         out = res.as_dict()
+        if choices is not None:
+            out["schedules"] = [c.to_json() for c in choices]
+            out["recommended"] = {"schedule": inst.pipeline.schedule, "vpp": inst.pipeline.vpp}
         if res.plan is None:
             return _no_plan(res, out, as_json, time_limit, cfg.deterministic_time)
         if timeline:
             from ndplan.ppb.svg import timeline_svg
-            Path(timeline).write_text(timeline_svg(res.simulation, f"{inst.pipeline.schedule} pp={pp} vpp={vpp} m={m}"))
+            Path(timeline).write_text(timeline_svg(res.simulation, f"{inst.pipeline.schedule} pp={pp} vpp={inst.pipeline.vpp} m={m}"))
             out["timeline"] = timeline
-        inputs = {"layers": layers_file, "pp": pp, "vpp": vpp, "m": m, "schedule": inst.pipeline.schedule}
+        inputs = {"layers": layers_file, "pp": pp, "vpp": inst.pipeline.vpp, "m": m, "schedule": inst.pipeline.schedule}
         if report_cli.balance(out, res.simulation, inputs, report_kw):  # writes --report; True when it printed --csv
             return
         if emit_fmt and _emit_balanced(doc, res, emit_fmt, emit_out):
@@ -231,6 +270,8 @@ def register(main: click.Group) -> None:
         if as_json:
             click.echo(json.dumps(out, indent=2))
             return
+        if choices is not None:
+            _print_choices(choices, inst)
         _print_text(out, res)
 
     for option in reversed(OPTIONS):

@@ -227,6 +227,11 @@ def sweep_csv(r) -> str:
     return out.getvalue()
 
 
+OWN_SPLIT_NOTE = 0.01
+"""``sweep --balance`` says why a balanced step and the estimate differ when PPB's replay of the
+estimate's own split is this share away from the estimate (the two model the bubble differently)."""
+
+
 def balanced_lines(reranked) -> list[str]:
     """``sweep --balance``: the re-ranked candidates, balanced or why not."""
     out = ["balanced (ndplan balance on each top candidate with pp > 1), re-ranked:"]
@@ -234,6 +239,9 @@ def balanced_lines(reranked) -> list[str]:
         s = b.estimate.strategy
         tag = (f"not balanced (pp={s.pp}, {s.schedule})" if b.solution is None
                else f"{b.solution.status}, was {fmt_seconds(b.estimate.step_s)}")
+        if b.own_split_s is not None and abs(b.own_split_s - b.estimate.step_s) > OWN_SPLIT_NOTE * b.estimate.step_s:
+            tag += (f"; its own split replays at {fmt_seconds(b.own_split_s)}: the estimate's bubble is "
+                    f"formulas/step.py's closed form, the replay {s.schedule}'s op order on these F, B, W")
         out.append(f"{i:>3}. {fmt_seconds(b.step_s):<10} {label(s)}  [{tag}]")
     return out
 

@@ -322,8 +322,10 @@ def _sapp_layer(d: dict, where: str) -> Layer:
              "'recompute_time ' with a trailing space): ndplan does as SAPP does and takes recompute_coef",
              "give recompute_coef instead")
     kind = SAPP_KINDS[str(d.get("type", "BODY")).upper()]
-    t = _number(d, "time", where)
-    static = int(_number(d, "memory_parameter", where, 0) * MIB)
+    if d.get("time") is None:
+        raise NdplanError(f"{where}.time", None, "missing", "give the layer's forward time in ms (SAPP's time)")
+    t = d["time"]
+    static = int((d.get("memory_parameter") or 0) * MIB)  # SAPP: absent or null, no memory information
     if kind != "body":
         w = SAPP_WEIGHT_GRAD_SHARE * SAPP_BACKWARD_RATIO * t
         return Layer(name=str(d.get("name", where)), kind=kind, forward_s=t * SAPP_TIME_UNIT_S,
@@ -361,7 +363,12 @@ def from_sapp(doc: dict) -> tuple[Layer, ...]:
             raise NdplanError(f"layers_description[{i}].type", d.get("type") if isinstance(d, dict) else d,
                               "unknown entry type", "give HEAD, BODY or TAIL")
     ordered = sorted(entries, key=lambda d: rank[str(d.get("type", "BODY")).upper()])
-    return _expand([dict(d, count=d.get("nb_layer", 1)) for d in ordered], "layers_description", _sapp_layer)
+    for i, d in enumerate(ordered):  # SAPP counts a HEAD or TAIL once (sapp_solver.py stage_param_memory)
+        if str(d.get("type", "BODY")).upper() != "BODY" and d.get("nb_layer", 1) != 1:
+            warn(f"layers_description[{i}].nb_layer", d["nb_layer"], "on a HEAD or TAIL entry: SAPP counts it once",
+                 "ndplan does the same; give separate entries for several")
+    return _expand([dict(d, count=d.get("nb_layer", 1) if str(d.get("type", "BODY")).upper() == "BODY" else 1)
+                    for d in ordered], "layers_description", _sapp_layer)
 
 
 def stage_constant_bytes(doc: dict) -> int:

@@ -17,8 +17,8 @@ from ndplan.ppb import dag
 from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.local import polish, unit_durations, unit_memory_fits
 from ndplan.ppb.model import PPBModel
-from ndplan.ppb.relax import relax
-from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, uniform_plan
+from ndplan.ppb.relax import WORK_PER_UNIT, relax
+from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, slot, stage_memory_bytes, uniform_plan
 from ndplan.ppb.config import DEFAULT_DETERMINISTIC_TIME, DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config  # noqa: F401 (re-exported)
 from ndplan.ppb.scale import Scaled, scale_instance
 
@@ -123,11 +123,17 @@ def _run(pm: PPBModel, cfg: Config, limit: float) -> tuple[str, cp_model.CpSolve
     return STATUS[code], solver
 
 
+def expressible(inst: Instance, plan: Plan) -> bool:
+    """The plan keeps MindFormers' one select list per slice where the instance offers both
+    (plan.one_select_list; model.py and local.py keep it too)."""
+    return not offers_both_selects(inst) or one_select_list(plan)
+
+
 def greedy_hint(inst: Instance) -> Plan:
     """Even split at the least recompute mode under which every stage fits (else full)."""
     for mode in MODES:
         plan = uniform_plan(inst, mode)
-        if max(stage_memory_bytes(inst, plan)) <= inst.pipeline.budget_bytes:
+        if max(stage_memory_bytes(inst, plan)) <= inst.pipeline.budget_bytes and expressible(inst, plan):
             return plan
     return uniform_plan(inst, "full")
 
@@ -146,7 +152,7 @@ def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> S
     t0 = time.perf_counter()
     whole = _Budget(cfg)
     sc = scale_instance(inst, cfg.scale)
-    rel = relax(inst, sc)
+    rel = relax(inst, sc, work=WORK_PER_UNIT * cfg.deterministic_time)
     if rel.infeasible:  # not even a fractional plan fits the memory rows
         return Solution(status="INFEASIBLE", plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
     floor = integer_bound(rel.bound)
@@ -195,7 +201,7 @@ def _seed_cuts(inst: Instance, sc: Scaled, pm: PPBModel, graph, stages, start_pl
     for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
         for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
             pm.add_path_cut(c)
-    if not unit_memory_fits(inst, sc, start_plan):
+    if not unit_memory_fits(inst, sc, start_plan) or not expressible(inst, start_plan):
         return None
     return dag.longest_path(graph, unit_durations(inst, sc, start_plan))[0], start_plan
 

@@ -15,7 +15,9 @@ the frameworks and SAPP write:
   communication (a fully recomputed layer counts in all three), which SAPP reads back as full,
   selective+comm = min of the two select counts beyond full, then selective or comm alone
   (toolkit/pipeline_balance/utils/recompute.py ``internal_from_yaml`` at v1.6.0-beta1). A count
-  is a bool (True: every layer), one per stage, or with vpp > 1 one list per chunk.
+  is a bool (True: every layer), one per stage, or with vpp > 1 one list per chunk (a value of
+  True in a list: every layer of that slice); negative counts are refused, and so is a flat list
+  with vpp > 1 (MindFormers deals it over the chunks: give the per-chunk lists it runs).
 """
 
 from __future__ import annotations
@@ -129,25 +131,32 @@ def _mf_value(doc: dict, key: str):
 def _per_slice(inst: Instance, value, key: str, layers_of) -> list[int]:
     """A MindFormers count (bool, int, [stage], [[stage] per chunk]) as a count per virtual stage."""
     p = inst.pipeline
-    if value is None or value is False or value == 0:
+    if value is None or (value is False and key != "offset") or (value == 0 and not isinstance(value, bool)):
         return [0] * p.chunks
-    if value is True:
+    if value is True and key != "offset":
         return [layers_of[v] for v in range(p.chunks)]
     rows = value if p.vpp > 1 else [value]
+    shape = f"{p.vpp} lists (one per chunk) of {p.pp}" if p.vpp > 1 else f"a list of {p.pp}"
     if (not isinstance(rows, list) or len(rows) != p.vpp
             or any(not isinstance(r, list) or len(r) != p.pp for r in rows)
-            or any(isinstance(x, bool) or not isinstance(x, int) for r in rows for x in r)):
-        shape = f"{p.vpp} lists of {p.pp}" if p.vpp > 1 else f"a list of {p.pp}"
+            or any(not isinstance(x, int) or (isinstance(x, bool) and key == "offset") for r in rows for x in r)):
         raise NdplanError(key, value, "not one whole number per stage (and chunk)", f"give {shape} integers")
     out = [0] * p.chunks
     for c, row in enumerate(rows):
         for s, x in enumerate(row):
-            out[virtual_stage(p.schedule, s, c, p.pp)] = x
+            v = virtual_stage(p.schedule, s, c, p.pp)
+            if key != "offset" and not isinstance(x, bool) and x < 0:
+                raise NdplanError(key, value, "a negative layer count", "give counts of 0 or more")
+            out[v] = layers_of[v] if x is True else int(x)  # True: every layer of the slice (MindFormers)
     return out
 
 
 def _from_mindformers(inst: Instance, doc: dict) -> Plan:
     p = inst.pipeline
+    if not any(_mf_value(doc, k) is not None for k in MF_KEYS):
+        raise NdplanError("--plan", "file", f"names none of {', '.join(MF_KEYS)}",
+                          "give a MindFormers offset and recompute lists (top level, or model.model_config.offset "
+                          "and recompute_config)")
     decoder = [i for i, layer in enumerate(inst.layers) if layer.kind not in NOT_DECODER]
     base = len(decoder) // p.chunks
     offset = _mf_value(doc, "offset")
@@ -169,5 +178,7 @@ def _from_mindformers(inst: Instance, doc: dict) -> Plan:
     rec = ["none"] * len(inst.layers)
     for i, m in zip(decoder, modes):
         rec[i] = inst.layers[i].at_most(m)
-    bounds = [0] + [decoder[starts[v + 1] - 1] + 1 for v in range(p.chunks - 1)] + [len(inst.layers)]
+    # slice v + 1 starts at its first decoder layer (what precedes it, embedding included, stays behind)
+    bounds = [0] + [decoder[starts[v + 1]] if starts[v + 1] < len(decoder) else len(inst.layers)
+                    for v in range(p.chunks - 1)] + [len(inst.layers)]
     return Plan(bounds=tuple(bounds), recompute=tuple(rec))
