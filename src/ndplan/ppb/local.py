@@ -153,8 +153,21 @@ def lighter_modes(layer, mode: str) -> list[str]:
             if rec.get(m, 0.0) < r or (m in RECOMPUTE_BELOW[mode] and rec.get(m, 0.0) <= r)]
 
 
+class WorkCap:
+    """A deterministic limit on local search (the deterministic budget's counterpart of a deadline):
+    (shift x DAG node) steps of the shift scoring, which dominates its time."""
+
+    def __init__(self, total: float = float("inf")):
+        self.left = total
+
+    def spend(self, n: float) -> bool:
+        """Spend ``n``; False once the cap is used up."""
+        self.left -= n
+        return self.left > 0
+
+
 def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, deadline: float,
-           on_path, repairs_tried: int = 32) -> tuple[int, Plan]:
+           on_path, repairs_tried: int = 32, cap: WorkCap | None = None) -> tuple[int, Plan]:
     """Descent (module docstring) until no move improves or the deadline: the fastest
     shift that fits (all shifts scored at once, ``_shift_scores``); else the fastest
     memory repair of the ``repairs_tried`` fastest shifts that do not fit; else the first
@@ -174,6 +187,8 @@ def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, 
 
     while time.perf_counter() < deadline:
         shifts = list(_shifts(plan, p.chunks))
+        if cap is not None and not cap.spend(max(1, len(shifts)) * len(graph.nodes)):
+            break
         if shifts:
             lengths, fits = _shift_scores(inst, sc, graph, plan, shifts, deadline)
             if restricted:

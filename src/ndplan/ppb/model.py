@@ -220,7 +220,7 @@ class PPBModel:
             self.dur["B", v] = self.B[v] + (0 if split_w else self.W[v])
             self.dur["W", v] = self.W[v]
         self.Z = self.model.NewIntVar(0, self.horizon, "step")  # >= every path added
-        self.cuts: set = set()
+        self.cuts: dict = {}  # path key -> None: insertion-ordered, so adding them elsewhere is reproducible
         graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
         for s in range(p.pp):
             self.add_path_cut(dag.chain_counts(graph, s))
@@ -235,7 +235,7 @@ class PPBModel:
         key = tuple(sorted(counts.items()))
         if key in self.cuts:
             return False
-        self.cuts.add(key)
+        self.cuts[key] = None
         self.model.Add(self.Z >= sum(n * self.dur[kv] for kv, n in counts.items()))
         return True
 

@@ -15,7 +15,7 @@ from ortools.sat.python import cp_model
 
 from ndplan.ppb import dag
 from ndplan.ppb.instance import MODES, Instance
-from ndplan.ppb.local import polish, unit_durations, unit_memory_fits
+from ndplan.ppb.local import WorkCap, polish, unit_durations, unit_memory_fits
 from ndplan.ppb.model import PPBModel
 from ndplan.ppb.relax import WORK_PER_UNIT, relax
 from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, slot, stage_memory_bytes, uniform_plan
@@ -78,6 +78,8 @@ class _Budget:
         self.t0 = time.perf_counter()
         self.passes = 0.0
         """Deterministic time spent by CP-SAT passes so far."""
+        self.cap = WorkCap(LOCAL_WORK_PER_UNIT * self.total if self.deterministic else float("inf"))
+        """Local search's share in deterministic mode, where it has no deadline."""
 
     def spent(self) -> float:
         return self.passes if self.deterministic else time.perf_counter() - self.t0
@@ -99,6 +101,12 @@ class _Budget:
         return status, solver
 
 
+LOCAL_WORK_PER_UNIT = 2.4e8
+"""Local search allowed per deterministic unit, (shift x DAG node) steps (local.WorkCap), which it
+has no deadline to stop it otherwise. At the default 3 units, 7.2e8 (2026-12-07, 2 cores): 96
+layers x 16 stages x vpp 2 x 32 micro-batches interleaved at 60 GiB used 3.0e8 (3.2685 s in
+13.5 s; uncapped 3.61e8, 3.201 s), 128 x 32 stages x zbv x 64 at 40 GiB is stopped at 5.9e8
+(5.153 s in 20 s; uncapped 3.7e9, 4.786 s in 51 s)."""
 MIN_PASS = 0.01
 """Smallest limit of one CP-SAT pass (seconds or deterministic units)."""
 
@@ -198,7 +206,7 @@ proven optimal by the relaxation drops recompute that does not change its step t
 def _seed_cuts(inst: Instance, sc: Scaled, pm: PPBModel, graph, stages, start_plan: Plan) -> tuple[int, Plan] | None:
     """Cut the paths of the start plan and of the even plans; (its length, start_plan)
     as the first incumbent when it fits, else None."""
-    for plan in {start_plan, *(uniform_plan(inst, mode) for mode in MODES)}:
+    for plan in dict.fromkeys([start_plan, *(uniform_plan(inst, mode) for mode in MODES)]):  # ordered: no hash order
         for c in dag.paths_through(graph, unit_durations(inst, sc, plan), stages):
             pm.add_path_cut(c)
     if not unit_memory_fits(inst, sc, start_plan) or not expressible(inst, start_plan):
@@ -224,7 +232,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
     status = "UNKNOWN"
     if best is not None:
         best = polish(inst, sc, graph, best[1], best[0], budget.deadline(LOCAL_SEARCH_SHARE, keep=FINAL_POLISH_SHARE),
-                      pm.add_path_cut)
+                      pm.add_path_cut, cap=budget.cap)
     while (left := budget.left() - FINAL_POLISH_SHARE * total) > 0 and not (best and floor >= best[0]):
         pm.model.ClearHints()
         pm.hint(best[1] if best else start_plan)
@@ -244,14 +252,15 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
             new |= pm.add_path_cut(c)
         if length > bound:
             deadline = budget.deadline(LOCAL_SEARCH_SHARE, keep=FINAL_POLISH_SHARE)
-            length, plan = polish(inst, sc, graph, plan, length, deadline, pm.add_path_cut)
+            length, plan = polish(inst, sc, graph, plan, length, deadline, pm.add_path_cut, cap=budget.cap)
         if best is None or length < best[0]:
             best = (length, plan)
         if max(bound, floor) >= best[0] or (status == "OPTIMAL" and not new):
             break  # proven (a relaxation optimum whose critical paths are all cuts is its longest path)
     unit = budget.cfg.scale.time_s
     if best is not None:
-        best = polish(inst, sc, graph, best[1], best[0], budget.deadline(1.0), pm.add_path_cut)
+        best = polish(inst, sc, graph, best[1], best[0], budget.deadline(1.0), pm.add_path_cut,
+                      cap=WorkCap(max(budget.cap.left, LOCAL_WORK_PER_UNIT * FINAL_POLISH_SHARE * budget.total)))
     wall = time.perf_counter() - t0
     if best is None:
         return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
