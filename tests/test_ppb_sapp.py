@@ -219,3 +219,9 @@ def test_null_fields_are_one_line_or_no_memory():
     assert layers[0].static_bytes == 0
     with pytest.raises(NdplanError, match="time"):
         from_sapp({"layers_description": [{"type": "BODY", "time": None}]})
+
+
+@pytest.mark.parametrize("text", ["5,,5", "5,x", "5,-1"])
+def test_malformed_sizes_are_one_line(text):
+    with pytest.raises(NdplanError, match="comma-separated layer counts"):
+        user_plan(_small(), text, None)

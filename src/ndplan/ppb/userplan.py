@@ -29,10 +29,9 @@ from ndplan.catalog.files import read_mapping
 from ndplan.errors import NdplanError
 from ndplan.formulas.schedules import virtual_stage
 from ndplan.ppb.instance import MODES, Instance
+from ndplan.export.balance import LAYOUT_SYMBOL, NOT_DECODER
 from ndplan.ppb.plan import Plan
 
-NOT_DECODER = {"embedding": "E", "head": "L", "mtp": "m"}
-"""Layer kinds the layout names by letter (export/balance.py LAYOUT_SYMBOL); other kinds are t."""
 MF_KEYS = ("offset", "recompute", "select_recompute", "select_comm_recompute")
 
 
@@ -43,7 +42,7 @@ def user_plan(inst: Instance, text: str | None, recompute: str | None) -> Plan |
         if recompute is not None:
             raise NdplanError("--plan-recompute", recompute, "given without --plan", "give --plan too, or drop it")
         return None
-    if re.fullmatch(r"[\d,\s]+", text):
+    if re.fullmatch(r"[\d,\s]+", text) or ("," in text and not Path(text).exists()):
         plan = _from_sizes(inst, text, recompute)
     elif "|" in text or re.fullmatch(r"[EtmL*\d\s]+", text):
         plan = _with_modes(inst, _layout_bounds(inst, text), recompute)
@@ -64,7 +63,11 @@ def _bounds(sizes: list[int]) -> tuple[int, ...]:
 
 
 def _from_sizes(inst: Instance, text: str, recompute: str | None) -> Plan:
-    sizes = [int(x) for x in text.replace(" ", "").split(",") if x]
+    parts = text.replace(" ", "").split(",")
+    if not all(x.isdigit() for x in parts):
+        raise NdplanError("--plan", text, "not comma-separated layer counts", "give layers per virtual stage, "
+                          "e.g. 21,20,20,21")
+    sizes = [int(x) for x in parts]
     if len(sizes) != inst.pipeline.chunks or sum(sizes) != len(inst.layers) or min(sizes) < 1:
         raise NdplanError("--plan", text, f"{len(sizes)} counts summing to {sum(sizes)}",
                           f"give {inst.pipeline.chunks} positive counts summing to {len(inst.layers)} "
@@ -93,7 +96,7 @@ def _layout_bounds(inst: Instance, text: str) -> tuple[int, ...]:
     if len(groups) != inst.pipeline.chunks:
         raise NdplanError("--plan", text, f"{len(groups)} layout groups", f"give {inst.pipeline.chunks} groups "
                           "separated by | (pp x vpp virtual stages)")
-    letters = [NOT_DECODER.get(layer.kind, "t") for layer in inst.layers]
+    letters = [LAYOUT_SYMBOL.get(layer.kind, "t") for layer in inst.layers]
     flat = "".join(groups)
     have_e, have_l = letters[0] == "E", letters[-1] == "L"
     expect = "".join(x for x in letters)
