@@ -336,7 +336,7 @@ add("balance/usage/workers-not-integer", [*B, "--workers", "two"], field="worker
 add("balance/usage/budget-not-number", [*B, "--budget-gib", "lots"], field="budget-gib", files=layers())
 add("balance/usage/plan-recompute-choice", [*B, "--plan", "17,17", "--plan-recompute", "some"],
     field="plan-recompute", files=layers())
-add("balance/usage/schedule-choice", [*B, "--schedule", "dualpipe"], field="schedule", files=layers())
+add("balance/usage/schedule-choice", [*B, "--schedule", "chimera"], field="schedule", files=layers())
 add("models/usage/extra-argument", ["models", "extra"], extra="extra")
 add("hardware/usage/unknown-option", ["hardware", "--csv"], extra="csv")
 

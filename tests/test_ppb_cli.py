@@ -244,8 +244,10 @@ def test_schedule_auto_balances_every_order_and_recommends_the_fastest(tmp_path)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output[r.output.index("{"):])
     rows = {s["schedule"]: s for s in doc["schedules"]}
-    assert set(rows) == {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"}
+    assert set(rows) == {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev"}
     assert rows["interleaved"]["status"] == "NOT_RUN" and "multiple" in rows["interleaved"]["why"]
+    for s in ("dualpipe", "dualpipev"):  # DualPipe needs m >= 2 x pp = 8 (deepseek-ai/DualPipe asserts it)
+        assert rows[s]["status"] == "NOT_RUN" and "2*pp = 8" in rows[s]["why"]
     ran = [s for s in doc["schedules"] if s["balanced_step_s"] is not None]
     best = min(ran, key=lambda s: s["balanced_step_s"])
     assert doc["recommended"]["schedule"] == best["schedule"]

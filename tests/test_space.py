@@ -236,7 +236,7 @@ def test_load_space_reads_yaml(tmp_path):
     assert raw["tp"] == 8
     norm = normalize_space(raw)
     assert norm["tp"] == (8,) and norm["pp"] == (1, 2, 4) and norm["recompute"] is None
-    assert norm["schedule"] == ("zbv",) and norm["dp"] is None and set(norm) == set(DIMS)
+    assert norm["schedule"] == ("dualpipev",) and norm["dp"] is None and set(norm) == set(DIMS)
     assert normalize_space(norm) == norm
     assert normalize_space({"pp": "1,2,4", "sp": "false", "recompute": ["full", "none"]})["pp"] == (1, 2, 4)
 

@@ -185,7 +185,7 @@ OPTIONS = [
                  help="Micro-batches per step."),
     click.option("--schedule", type=click.Choice((*SCHEDULES, "auto")), default=None,
                  help="Default: 1f1b, interleaved if vpp>1. auto: balance every schedule (one-chunk ones at vpp 1, "
-                      "interleaved at --vpp or 2, zbv at 2), each with the whole budget, and recommend the fastest "
+                      "interleaved at --vpp or 2, zbv, dualpipe, dualpipev at 2), each with the whole budget, and recommend the fastest "
                       "that fits."),
     click.option("--budget-gib", type=Real(limits.gib), default=None, help="Per-device memory for static + activations."),
     click.option("--hardware", "-H", default=None, help="Budget = this device's HBM minus --reserve-gib."),

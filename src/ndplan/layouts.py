@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ndplan.vocab import HEAD_ON_FIRST_STAGE
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES, HEAD_ON_FIRST_STAGE, V_SCHEDULES
 
 if TYPE_CHECKING:
     from ndplan.catalog.model import ModelSpec
@@ -75,8 +75,11 @@ def ends_options(L: int, pp: int, vpp: int) -> list[tuple[int, int]]:
 
 
 def stage_of(schedule: str, v: int, pp: int) -> int:
-    """The stage running virtual stage v (virtual_stage inverted)."""
-    for chunk in (0, 1) if schedule == "zbv" else (v // pp,):
+    """The stage running virtual stage v (virtual_stage inverted; under a bidirectional schedule
+    the stage running it for the micro-batches entering at stage 0, stage v)."""
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        return v
+    for chunk in (0, 1) if schedule in V_SCHEDULES else (v // pp,):
         for s in range(pp):
             if virtual_stage(schedule, s, chunk, pp) == v:
                 return s
@@ -87,14 +90,16 @@ def layers_per_stage(L: int, pp: int, vpp: int, schedule: str, first: int, last:
     """Decoder layers of every virtual stage in model order (Strategy.layers_per_stage)."""
     mid = middle(L, pp, first, last)
     per_stage = [first] + [mid] * (pp - 2) + [last]
+    if schedule in BIDIRECTIONAL_SCHEDULES:  # one slice per stage, each held twice
+        return tuple(per_stage)
     return tuple(per_stage[stage_of(schedule, v, pp)] // vpp for v in range(pp * vpp))
 
 
 def ends_of(pp: int, vpp: int, schedule: str, lps: tuple[int, ...] | None) -> tuple[int, int] | None:
     """(F, Lst) when ``lps`` (Strategy.layers_per_stage) is an ends layout (every chunk of a
     stage equal, the middle stages equal, each count at least 1 per chunk), else None."""
-    if lps is None or pp < 2 or len(lps) != pp * vpp:
-        return None
+    if lps is None or pp < 2 or len(lps) != pp * vpp or schedule in BIDIRECTIONAL_SCHEDULES:
+        return None  # a bidirectional schedule's given split is counted concretely
     by_stage: dict[int, set] = {}
     for v, n in enumerate(lps):
         by_stage.setdefault(stage_of(schedule, v, pp), set()).add(n)
@@ -111,10 +116,37 @@ def ends_of(pp: int, vpp: int, schedule: str, lps: tuple[int, ...] | None) -> tu
 
 
 def virtual_stage(schedule: str, stage, chunk, pp):
-    """Index of the model slice (in layer order) that (stage, chunk) runs."""
-    if schedule == "zbv":
+    """Index of the model slice (in layer order) that (stage, chunk) runs.
+
+    * V schedules (zbv, dualpipev): chunk 0 of stage i is slice i, chunk 1 is 2*pp-1-i.
+    * dualpipe: pp slices, each held twice (BIDIRECTIONAL_SCHEDULES). Stage i runs slice i for the
+      micro-batches entering at stage 0 and slice pp-1-i for those entering at stage pp-1; chunk 0
+      is the one of the two that its micro-batches reach first, slice h = min(i, pp-1-i), chunk 1
+      is slice pp-1-h (DualPipe's "phase", dualpipe.py ``phase ^= self.is_in_second_half``), so
+      the end stages hold the embedding on chunk 0 and the head on chunk 1, and the in-flight
+      table is symmetric in i <-> pp-1-i.
+    * otherwise chunk c of stage i is slice c*pp + i."""
+    if schedule in V_SCHEDULES:
         return stage if chunk == 0 else 2 * pp - 1 - stage
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        if isinstance(stage, int) and isinstance(pp, int):
+            h = min(stage, pp - 1 - stage)
+        else:
+            from ndplan.formulas.minmax import Min
+            h = Min(stage, pp - 1 - stage)
+        return h if chunk == 0 else pp - 1 - h
     return chunk * pp + stage
+
+
+def slices(schedule: str, pp: int, vpp: int) -> int:
+    """Model slices (virtual stages in layer order) of a pipeline: pp * vpp, except pp under a
+    bidirectional schedule, whose two chunks per stage are slices of two copies of the model."""
+    return pp if schedule in BIDIRECTIONAL_SCHEDULES else pp * vpp
+
+
+def placements(schedule: str, v: int, pp: int, vpp: int) -> list[tuple[int, int]]:
+    """Every (stage, chunk) running slice v: one, or two under a bidirectional schedule."""
+    return [(s, c) for s in range(pp) for c in range(vpp) if virtual_stage(schedule, s, c, pp) == v]
 
 
 def head_stage(view, pp: int) -> int:

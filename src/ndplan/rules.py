@@ -26,7 +26,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ndplan.errors import NdplanError
-from ndplan.vocab import ONE_CHUNK_SCHEDULES
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES, ONE_CHUNK_SCHEDULES, OVERLAPPED_PAIR_SCHEDULES
+
+TWO_CHUNK_SCHEDULES = ("zbv",) + OVERLAPPED_PAIR_SCHEDULES
+"""Schedules that place exactly two chunks on each stage."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,15 @@ def _split_given(c):
     uneven layout (its ``uneven`` bool array)."""
     uneven = getattr(c, "uneven", None)
     return np.asarray(c.layers_per_stage is not None if uneven is None else uneven, dtype=bool)
+
+
+def _slices(c):
+    """Model slices of the layer split (layouts.slices): pp*vpp, pp under dualpipe."""
+    return c.pp if c.schedule in BIDIRECTIONAL_SCHEDULES else c.pp * c.vpp
+
+
+def _slices_text(c) -> str:
+    return f"pp={c.pp} slices (dualpipe)" if c.schedule in BIDIRECTIONAL_SCHEDULES else f"pp*vpp={c.pp * c.vpp}"
 
 
 def engine_name(engine: str) -> str:
@@ -128,11 +140,30 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.vpp,
          lambda c: "the interleaved schedule needs vpp >= 2",
          lambda c: "set --vpp 2 or more"),
-    Rule("schedule", "zbv: vpp == 2", "schedule", "vpp",
-         lambda c: (c.schedule == "zbv") & (c.vpp != 2),
+    Rule("schedule", "zbv, dualpipe, dualpipev: vpp == 2", "schedule", "vpp",
+         lambda c: (c.schedule in TWO_CHUNK_SCHEDULES) & (c.vpp != 2),
          lambda c: c.vpp,
-         lambda c: "zbv places two chunks (a V) per stage",
+         lambda c: f"{c.schedule} places two chunks per stage"
+                   + (" (one of each model copy)" if c.schedule in BIDIRECTIONAL_SCHEDULES else " (a V)"),
          lambda c: "set --vpp 2"),
+    # DualPipe (deepseek-ai/DualPipe@3da1bbe dualpipe.py:332-333): "assert num_ranks % 2 == 0";
+    # "num_chunks > 0 and num_chunks % 2 == 0 and num_chunks >= num_ranks * 2" (half the
+    # micro-batches enter at each end); DualPipeV (dualpipev.py:318) num_chunks >= num_ranks * 2, as
+    # torch's ScheduleDualPipeV (n_microbatches >= stages = 2 x ranks; schedules.py:3439-3443, torch 2.13)
+    Rule("schedule", "dualpipe: pp even", "schedule", "pp",
+         lambda c: (c.schedule == "dualpipe") & (c.pp % 2 != 0),
+         lambda c: c.pp,
+         lambda c: "DualPipe pairs stage i with stage pp-1-i (deepseek-ai/DualPipe asserts an even rank count)",
+         lambda c: "give an even --pp"),
+    Rule("schedule", "dualpipe, dualpipev: m >= 2*pp (dualpipe: m even)", "schedule",
+         lambda c: "gbs" if hasattr(c, "gbs") else "m",
+         lambda c: (c.schedule in OVERLAPPED_PAIR_SCHEDULES) & (c.pp > 1)
+         & ((c.m < 2 * c.pp) | ((c.schedule == "dualpipe") & (c.m % 2 != 0))),
+         lambda c: c.gbs if hasattr(c, "gbs") else c.m,
+         lambda c: f"{c.schedule} needs micro-batches m={c.m} >= 2*pp = {2 * c.pp}"
+                   + (", even (half enter at each end)" if c.schedule == "dualpipe" else "")
+                   + " (deepseek-ai/DualPipe; torch ScheduleDualPipeV)",
+         lambda c: "raise gbs, or lower mbs or dp" if hasattr(c, "gbs") else f"give an even --m of {2 * c.pp} or more"),
     # Megatron-core forward_backward_pipelining_with_interleaving: micro-batches run in
     # groups of microbatch_group_size_per_vp_stage (default pp), and a last group smaller
     # than pp is refused ("introduces dependency bubbles"), so m % pp == 0
@@ -152,15 +183,15 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.tp,
          lambda c: f"does not divide num_key_value_heads={c.model.num_key_value_heads} (Megatron rule)",
          lambda c: "choose a tp that divides it", static=True),
-    Rule("layers", "pp*vpp <= num_hidden_layers", "model", "pp",
-         lambda c: c.model.num_hidden_layers < c.pp * c.vpp,
+    Rule("layers", "pp*vpp <= num_hidden_layers (dualpipe: pp)", "model", "pp",
+         lambda c: c.model.num_hidden_layers < _slices(c),
          lambda c: c.pp,
-         lambda c: f"pp*vpp={c.pp * c.vpp} exceeds num_hidden_layers={c.model.num_hidden_layers}",
+         lambda c: f"{_slices_text(c)} exceeds num_hidden_layers={c.model.num_hidden_layers}",
          lambda c: "lower pp or vpp"),
-    Rule("layers", "num_hidden_layers % (pp*vpp) == 0 (even split)", "model", "pp",
-         lambda c: ~_split_given(c) & (c.model.num_hidden_layers % (c.pp * c.vpp) != 0),
+    Rule("layers", "num_hidden_layers % (pp*vpp) == 0 (even split; dualpipe: pp)", "model", "pp",
+         lambda c: ~_split_given(c) & (c.model.num_hidden_layers % _slices(c) != 0),
          lambda c: c.pp,
-         lambda c: f"num_hidden_layers={c.model.num_hidden_layers} is not divisible by pp*vpp={c.pp * c.vpp}",
+         lambda c: f"num_hidden_layers={c.model.num_hidden_layers} is not divisible by {_slices_text(c)}",
          lambda c: "give an uneven split (in a launch file: its first/last-stage layer counts, layout or "
                    "offsets; to estimate or sweep: --layers-per-stage / --uneven), or change pp/vpp"),
     Rule("experts", "dense model: ep == etp == 1", "model", "ep",
@@ -262,6 +293,19 @@ RULES: tuple[Rule, ...] = (
          lambda c: (f"torchtitan splits the routed experts over tp={c.tp} when ep=1 (etp = tp)" if np.all(c.ep == 1)
                     else f"torchtitan takes etp 1 or tp={c.tp} with ep={c.ep}"),
          lambda c: f"use --etp {c.tp}" if np.all(c.ep == 1) else f"use --etp 1 or {c.tp}"),
+    # DualPipe and DualPipeV: torch.distributed.pipelining has ScheduleDualPipeV (torch 2.13
+    # schedules.py:3393), which torchtitan 0.3.0 takes (distributed/pipeline_parallel.py:23, 561);
+    # DeepSeek's DualPipe library (deepseek-ai/DualPipe) wraps plain PyTorch modules such as
+    # torchtitan's. Megatron-LM (no "dualpipe" anywhere at d98e8a64), DeepSpeed's PipelineEngine
+    # (its TrainSchedule is 1F1B) and MindSpore's pipeline_scheduler (1f1b, gpipe, seqpipe, seqvpp,
+    # seqsmartvpp, zero_bubble_v) run neither.
+    Rule("engine", "dualpipe, dualpipev: fsdp engine only", "engine", "schedule",
+         lambda c: (engine_name(c.engine) != "fsdp") & (c.schedule in OVERLAPPED_PAIR_SCHEDULES),
+         lambda c: c.schedule,
+         lambda c: f"the {engine_name(c.engine)} engine runs no DualPipe schedule (Megatron-LM, DeepSpeed's "
+                   "PipelineEngine and MindSpore have none)",
+         lambda c: "use --engine fsdp (torch pipelining's ScheduleDualPipeV; DeepSeek's DualPipe library wraps "
+                   "plain modules), or --schedule zbv --vpp 2"),
     Rule("engine", "fsdp: pp > 1 has no zb-h1 (torch pipelining)", "engine", "schedule",
          lambda c: (engine_name(c.engine) == "fsdp") & (c.pp > 1) & (c.schedule == "zb-h1"),
          lambda c: c.schedule,

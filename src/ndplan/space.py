@@ -13,13 +13,14 @@ ep          dense model: 1; MoE: divisors of num_experts that also divide gpus
 etp         1 (list values to explore expert tensor parallelism); a MoE
             model under the fsdp engine: tp where ep is 1 (torchtitan
             splits its experts over tp then, rules.py)
-vpp         1 if no schedule of the space interleaves (interleaved, zbv); else
+vpp         1 if every schedule of the space has one chunk per stage; else
             the divisors v of num_hidden_layers with v == 1 or 2*v <= L (vpp > 1
             needs pp >= 2 whole chunks per stage)
 mbs         1..8
 zero        0, 1, 2, 3
 recompute   none, selective, full
-schedule    gpipe, 1f1b, interleaved, zb-h1, zbv (``dualpipe-v`` is read as zbv)
+schedule    gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipe, dualpipev (``dualpipe-v`` is read as
+            dualpipev); dualpipe rows split the layers evenly over pp slices (no ends layouts)
 sp          True only: sequence parallelism is on whenever tp > 1 (list
             ``[true, false]`` to compare); under the deepspeed engine True and
             False, the engine rule keeping False only at tp > 1 (points.default_sp)
@@ -67,6 +68,7 @@ from ndplan.strategy import micro_batches
 from ndplan.layouts import leading_dense
 from ndplan.layouts import RANGE_TEXT, ends_options
 from ndplan.errors import NdplanError
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
 from ndplan.space_file import DEGREE_DIMS, DIMS, LAYER_DIMS, WORLD_DIMS, load_space, normalize_space  # noqa: F401
 from ndplan.strategy import Strategy
 from ndplan.vocab import ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES, SCHEDULES, ZERO_LEVELS as ZERO_STAGES
@@ -224,7 +226,7 @@ def _base_grid(gpus: int, dom: dict[str, tuple]) -> dict[str, np.ndarray]:
     return {**{d: fact[d][idx] for d in WORLD_DIMS}, "ep": ep, "etp": etp, "mbs": mbs}
 
 
-def _layout_rows(model: ModelSpec, pp: np.ndarray, vpp: int, dom: dict) -> tuple[np.ndarray, ...]:
+def _layout_rows(model: ModelSpec, pp: np.ndarray, vpp: int, dom: dict, ends: bool = True) -> tuple[np.ndarray, ...]:
     """(base row index, first_layers, last_layers, uneven) of every layout row at ``vpp``:
     per base row its even split (first = last = L/pp; 0 when L does not divide, which the
     even-split rule rejects) and, with uneven in the space, each ends layout of
@@ -241,7 +243,7 @@ def _layout_rows(model: ModelSpec, pp: np.ndarray, vpp: int, dom: dict) -> tuple
             even = L // u if L % (u * vpp) == 0 else 0
             if even == 0 or listed(even, even):
                 opts.append((even, even, False))
-        if True in dom["uneven"]:
+        if True in dom["uneven"] and ends:
             opts += [(f, last, True) for f, last in ends_options(L, int(u), vpp) if listed(f, last)]
         idx = np.nonzero(pp == u)[0]
         parts += [(idx, np.full(len(idx), f, np.int64), np.full(len(idx), last, np.int64), np.full(len(idx), unv))
@@ -276,9 +278,11 @@ def generate(model: ModelSpec, gpus: int, seq: int, gbs: int, space: Mapping | N
     generated = 0
     layouts: dict[int, tuple] = {}
     for schedule, vpp, sp in itertools.product(dom["schedule"], dom["vpp"], dom["sp"]):
-        if vpp not in layouts:
-            layouts[vpp] = _layout_rows(model, base["pp"], vpp, dom)
-        rows, first, last, uneven = layouts[vpp]
+        # a bidirectional schedule splits the layers over pp slices (layouts.slices), evenly
+        key = (1, "even") if schedule in BIDIRECTIONAL_SCHEDULES else (vpp, "any")
+        if key not in layouts:
+            layouts[key] = _layout_rows(model, base["pp"], key[0], dom, ends=key[1] == "any")
+        rows, first, last, uneven = layouts[key]
         k = len(rows)
         generated += k * per_combo
         c = _Ctx(model=model, gpus=gpus, seq=seq, gbs=gbs, vpp=vpp, schedule=schedule, sp=sp, uneven=uneven,

@@ -138,12 +138,14 @@ class Strategy:
     def check(self, model: ModelSpec, gpus: int | None = None) -> None:
         """Divisibility rules against a model and device count."""
         rules.check(rules.WithModel(self, model, gpus), ("model", "engine_model"))
-        chunks = self.pp * self.vpp
+        from ndplan.layouts import slices
+        chunks = slices(self.schedule, self.pp, self.vpp)  # pp under dualpipe: each slice on two stages
         L = model.num_hidden_layers
         if self.layers_per_stage is not None:
             lps = tuple(self.layers_per_stage)
             if len(lps) != chunks:
-                raise NdplanError("layers_per_stage", list(lps), f"{len(lps)} entries for pp*vpp={chunks} chunks",
+                raise NdplanError("layers_per_stage", list(lps), f"{len(lps)} entries for {chunks} model slices "
+                                  f"({'pp' if chunks == self.pp and self.vpp > 1 else 'pp*vpp'})",
                                   f"give {chunks} layer counts")
             if any(x < 0 for x in lps) or sum(lps) != L:
                 raise NdplanError("layers_per_stage", list(lps), f"entries sum to {sum(lps)}",

@@ -99,7 +99,7 @@ class Table:
         return {k: out[k] for k in GRID_KEYS + CATEGORICAL}
 
 
-SCHEDULE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zbv", "gpipe")
+SCHEDULE_PREFERENCE = ("1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "dualpipe", "gpipe")
 """Tie-break among equal rows: the most common schedule first (a ranking choice, not a vocabulary)."""
 _SCHED_ORDER = {s: i for i, s in enumerate(SCHEDULE_PREFERENCE)}
 _REC_ORDER = {m: i for i, m in enumerate(RECOMPUTE_MODES)}  # least recompute first

@@ -30,7 +30,7 @@ from ndplan.strategy import Strategy
 
 TARGET = "PyTorch DeviceMesh"
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-                    "zbv": "ScheduleZBVZeroBubble"}
+                    "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
 
 
 def mesh_dims(strat: Strategy) -> tuple[tuple[str, ...], tuple[int, ...]]:

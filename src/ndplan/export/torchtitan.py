@@ -14,7 +14,8 @@ is ndplan's: ``titan_split``), ``module_fqns_per_model_part`` (uneven layers),
 ``enable_cpu_offload``; ``ActivationCheckpoint``: ``mode`` none|selective|full,
 ``selective_ac_option``). Schedule names are the classes registered in
 pytorch/pytorch:torch/distributed/pipelining/schedules.py (``get_schedule_class``):
-gpipe -> GPipe, 1f1b -> 1F1B, interleaved -> Interleaved1F1B, zbv -> ZBVZeroBubble;
+gpipe -> GPipe, 1f1b -> 1F1B, interleaved -> Interleaved1F1B, zbv -> ZBVZeroBubble, dualpipev ->
+DualPipeV (torch 2.13 ScheduleDualPipeV; dualpipe is refused: no torch pipelining class);
 zb-h1 (one chunk per stage) has no torch schedule (NdplanError).
 
 Data-parallel mapping (FSDP2 shards over ``dp_shard``; HSDP = replicate x shard):
@@ -45,7 +46,8 @@ from ndplan.export.common import cannot, layers_per_chunk, header, nest, recompu
 from ndplan.strategy import Strategy
 
 TARGET = "torchtitan"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble",
+             "dualpipev": "DualPipeV"}
 RESHARD = {1: "never", 2: "never", 3: "always"}
 """zero stage -> fsdp_reshard_after_forward."""
 KEY = {"dp_replicate": "parallelism.data_parallel_replicate_degree",
@@ -236,6 +238,10 @@ def _check(model: ModelSpec, s: Strategy, ddp: bool) -> None:
     from ndplan import rules
     # torch pipelining's schedules; the routed experts' tp (etp = tp when ep is 1, else 1 or tp)
     refuse_engine_rules(TARGET, rules.WithModel(s, model, engine="fsdp"), ("schedule", "etp"))
+    if s.pp > 1 and s.schedule not in SCHEDULES:  # dualpipe: DeepSeek's library, not torch pipelining
+        raise cannot(TARGET, "schedule", s.schedule, "torch.distributed.pipelining (torchtitan's schedules) has "
+                     "DualPipeV but not the two-direction DualPipe (github.com/deepseek-ai/DualPipe wraps the "
+                     "modules itself); use --schedule dualpipev")
     if ddp and s.zero == 0 and s.dp > 1 and (s.tp > 1 or s.pp > 1 or s.cp > 1):
         raise cannot(TARGET, "zero", 0, "torchtitan runs DDP only without tp/pp/cp; use zero>=1 (FSDP2)")
 

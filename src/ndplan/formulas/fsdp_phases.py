@@ -17,7 +17,7 @@ from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
 from ndplan.formulas.local import act_context, device_params, largest_kind, layer_params
-from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, is_first, pp_expr
+from ndplan.formulas.placement import chunk_layers, embedding_device_flag, has_kind, head_device_flag, pp_expr
 from ndplan.structure import Structure
 from ndplan.symbols import ModelSymbols
 from ndplan.units import DTYPE_BYTES
@@ -143,7 +143,7 @@ def fsdp_backward_reduce(spec: ModelSpec, M: ModelSymbols, view: Structure, acts
         wrapped = _spread(nd + nm)[3]
         last_act = (1 - wrapped) * last_act + wrapped * A.layer_activation(spec, M, ctx, last, view.recompute)
     after_head = acts - head_device_flag(view.schedule, stage, pp) * A.head_activation(spec, M, ctx)
-    emb_act = is_first(stage) * A.embedding_activation(spec, M, ctx)
+    emb_act = embedding_device_flag(view.schedule, stage, pp) * A.embedding_activation(spec, M, ctx)
     head_phase = (_chunked_head_reduce(spec, M, view, acts, head, written) if eng.loss_chunks
                   else after_head + _rs_bytes(eng, head, gathered[last], written))
     phases = [

@@ -12,7 +12,7 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
-from ndplan.formulas.placement import chunk_layers, head_device_flag, is_first, pp_expr
+from ndplan.formulas.placement import chunk_layers, embedding_device_flag, head_device_flag, pp_expr
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols, model_symbols
 from ndplan.readlog import derived
@@ -35,7 +35,7 @@ def stage_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tu
         nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
         dense += nd * layer["dense"][0] + nm * layer["moe"][0]
         expert += nd * layer["dense"][1] + nm * layer["moe"][1]
-    first = is_first(stage)
+    first = embedding_device_flag(view.schedule, stage, pp)
     last = head_device_flag(view.schedule, stage, pp)
     emb_d, _ = _per_device(P.embedding_pieces(spec, M), tp, ep_etp)
     head_d, _ = _per_device(P.head_pieces(spec, M, tied_copy=False), tp, ep_etp)
@@ -53,7 +53,7 @@ def vocab_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tu
     input embedding on stage 0 and the output layer (or a tied model's head copy) on the
     head's device, V*h/tp each; what optimizers that treat them apart see (Muon)."""
     pp = pp_expr(spec, view)
-    first, last = is_first(stage), head_device_flag(view.schedule, stage, pp)
+    first, last = embedding_device_flag(view.schedule, stage, pp), head_device_flag(view.schedule, stage, pp)
     one = M.V * M.h / S.tp
     head = G.tied_head_copy(spec, first, last) if spec.tie_word_embeddings else last
     return (first + head) * one, first * one

@@ -31,7 +31,8 @@ from ndplan.formulas.fsdp_phases import (accumulating, backward_phases_on, float
 from ndplan.formulas.local import act_context, largest_kind, layer_params, stage_params, vocab_params
 from ndplan.formulas.muon import muon_step_bytes
 from ndplan.formulas.states import _sharding, gradient_bytes, static_terms
-from ndplan.formulas.placement import chunk_layers, head_chunk, head_device_flag, is_first, pp_expr
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
+from ndplan.formulas.placement import chunk_layers, embedding_device_flag, head_chunk, head_device_flag, pp_expr
 from ndplan.formulas.schedules import held_after_first_backward, held_profiles, inflight
 from ndplan.structure import Structure, peaks_over_held_vectors, structure
 from ndplan.symbols import ModelSymbols
@@ -153,7 +154,7 @@ def chunk_activations(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) 
     for c in range(view.vpp):
         nd, nm = chunk_layers(spec, view, stage, c, pp, M.L)
         per_mb.append(chunk_activation(spec, M, ctx, view, nd, nm, cast, chunk_recompute_count(eng, view, c)))
-    first, last = is_first(stage), head_device_flag(view.schedule, stage, pp)
+    first, last = embedding_device_flag(view.schedule, stage, pp), head_device_flag(view.schedule, stage, pp)
     hc = head_chunk(view.schedule, view.vpp)
     per_mb[0] += first * A.embedding_activation(spec, M, ctx)
     per_mb[hc] += last * A.head_activation(spec, M, ctx)
@@ -420,9 +421,9 @@ def deepep_term(spec: ModelSpec, eng: EngineProfile) -> Term:
                 note="per device, kept for the run; DeepEP refuses group sizes outside its table (infinite here)")
 
 
-MULTI_STAGE_RUNTIME = ("interleaved", "zb-h1", "zbv")
+MULTI_STAGE_RUNTIME = ("interleaved", "zb-h1", "zbv", "dualpipev")
 """ndplan schedules that torch.distributed.pipelining runs with its multi-stage runtime
-(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble:
+(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV:
 ``_PipelineScheduleRuntime._step_microbatches``), which appends every send's Work to one list
 and waits for them when the step ends (schedules.py:2440, 2470-2472, 2654-2655, torch 2.13);
 gpipe and 1f1b run on PipelineScheduleSingle, which waits for each 1F1B send at the next one
@@ -440,7 +441,7 @@ def pp_recv_buffers_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stag
     ctx, pp = act_context(spec, view), pp_expr(spec, view)
     hidden = A.ACT_BYTES * ctx.b * ctx.s * M.h / ctx.t_sp
     vpp = view.vpp
-    receives_acts = vpp - is_first(stage)  # chunks that are not the first virtual stage
+    receives_acts = vpp - embedding_device_flag(view.schedule, stage, pp)  # chunks that are not the first virtual stage
     receives_grads = vpp - head_device_flag(view.schedule, stage, pp)  # chunks that are not the last
     expr = S.m * (receives_acts + receives_grads)
     if view.schedule in MULTI_STAGE_RUNTIME:
@@ -450,6 +451,11 @@ def pp_recv_buffers_term(spec: ModelSpec, M: ModelSymbols, view: Structure, stag
         done = vpp * S.m - held_after_first_backward(view.schedule, stage, pp, vpp, S.m)
         expr += S.m * receives_grads + done * receives_acts / vpp
     expr = Min(pp - 1, 1) * hidden * expr
+    if view.schedule in BIDIRECTIONAL_SCHEDULES:
+        # DeepSeek's DualPipe library, not torch's PipelineStage: it receives into a fresh tensor
+        # per micro-batch, the chunk's input, dropped at its backward (dualpipe.py _recv_forward,
+        # _backward_compute_chunk), and frees what it sent at its next wait (_free_tensors)
+        expr = sp.Integer(0)
     return Term(key="mem.pp_buffers", expr=expr, unit="bytes",
                 source="torch.distributed.pipelining receive buffers, one per micro-batch and receiving chunk, "
                        "kept for the run (" + view.engine.name + ": PipelineStage, torch 2.13 stage.py:2254-2320; "

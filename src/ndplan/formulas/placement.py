@@ -15,7 +15,8 @@ with concrete pp and stage.
 
 The embedding (and learned positions) sit on the device running virtual stage 0
 (stage 0); the final norm, output head, loss and MTP modules on the device running
-the last virtual stage (stage pp-1; stage 0 under zbv, whose V ends where it starts).
+the last virtual stage (stage pp-1; stage 0 under zbv and dualpipev, whose V ends where it
+starts; both end stages under dualpipe, each holding both ends of one model copy).
 Indicator forms for integer 0 <= stage <= pp-1: is_first = max(0, 1 - stage),
 is_last = max(0, stage - pp + 2); both lambdify to numpy.maximum.
 """
@@ -30,7 +31,8 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.layouts import virtual_stage
 from ndplan.layouts import ends_layout, leading_dense, mixed_layers, symbolic_layout  # noqa: F401  (plain Python)
 from ndplan.strategy import Strategy
-from ndplan.vocab import HEAD_ON_FIRST_STAGE
+from ndplan.layouts import slices
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES, HEAD_ON_FIRST_STAGE, V_SCHEDULES
 
 
 def _is_num(x) -> bool:
@@ -71,12 +73,28 @@ def is_last(stage, pp):
 
 
 def head_device_flag(schedule: str, stage, pp):
-    """1 on the device that runs the last virtual stage (head, loss, MTP)."""
+    """1 on a device that runs the last virtual stage (head, loss, MTP): stage pp-1, stage 0
+    under a V schedule, both under a bidirectional one (each end holds a whole model copy's ends)."""
+    if schedule in BIDIRECTIONAL_SCHEDULES:
+        return end_flag(stage, pp)
     return is_first(stage) if schedule in HEAD_ON_FIRST_STAGE else is_last(stage, pp)
 
 
+def embedding_device_flag(schedule: str, stage, pp):
+    """1 on a device that runs virtual stage 0 (the input embedding): stage 0, and stage pp-1 too
+    under a bidirectional schedule."""
+    return end_flag(stage, pp) if schedule in BIDIRECTIONAL_SCHEDULES else is_first(stage)
+
+
+def end_flag(stage, pp):
+    """1 on stage 0 and on stage pp-1 (once when pp = 1)."""
+    return is_first(stage) + is_last(stage, pp) * (1 - is_first(stage))
+
+
 def head_chunk(schedule: str, vpp: int) -> int:
-    return 1 if schedule == "zbv" else vpp - 1
+    """The chunk holding the head on its device (the embedding is on chunk 0): the V's second
+    arm, a bidirectional schedule's chunk 1 (layouts.virtual_stage), else the last chunk."""
+    return 1 if schedule in V_SCHEDULES + BIDIRECTIONAL_SCHEDULES else vpp - 1
 
 
 def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None) -> tuple:
@@ -94,12 +112,13 @@ def chunk_layers(spec: ModelSpec, strat: Strategy, stage, chunk: int, pp, L=None
             start = sum(strat.layers_per_stage[:v])
             n = strat.layers_per_stage[v]
         else:
-            n = spec.num_hidden_layers // (int(pp) * strat.vpp)
+            n = spec.num_hidden_layers // slices(strat.schedule, int(pp), strat.vpp)
             start = v * n
         kinds = spec.layer_kinds[start:start + n]
         return sp.Integer(kinds.count("dense")), sp.Integer(kinds.count("moe"))
     pattern = spec.layer_pattern[0]
-    lc = (sp.Integer(spec.num_hidden_layers) if L is None else L) / (pp * strat.vpp)
+    n_slices = pp if strat.schedule in BIDIRECTIONAL_SCHEDULES else pp * strat.vpp  # layouts.slices
+    lc = (sp.Integer(spec.num_hidden_layers) if L is None else L) / n_slices
     if pattern == "dense":
         return lc, sp.Integer(0)
     if pattern == "moe":
@@ -124,6 +143,11 @@ def _ends_chunk(spec: ModelSpec, strat, stage, chunk: int, pp, L) -> tuple:
     """(dense, MoE) layers of chunk ``chunk`` of ``stage`` in an ends layout (module docstring)."""
     from ndplan import symbols as S
     F, Lst = S.first_layers, S.last_layers
+    if strat.schedule in BIDIRECTIONAL_SCHEDULES:  # a chunk is a whole slice v of a pp-slice split
+        v = virtual_stage(strat.schedule, stage, chunk, pp)
+        lc, mid = _ends_counts(v, pp, L)
+        before = (1 - is_first(v)) * F + Max(v - 1, 0) * mid
+        return _leading_dense_split(spec, lc, before)
     n, mid = _ends_counts(stage, pp, L)
     lc = n / strat.vpp
     pattern = spec.layer_pattern[0]
@@ -132,10 +156,22 @@ def _ends_chunk(spec: ModelSpec, strat, stage, chunk: int, pp, L) -> tuple:
     if pattern == "moe":
         return sp.Integer(0), lc
     k = leading_dense(spec)
-    if strat.schedule == "zbv" and chunk == 1:  # stages pp-1 .. 0 after the first half
+    if strat.schedule in V_SCHEDULES and chunk == 1:  # stages pp-1 .. 0 after the first half
         before = (1 - is_last(stage, pp)) * Lst + Max(pp - 2 - stage, 0) * mid
     else:
         before = (1 - is_first(stage)) * F + Max(stage - 1, 0) * mid
     start = chunk * L / strat.vpp + before / strat.vpp
     n_dense = Min(Max(k - start, 0), lc)
+    return n_dense, lc - n_dense
+
+
+def _leading_dense_split(spec: ModelSpec, lc, start) -> tuple:
+    """(dense, MoE) of ``lc`` layers starting at layer ``start``, for the layer patterns with a
+    closed form (all dense, all MoE, k dense then MoE)."""
+    pattern = spec.layer_pattern[0]
+    if pattern == "dense":
+        return lc, sp.Integer(0)
+    if pattern == "moe":
+        return sp.Integer(0), lc
+    n_dense = Min(Max(leading_dense(spec) - start, 0), lc)
     return n_dense, lc - n_dense

@@ -43,6 +43,20 @@ is the SAPP-PPB objective), so the bubble term is sum_i t_i - max_i t_i.
   (p-1) max(T_F, T_F + T_B - 2T_W) per chunk = the 1F1B bubble times max(F, t - 3W) / (2t).
 * zb-h1 and zbv with m < p: too few W's to fill; the step is at least one micro-batch's
   path, sum_i (F_i + B_i + R_i + C_i) plus the first chunk's W.
+* dualpipev (deepseek-ai/DualPipe README table: (PP/2-1)(F&B + B - 3W) over PP chunk-stages,
+  F&B the overlapped pair, B a full backward): with the pair run in turn (F&B = F + B + W, the
+  runtimes ndplan models, ppb/dag.py) and B the input gradient, (p-1)(F + 2B - W) per chunk. The
+  replay of the op order (ppb/simulate.py) meets that only when F = B = W; its longest paths
+  grow per stage by the largest of F + 2B - W, 2F + B - W, F + B and 2F (fitted to the replay
+  over B/F in 0.5..2, W/F in 0.5..1.5, pp 2..16, m = 2pp and 4pp: step within 3.2 %, 1.8 %
+  at pp >= 8, median 0.2 %, one op high at most; tests/test_dualpipe.py), so the bubble is
+  (p-1) max(those) per chunk = the 1F1B
+  bubble times max(...) / (2t) with device-level F, B, W.
+* dualpipe: the same per pair of mirrored stages over pp/2 - 1 of them, each chunk a whole
+  stage: (p/2 - 1) max(...) with a stage's F, B, W (the README's (PP/2-1) factor), the 1F1B
+  bubble times (p/2 - 1)/(p - 1) max(...)/t. Each micro-batch runs one of the stage's two
+  chunks (the other model copy serves the other direction): the stage time per micro-batch is
+  half the two chunks' work (``stage_parts``).
 
 Data parallelism (ZeRO 0-2) reduces gradients once per step: an all-reduce (ZeRO 0) or
 a reduce-scatter plus the all-gather of the updated 16-bit weights (ZeRO 1-2, the
@@ -86,7 +100,7 @@ from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, 
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
-from ndplan.vocab import SPLIT_W_SCHEDULES
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
 
 ELEMENTWISE_BACKWARD_FACTOR = 2
 """Backward of an elementwise op reads the output gradient and the saved input and writes
@@ -297,10 +311,14 @@ def stage_parts(spec: ModelSpec, M: ModelSymbols, view: Structure, stage, eng: E
     out = _add(out, head, last)
     if spec.mtp_layers:
         out = _add(out, _add(layer["moe" if spec.is_moe else "dense"], head), last * spec.mtp_layers)
+    if view.schedule in BIDIRECTIONAL_SCHEDULES:  # a micro-batch runs one of the two model copies' chunks
+        out = {k: v / 2 for k, v in out.items()}
     return out
 
 
-def bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
+def bubble_factor(schedule: str, vpp: int, t, W, F, pp=None) -> sp.Expr:
+    """The bubble over (sum of stage times - max) for stage time t per micro-batch, of which W
+    weight gradients and F forward (module docstring); ``pp`` for dualpipe."""
     if schedule in ("gpipe", "1f1b"):
         return sp.Integer(1)
     if schedule == "interleaved":
@@ -309,6 +327,12 @@ def bubble_factor(schedule: str, vpp: int, t, W, F) -> sp.Expr:
         return C.vmax(t - 2 * W, 0) / t
     if schedule == "zbv":
         return C.vmax(F, t - 3 * W) / (2 * t)
+    if schedule in ("dualpipe", "dualpipev"):
+        B = t - F - W
+        paths = C.vmax(F + 2 * B - W, 2 * F + B - W, F + B, 2 * F)
+        if schedule == "dualpipev":
+            return paths / (2 * t)
+        return (sp.Rational(1, 2) * pp - 1) / (pp - 1) * paths / t
     raise ValueError(schedule)
 
 
@@ -318,8 +342,8 @@ def _pipeline_bubble(view: Structure, ref: dict, t_ref, t_max, t_sum, w_sum) -> 
     one micro-batch's critical path (F and B through every chunk, then the first chunk's
     W) plus (m-1) x the reference stage's F+B+R+C; tests/test_ppb_simulate.py holds it to
     the replay of the hand orders. Never negative (t_sum - t_max rounds to -1e-16 at pp 1)."""
-    bubble = bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"]) * (t_sum - t_max)
-    if view.schedule in SPLIT_W_SCHEDULES:
+    bubble = bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"], S.pp) * (t_sum - t_max)
+    if view.schedule in ("zb-h1", "zbv"):
         path = t_sum - w_sum + ref["W"] / view.vpp
         bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
     return C.vmax(bubble, 0)
@@ -384,7 +408,8 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     order = view.order
 
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
-    pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * view.vpp + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
+    visits = 1 if view.schedule in BIDIRECTIONAL_SCHEDULES else view.vpp  # chunks a micro-batch runs per stage
+    pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * visits + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
 
     shard = G.optimizer_shard(view, eng, dense, expert, emb)
     opt = 0 if view.offload_optimizer else optimizer_bytes_per_param(eng, view) * shard / (S.hbm_bytes_per_s * S.eff_hbm)

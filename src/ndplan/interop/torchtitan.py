@@ -190,7 +190,7 @@ def _pipeline(get, flat: dict, path: Path, L: int, pp: int, notes: list[str]):
                               f"{last_less}) / {per}) = {stages} stages, not a multiple of pp={pp}",
                               "change it, or set the first/last_stage_less_layers to 0")
     else:
-        stages = pp * (2 if schedule in ("interleaved", "zbv") else 1)
+        stages = pp * (2 if schedule in ("interleaved", "zbv", "dualpipev") else 1)
         if stages > pp:
             notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank "
                          "(torchtitan's default)")

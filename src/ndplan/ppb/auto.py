@@ -46,7 +46,7 @@ class Choice:
 
 def candidates(pp: int, vpp: int) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs to compare: one-chunk orders at vpp 1, interleaved at the given vpp
-    (2 when 1), zbv at 2."""
+    (2 when 1), zbv, dualpipe and dualpipev at 2 (each kept where the schedule rules admit it)."""
     out = []
     for schedule in SCHEDULES:
         if schedule in ONE_CHUNK_SCHEDULES:

@@ -8,7 +8,14 @@ micro-batch. Edges:
 * data: F(v, j) after F(v-1, j); B(v, j) after B(v+1, j); the last slice's B after its F;
   W(v, j) after B(v, j);
 * device order: each stage runs its ops in ``schedules.op_order`` (gpipe, 1f1b,
-  interleaved, zb-h1, zbv), one at a time.
+  interleaved, zb-h1, zbv, dualpipe, dualpipev), one at a time;
+* DualPipe and DualPipeV (``schedules.comm_plan``): an overlapped forward & backward starts
+  when the inputs of both halves are there (its F waits for its B's input too), and an output
+  is sent after the op DualPipe sends it after (a whole backward after its W, a pair after
+  both halves), so those edges start at that op. The pair runs its F and its B in turn: one
+  op's time is their sum (as
+  torch's runtime runs OVERLAP_F_B's sub-actions, schedules.py:2632-2636, torch 2.13, and
+  DualPipe without a custom ``overlapped_forward_backward``, dualpipe.py:125-128).
 
 With every op started as soon as its predecessors end (what the schedule's runtime does,
 and what simulate.py replays), the step time is the longest path, whose length is a
@@ -27,7 +34,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ndplan.formulas.schedules import op_order, virtual_stage
+from ndplan.formulas.schedules import comm_plan, op_order, virtual_stage
+from ndplan.layouts import slices
 
 from ndplan.vocab import SCHEDULES as FIXED_ORDER_SCHEDULES  # every schedule has one op order per stage
 
@@ -45,24 +53,36 @@ class Dag:
     """orders[s]: indices of stage s's ops in the order it runs them."""
 
 
+def data_need(op: Op, V: int) -> Op | None:
+    """The op whose output ``op`` consumes (module docstring), None for a first forward."""
+    kind, v, j = op
+    if kind == "F":
+        return ("F", v - 1, j) if v > 0 else None
+    if kind == "B":
+        return ("B", v + 1, j) if v < V - 1 else ("F", v, j)
+    return ("B", v, j)
+
+
 @lru_cache(maxsize=64)
 def build(schedule: str, pp: int, vpp: int, m: int) -> Dag:
     if schedule not in FIXED_ORDER_SCHEDULES:
         raise ValueError(f"{schedule!r} has no fixed op order")
-    V = pp * vpp
-    orders = [[(k, virtual_stage(schedule, s, c, pp), j) for k, c, j in op_order(schedule, s, pp, vpp, m)]
-              for s in range(pp)]
+    V = slices(schedule, pp, vpp)
+    orders, release = [], {}
+    for s in range(pp):
+        order = [(k, virtual_stage(schedule, s, c, pp), j) for k, c, j in op_order(schedule, s, pp, vpp, m)]
+        _, sends = comm_plan(schedule, s, pp, vpp, m)
+        release.update({op: order[i] for op, i in zip(order, sends)})
+        orders.append(order)
     preds: dict[Op, list[Op]] = {}
-    for order in orders:
+    for s, order in enumerate(orders):
+        waits, _ = comm_plan(schedule, s, pp, vpp, m)
         for i, op in enumerate(order):
-            kind, v, j = op
             ps = [order[i - 1]] if i else []
-            if kind == "F" and v > 0:
-                ps.append(("F", v - 1, j))
-            elif kind == "B":
-                ps.append(("B", v + 1, j) if v < V - 1 else ("F", v, j))
-            elif kind == "W":
-                ps.append(("B", v, j))
+            for kind, c, j in waits[i]:  # the inputs it waits for, each sent when its release op ends
+                need = data_need((kind, virtual_stage(schedule, s, c, pp), j), V)
+                if need is not None and release[need] not in ps:
+                    ps.append(release[need])
             preds[op] = ps
     # Kahn's algorithm; a cycle would mean the op order deadlocks
     succ: dict[Op, list[Op]] = {op: [] for op in preds}
@@ -135,7 +155,7 @@ def lengths(dag: Dag, dur: np.ndarray) -> np.ndarray:
     zero = np.zeros(K, dtype=dur.dtype)
     for i, (kind, v, _) in enumerate(dag.nodes):
         start = zero
-        for q in dag.preds[i]:  # at most two: the stage's previous op and one data dependency
+        for q in dag.preds[i]:  # the stage's previous op and the data dependencies (two under a DualPipe pair)
             start = end[q] if start is zero else np.maximum(start, end[q])
         np.add(start, rows[KINDS.index(kind) * V + v], out=end[i])
     return end.max(axis=0)

@@ -33,6 +33,7 @@ from pathlib import Path
 from ndplan import limits, rules
 from ndplan.catalog.files import read_mapping
 from ndplan.errors import NdplanError, warn
+from ndplan.layouts import slices
 from ndplan.units import GIB, MIB
 from ndplan.vocab import PPB_RECOMPUTE_MODES as MODES, RECOMPUTE_BELOW, SCHEDULES  # PPB balances every schedule
 
@@ -144,8 +145,8 @@ class Pipeline:
 
     @property
     def chunks(self) -> int:
-        """Virtual stages (model slices in layer order) = pp * vpp."""
-        return self.pp * self.vpp
+        """Virtual stages (model slices in layer order): pp * vpp, pp under dualpipe (layouts.slices)."""
+        return slices(self.schedule, self.pp, self.vpp)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb import dag
 from ndplan.vocab import SPLIT_W_SCHEDULES
 from ndplan.ppb.instance import Instance
-from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, slot
+from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, stage_slices
 from ndplan.vocab import RECOMPUTE_BELOW
 from ndplan.ppb.scale import Scaled
 
@@ -201,8 +201,9 @@ def polish(inst: Instance, sc: Scaled, graph: dag.Dag, plan: Plan, length: int, 
             repairs = []
             for k in [k for k in np.argsort(lengths, kind="stable") if faster[k]][:repairs_tried]:
                 cand, c = shifts[k]
-                stage = slot(p, c)[0]
-                for fix in _recomputed(inst, sc, cand, [v for v in range(p.chunks) if slot(p, v)[0] == stage], True):
+                near = sorted({v for s in range(p.pp) if c in {u for _, u in stage_slices(p, s)}
+                               for _, v in stage_slices(p, s)})  # the slices sharing a stage with c
+                for fix in _recomputed(inst, sc, cand, near, True):
                     if allowed(fix) and unit_memory_fits(inst, sc, fix):
                         repairs.append((dag.longest_path(graph, unit_durations(inst, sc, fix))[0], fix))
             if repairs and min(r[0] for r in repairs) < length:

@@ -18,7 +18,7 @@ W_v = sum_k cnt W_k, stage time t_s = sum_c (F + B + W) of the slices it runs.
 Memory (``_add_memory``): for every per-chunk held vector h of the stage
 (``schedules.held_profiles``: the maximal vectors of micro-batches each chunk holds at
 an instant the stage can peak), static_s + sum_c h_c * sum_kj n[v(s,c)][k][j] act_kj <=
-budget. One vector for gpipe/1f1b/zbv (the in-flight table); interleaved has several,
+budget. One vector for gpipe/1f1b/zbv/dualpipe(v) (the in-flight table); interleaved has several,
 because chunk 0 refills while the last chunk drains, so a stage with uneven chunks peaks
 above the table's split (the stage total is the same in every vector).
 
@@ -44,6 +44,10 @@ Objective (step time), per schedule:
   paper's handcrafted V schedule), with W (weight gradient) its own op after B; on
   uniform stages it reaches formulas/step.py's bubble (pp-1) max(T_F, T_F + T_B - 2 T_W)
   per chunk (tests/test_ppb_simulate.py).
+* dualpipe, dualpipev: the same over DeepSeek's op orders (dag.py: an overlapped pair starts
+  when both its inputs are there; a whole backward sends after its W). Under dualpipe each
+  slice runs on two stages (``plan.stage_slices``): a stage holds both its slices' static
+  memory and activations, and the per-type layer counts over stages sum to twice the model.
 
 """
 
@@ -55,7 +59,7 @@ from ndplan.formulas.schedules import held_profiles
 from ndplan.ppb import dag
 from ndplan.vocab import SPLIT_W_SCHEDULES
 from ndplan.ppb.instance import Instance
-from ndplan.ppb.plan import Plan, slot
+from ndplan.ppb.plan import Plan, copies, stage_slices
 from ndplan.ppb.scale import Scaled
 
 class PPBModel:
@@ -126,7 +130,7 @@ class PPBModel:
             self.cs.append(row)
         for k in range(len(self.sc.types)):
             md.Add(sum(self.cnt[v][k] for v in range(self.V)) == self.sc.type_of.count(k))
-            md.Add(sum(row[k] for row in self.cs) == self.sc.type_of.count(k))
+            md.Add(sum(row[k] for row in self.cs) == copies(self.p) * self.sc.type_of.count(k))
 
     def _add_recompute_counts(self):
         md = self.model
@@ -179,7 +183,7 @@ class PPBModel:
             self.t.append(x)
 
     def _slices(self, s: int) -> list[int]:
-        return [v for v in range(self.V) if slot(self.p, v)[0] == s]
+        return [v for _, v in stage_slices(self.p, s)]
 
     def _add_chunk_balance(self, slack: int):
         """Restriction (solve.py's first phase): the chunks of a stage hold layer counts
@@ -197,8 +201,7 @@ class PPBModel:
         self.mem = []
         for s in range(p.pp):
             static, act = 0, [0] * p.vpp
-            for v in self._slices(s):
-                c = slot(p, v)[1]
+            for c, v in stage_slices(p, s):
                 for k, t in enumerate(types):
                     static += self.cnt[v][k] * t.static
                     act[c] += sum(n * a for n, a in zip(self.n[v][k], t.act))

@@ -3,7 +3,8 @@ layer, with its per-stage time and memory in float units.
 
 Virtual stage v (0..pp*vpp-1) is the v-th model slice in layer order; it runs on
 (stage, chunk) given by ``layouts.virtual_stage`` (interleaved: v = chunk*pp + stage;
-zbv: chunk 0 of stage i is v = i, chunk 1 is v = 2*pp-1-i).
+zbv, dualpipev: chunk 0 of stage i is v = i, chunk 1 is v = 2*pp-1-i; dualpipe: pp slices, each on
+two stages, stage_slices and copies).
 
 Memory of stage i (the model's constraint): static_i + max over the stage's held
 vectors h (schedules.held_profiles) of sum_c h_c * sum_{l in (i, c)} act_l[mode_l]; with
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from ndplan.errors import NdplanError
 from ndplan.formulas.schedules import held_profiles, virtual_stage
 from ndplan.ppb.instance import Instance, Pipeline
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,23 @@ def one_select_list(plan: Plan) -> bool:
 
 
 def slot(p: Pipeline, v: int) -> tuple[int, int]:
-    """(stage, chunk) running virtual stage v."""
+    """(stage, chunk) running virtual stage v (the first of two under dualpipe)."""
     for s in range(p.pp):
         for c in range(p.vpp):
             if virtual_stage(p.schedule, s, c, p.pp) == v:
                 return s, c
     raise ValueError(v)
+
+
+def stage_slices(p: Pipeline, s: int) -> list[tuple[int, int]]:
+    """(chunk, virtual stage) of every chunk of stage ``s``."""
+    return [(c, virtual_stage(p.schedule, s, c, p.pp)) for c in range(p.vpp)]
+
+
+def copies(p: Pipeline) -> int:
+    """Stages holding each slice: 2 under a bidirectional schedule (each runs it for half the
+    micro-batches), else 1."""
+    return 2 if p.schedule in BIDIRECTIONAL_SCHEDULES else 1
 
 
 def chunk_time_s(inst: Instance, plan: Plan, v: int) -> dict[str, float]:
@@ -79,12 +92,14 @@ def chunk_time_s(inst: Instance, plan: Plan, v: int) -> dict[str, float]:
 
 
 def stage_time_s(inst: Instance, plan: Plan) -> list[float]:
-    """Per-micro-batch seconds of every stage (all its chunks): F + B + W + recompute."""
+    """Per-micro-batch seconds of every stage (all its chunks): F + B + W + recompute; under
+    dualpipe a micro-batch runs one of the stage's two chunks, half of them each."""
     p = inst.pipeline
     out = [0.0] * p.pp
-    for v in range(p.chunks):
-        t = chunk_time_s(inst, plan, v)
-        out[slot(p, v)[0]] += t["F"] + t["B"] + t["W"]
+    for s in range(p.pp):
+        for _, v in stage_slices(p, s):
+            t = chunk_time_s(inst, plan, v)
+            out[s] += (t["F"] + t["B"] + t["W"]) / copies(p)
     return out
 
 
@@ -92,8 +107,7 @@ def stage_memory_bytes(inst: Instance, plan: Plan) -> list[float]:
     """Static + peak in-flight activations of every stage."""
     p = inst.pipeline
     static, act = [0.0] * p.pp, [[0.0] * p.vpp for _ in range(p.pp)]
-    for v in range(p.chunks):
-        s, c = slot(p, v)
+    for s, c, v in ((s, c, v) for s in range(p.pp) for c, v in stage_slices(p, s)):
         for i in plan.layers(v):
             layer = inst.layers[i]
             static[s] += layer.static_bytes

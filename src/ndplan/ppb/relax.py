@@ -27,7 +27,7 @@ from ortools.linear_solver import pywraplp
 from ndplan.formulas.schedules import held_profiles
 from ndplan.ppb import dag
 from ndplan.ppb.instance import Instance
-from ndplan.ppb.plan import slot
+from ndplan.ppb.plan import stage_slices
 from ndplan.ppb.scale import Scaled
 from ndplan.vocab import SPLIT_W_SCHEDULES
 
@@ -92,9 +92,9 @@ class _LP:
     def _memory(self) -> None:
         p = self.p
         for s in range(p.pp):
-            vs = [v for v in range(self.V) if slot(p, v)[0] == s]
-            static = sum(self._sum(v, lambda t, j: t.static / self.m0) for v in vs)
-            act = {slot(p, v)[1]: self._sum(v, lambda t, j: t.act[j] / self.m0) for v in vs}
+            cvs = stage_slices(p, s)
+            static = sum(self._sum(v, lambda t, j: t.static / self.m0) for _, v in cvs)
+            act = {c: self._sum(v, lambda t, j: t.act[j] / self.m0) for c, v in cvs}
             for h in held_profiles(p.schedule, s, p.pp, p.vpp, p.m):
                 self.lp.Add(static + sum(h_c * act[c] for c, h_c in enumerate(h)) <= 1)
 
@@ -131,7 +131,7 @@ def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int 
     if work is not None:
         rounds = max(1, min(rounds, int(work // len(graph.nodes))))
     lp = _LP(inst, sc)
-    stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
+    stages = {s: {v for _, v in stage_slices(p, s)} for s in range(p.pp)}
     seen, cuts = set(), []
 
     def add(counts: Counter) -> bool:

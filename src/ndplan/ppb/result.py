@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ndplan.export.balance import plan_forms
 from ndplan.ppb.instance import MODES, Instance
-from ndplan.ppb.plan import Plan, slot, stage_memory_bytes, stage_time_s, uniform_plan
+from ndplan.ppb.plan import Plan, stage_memory_bytes, stage_slices, stage_time_s, uniform_plan
 from ndplan.ppb.simulate import SimResult, simulate
 from ndplan.ppb.solve import Config, Diagnosis, Solution, diagnose, evaluate, solve
 
@@ -56,8 +56,7 @@ class BalanceResult:
         inst, plan, sim, p = self.inst, self.plan, self.simulation, self.inst.pipeline
         times, mems = stage_time_s(inst, plan), stage_memory_bytes(inst, plan)
         rows = []
-        for v in range(p.chunks):
-            s, c = slot(p, v)
+        for s, c, v in ((s, c, v) for s in range(p.pp) for c, v in stage_slices(p, s)):
             rows.append({"stage": s, "chunk": c, "layers": list(plan.layers(v)),
                          "recompute": [plan.recompute[i] for i in plan.layers(v)],
                          "time_s": sum(inst.layers[i].time_s(plan.recompute[i]) for i in plan.layers(v)),

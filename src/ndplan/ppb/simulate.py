@@ -9,7 +9,9 @@ B(v+1, j), the last virtual stage's B after its F; W(v, j) after B(v, j).
 
 Device orders: every schedule runs ``schedules.op_order`` (the schedule's definition,
 shared with the CP-SAT model as the in-flight table is); the replay's timing and memory
-accounting are its own.
+accounting are its own. DualPipe/V: an op waits for the ops that send its inputs
+(``schedules.comm_plan``: an overlapped pair's F for its B's input too; a whole backward's
+output leaves after its W, a pair's after both halves); a DualPipe slice runs on two stages.
 
 Memory: a chunk's activations for micro-batch j are alive from the start of F(v, j)
 to the end of B(v, j) (as in the memory model, which frees at B).
@@ -22,7 +24,8 @@ Idle split per stage s (an attribution, not part of the replay; ``_idle_split``)
 recompute_s = m x its recompute seconds; bubble_s = the schedule's bubble for a
 perfectly balanced pipeline of the same total work, (pp-1) tbar x the schedule's bubble
 factor of formulas/step.py (``bubble_factor`` at t = tbar, W = Wbar, F = Fbar, the stage
-means: 1f1b/gpipe 1, interleaved 1/vpp, zb-h1 max(t - 2W, 0)/t, zbv max(F, t - 3W)/(2t));
+means: 1f1b/gpipe 1, interleaved 1/vpp, zb-h1 max(t - 2W, 0)/t, zbv max(F, t - 3W)/(2t),
+dualpipe(v) the paths of step.py's docstring);
 bubble_s is at most the stage's idle time (a stage busier than the mean idles less than a
 balanced pipeline would), imbalance_s = idle_s - bubble_s >= 0.
 """
@@ -32,9 +35,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from ndplan.formulas.schedules import op_order, virtual_stage
+from ndplan.formulas.schedules import comm_plan, op_order, virtual_stage
 from ndplan.ppb.instance import Instance
-from ndplan.ppb.plan import Plan, chunk_time_s, slot
+from ndplan.ppb.plan import Plan, chunk_time_s, copies, stage_slices
 from ndplan.vocab import SPLIT_W_SCHEDULES
 
 
@@ -95,10 +98,8 @@ def _chunk_activation_bytes(inst: Instance, plan: Plan) -> list[float]:
 
 def _static_bytes(inst: Instance, plan: Plan) -> list[float]:
     p = inst.pipeline
-    static = [0.0] * p.pp
-    for v in range(p.chunks):
-        static[slot(p, v)[0]] += sum(inst.layers[i].static_bytes for i in plan.layers(v))
-    return static
+    return [sum(inst.layers[i].static_bytes for _, v in stage_slices(p, s) for i in plan.layers(v))
+            for s in range(p.pp)]
 
 
 def _needs(op: tuple[str, int, int], V: int) -> tuple[str, int, int] | None:
@@ -111,6 +112,24 @@ def _needs(op: tuple[str, int, int], V: int) -> tuple[str, int, int] | None:
     return ("B", v, j)
 
 
+def _waits(p, orders) -> list[dict[int, list]]:
+    """Per stage, position -> the ops whose end the op there waits for: the ops that send its
+    inputs (schedules.comm_plan: DualPipe waits for every receive posted since its previous op
+    and sends some outputs after a later op); else its input's op."""
+    V = p.chunks
+    release = {}
+    for s, order in enumerate(orders):
+        _, sends = comm_plan(p.schedule, s, p.pp, p.vpp, p.m)
+        release.update({op: order[i] for op, i in zip(order, sends)})
+    out = []
+    for s, order in enumerate(orders):
+        waits, _ = comm_plan(p.schedule, s, p.pp, p.vpp, p.m)
+        out.append({i: [release[n] for k, c, j in waits[i]
+                        if (n := _needs((k, virtual_stage(p.schedule, s, c, p.pp), j), V)) is not None]
+                    for i in range(len(order))})
+    return out
+
+
 def _replay(p, dur, act, static) -> tuple[list[OpRun], list[list[tuple[float, float]]]]:
     """Run every stage's op order, each op as soon as its stage is idle and its input
     exists: (ops run, per-stage (time, bytes) series)."""
@@ -118,6 +137,7 @@ def _replay(p, dur, act, static) -> tuple[list[OpRun], list[list[tuple[float, fl
     orders = [[(k, virtual_stage(p.schedule, s, c, p.pp), j) for k, c, j in op_order(p.schedule, s, p.pp, p.vpp, p.m)]
               for s in range(p.pp)]
     n_ops = V * p.m * (3 if p.schedule in SPLIT_W_SCHEDULES else 2)
+    waits = _waits(p, orders)
     pos, done, runs = [0] * p.pp, {}, []
     events: list[tuple[float, int, tuple]] = []  # (end time, stage, op)
     mem, cur = [[(0.0, static[s])] for s in range(p.pp)], list(static)
@@ -125,8 +145,7 @@ def _replay(p, dur, act, static) -> tuple[list[OpRun], list[list[tuple[float, fl
     while len(done) < n_ops:
         for s in sorted(idle):
             op = orders[s][pos[s]] if pos[s] < len(orders[s]) else None
-            need = op and _needs(op, V)
-            if op is None or (need is not None and not (need in done and done[need] <= now)):
+            if op is None or not all(n in done and done[n] <= now for n in waits[s].get(pos[s], ())):
                 continue
             pos[s] += 1
             kind, v, j = op
@@ -153,13 +172,14 @@ def _idle_split(p, times: list[dict], busy: list[float], idle: list[float]) -> t
     """(bubble_s, recompute_s) per stage: the attribution of the module docstring, from
     formulas/step.py's bubble factor (the replay's numbers do not depend on it)."""
     rec, w_stage, f_stage = [0.0] * p.pp, [0.0] * p.pp, [0.0] * p.pp
-    for v, t in enumerate(times):
-        s = slot(p, v)[0]
-        rec[s] += p.m * t["R"]
-        w_stage[s] += t["W"]
-        f_stage[s] += t["F"]
+    for s in range(p.pp):
+        for _, v in stage_slices(p, s):  # under dualpipe each of the two slices runs half the micro-batches
+            t = times[v]
+            rec[s] += p.m * t["R"] / copies(p)
+            w_stage[s] += t["W"] / copies(p)
+            f_stage[s] += t["F"] / copies(p)
     tbar = sum(busy) / p.m / p.pp
     from ndplan.formulas.step import bubble_factor  # SymPy: loaded when a replay is compared
-    factor = bubble_factor(p.schedule, p.vpp, tbar, sum(w_stage) / p.pp, sum(f_stage) / p.pp) if tbar else 0
+    factor = bubble_factor(p.schedule, p.vpp, tbar, sum(w_stage) / p.pp, sum(f_stage) / p.pp, p.pp) if tbar else 0
     bubble = (p.pp - 1) * tbar * float(factor)
     return [min(bubble, i) for i in idle], rec

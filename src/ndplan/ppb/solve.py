@@ -18,7 +18,7 @@ from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.local import WorkCap, polish, unit_durations, unit_memory_fits
 from ndplan.ppb.model import PPBModel
 from ndplan.ppb.relax import WORK_PER_UNIT, relax
-from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, slot, stage_memory_bytes, uniform_plan
+from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, stage_memory_bytes, stage_slices, uniform_plan
 from ndplan.ppb.config import DEFAULT_DETERMINISTIC_TIME, DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config  # noqa: F401 (re-exported)
 from ndplan.ppb.scale import Scaled, scale_instance
 
@@ -226,7 +226,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
     p = inst.pipeline
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
     total = budget.total
-    stages = {s: {v for v in range(p.chunks) if slot(p, v)[0] == s} for s in range(p.pp)}
+    stages = {s: {v for _, v in stage_slices(p, s)} for s in range(p.pp)}
     best = _seed_cuts(inst, sc, pm, graph, stages, start_plan)
     bound = 0.0
     status = "UNKNOWN"
