@@ -24,9 +24,10 @@ torch/distributed/pipelining/schedules.py (schedule classes, see torchtitan.py).
 from __future__ import annotations
 
 from ndplan.catalog.model import ModelSpec
-from ndplan.export.common import layers_per_chunk, header
+from ndplan.export.common import cannot, layers_per_chunk, header
 from ndplan.export.torchtitan import SCHEDULES
 from ndplan.strategy import Strategy
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
 
 TARGET = "PyTorch DeviceMesh"
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
@@ -49,6 +50,10 @@ def mesh_dims(strat: Strategy) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 def emit(model: ModelSpec, strat: Strategy, *, balance=None) -> str:
     s = strat
+    if s.pp > 1 and s.schedule in BIDIRECTIONAL_SCHEDULES:
+        raise cannot(TARGET, "schedule", s.schedule, "torch.distributed.pipelining has DualPipeV but not the "
+                     "two-direction DualPipe (github.com/deepseek-ai/DualPipe wraps the modules itself); "
+                     "use --schedule dualpipev")
     names, sizes = mesh_dims(s)
     layers = layers_per_chunk(model, s, balance)
     sched = SCHEDULE_CLASSES.get(s.schedule)

@@ -12,6 +12,7 @@ from ndplan.catalog.model import ModelSpec
 from ndplan.formulas import activations as A
 from ndplan.formulas import groups as G
 from ndplan.formulas import params as P
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
 from ndplan.formulas.placement import chunk_layers, embedding_device_flag, head_device_flag, pp_expr
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols, model_symbols
@@ -40,12 +41,21 @@ def stage_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tu
     emb_d, _ = _per_device(P.embedding_pieces(spec, M), tp, ep_etp)
     head_d, _ = _per_device(P.head_pieces(spec, M, tied_copy=False), tp, ep_etp)
     dense += first * emb_d + last * head_d
-    dense += G.tied_head_copy(spec, first, last) * M.V * M.h / tp
+    dense += _tied_copy(spec, view, first, last) * M.V * M.h / tp
     if spec.mtp_layers:
         mtp_d, mtp_e = _per_device(P.mtp_pieces(spec, M), tp, ep_etp)
         dense += last * spec.mtp_layers * mtp_d
         expert += last * spec.mtp_layers * mtp_e
     return dense, expert, first * emb_d
+
+
+def _tied_copy(spec: ModelSpec, view: Structure, first, last):
+    """1 where a tied model's head needs its own copy of the embedding (groups.tied_head_copy); under
+    a bidirectional schedule on both end stages, whose head belongs to the other model copy (each
+    copy its own modules: deepseek-ai/DualPipe example_dualpipe.py builds two)."""
+    if view.schedule in BIDIRECTIONAL_SCHEDULES and spec.tie_word_embeddings:
+        return last
+    return G.tied_head_copy(spec, first, last)
 
 
 def vocab_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tuple[sp.Expr, sp.Expr]:
@@ -55,7 +65,7 @@ def vocab_params(spec: ModelSpec, M: ModelSymbols, view: Structure, stage) -> tu
     pp = pp_expr(spec, view)
     first, last = embedding_device_flag(view.schedule, stage, pp), head_device_flag(view.schedule, stage, pp)
     one = M.V * M.h / S.tp
-    head = G.tied_head_copy(spec, first, last) if spec.tie_word_embeddings else last
+    head = _tied_copy(spec, view, first, last) if spec.tie_word_embeddings else last
     return (first + head) * one, first * one
 
 

@@ -349,6 +349,16 @@ def _pipeline_bubble(view: Structure, ref: dict, t_ref, t_max, t_sum, w_sum) -> 
     return C.vmax(bubble, 0)
 
 
+def mirror_sync_time(view: Structure, eng: EngineProfile, dense, expert, emb) -> sp.Expr:
+    """DualPipe's two model copies: stage i holds slices i and pp-1-i, stage pp-1-i the same two of
+    the other copy, so once a step each sends its local gradients (the engine's gradient shard) to
+    the mirror and adds what it receives (deepseek-ai/DualPipe examples/example_dualpipe.py:167-174
+    sums p.grad with the mirror rank's), one exchange each way at the same time over the pipeline
+    link, after the last backward: exposed."""
+    grads = G.grad_bytes(view, eng) * G.optimizer_shard(view, eng, dense, expert, emb, level=eng.grads_sharded_from)
+    return C.p2p(grads, C.span(view.order, ("pp",)))
+
+
 def optimizer_bytes_per_param(eng: EngineProfile, view: Structure) -> int:
     """HBM bytes the Adam step streams per local parameter: read the gradient, read and
     write the fp32 master (or the weights when they are the master), both moments, and
@@ -410,6 +420,11 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
     p2p_bytes = ACT_BYTES * c.s * c.b * M.h / c.t_sp
     visits = 1 if view.schedule in BIDIRECTIONAL_SCHEDULES else view.vpp  # chunks a micro-batch runs per stage
     pp_time = C.vmin(S.pp - 1, 1) * 2 * (S.m * visits + S.pp - 1) * C.p2p(p2p_bytes, C.span(order, ("pp",)))
+    pp_src = "pipeline send/recv of the boundary activation, 2 per critical-path step"
+    if view.schedule in BIDIRECTIONAL_SCHEDULES:
+        pp_time += mirror_sync_time(view, eng, dense, expert, emb)
+        pp_src += ("; dualpipe: the two model copies' gradients exchanged with the mirror stage pp-1-i once a "
+                   "step (mirror_sync_time)")
 
     shard = G.optimizer_shard(view, eng, dense, expert, emb)
     opt = 0 if view.offload_optimizer else optimizer_bytes_per_param(eng, view) * shard / (S.hbm_bytes_per_s * S.eff_hbm)
@@ -432,7 +447,7 @@ def step_time(spec: ModelSpec, M: ModelSymbols, view: Structure, engine: EngineP
           "zero for even splits of uniform models"),
         T("time.pp_bubble", bubble, f"pipeline bubble of {view.schedule}: (sum of stage times - max) x "
           "schedule factor (formulas/step.py docstring)"),
-        T("time.pp_comm", pp_time, "pipeline send/recv of the boundary activation, 2 per critical-path step"),
+        T("time.pp_comm", pp_time, pp_src),
         T("time.dp_comm", dp_time, dp_src),
         T("time.optimizer", opt, "Adam step streaming "
           f"{optimizer_bytes_per_param(eng, view)} bytes per local parameter at HBM bandwidth"),

@@ -66,8 +66,8 @@ def _head(spec: ModelSpec, M, strat: Strategy, eng, c, point) -> Layer:
     f, b, w = _times(head_parts(spec, M, c, eng), point)
     # the head's stage keeps its own copy of a tied embedding unless it is stage 0 too
     # (memory.stage_params); under zbv the head sits on stage 0
-    # groups.tied_head_copy: the head not on stage 0 (dualpipe: both ends hold the embedding)
-    tied_copy = G.head_stage(strat, strat.pp) != 0 and strat.schedule not in BIDIRECTIONAL_SCHEDULES
+    # groups.tied_head_copy: the head not on stage 0; under dualpipe the head is the other model copy's
+    tied_copy = G.head_stage(strat, strat.pp) != 0 or strat.schedule in BIDIRECTIONAL_SCHEDULES
     head_static = _static(spec, strat, eng, P.head_pieces(spec, M, tied_copy=tied_copy), point, vocab=True)
     return Layer(name="head", kind="head", forward_s=f, backward_input_s=b, backward_weight_s=w,
                  static_bytes=head_static,

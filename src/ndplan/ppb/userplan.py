@@ -28,6 +28,7 @@ from pathlib import Path
 from ndplan.catalog.files import read_mapping
 from ndplan.errors import NdplanError
 from ndplan.formulas.schedules import virtual_stage
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
 from ndplan.ppb.instance import MODES, Instance
 from ndplan.export.balance import LAYOUT_SYMBOL, NOT_DECODER
 from ndplan.ppb.plan import Plan
@@ -156,6 +157,9 @@ def _per_slice(inst: Instance, value, key: str, layers_of) -> list[int]:
 
 def _from_mindformers(inst: Instance, doc: dict) -> Plan:
     p = inst.pipeline
+    if p.schedule in BIDIRECTIONAL_SCHEDULES:  # each slice on two stages: MindFormers has no such layout
+        raise NdplanError("--plan", "file", "a MindFormers plan under dualpipe (MindFormers runs no DualPipe)",
+                          f"give {p.chunks} slice sizes or a Megatron-LM layout string")
     if not any(_mf_value(doc, k) is not None for k in MF_KEYS):
         raise NdplanError("--plan", "file", f"names none of {', '.join(MF_KEYS)}",
                           "give a MindFormers offset and recompute lists (top level, or model.model_config.offset "
