@@ -20,7 +20,6 @@ only: ``F`` forward, ``B``, ``W``, ``BB``, ``F&BB`` as above.
 from __future__ import annotations
 
 import itertools
-import re
 
 import pytest
 
@@ -312,7 +311,7 @@ def test_torchtitan_export():
 def test_aliases_read_as_dualpipev():
     from ndplan.vocab import SCHEDULE_ALIASES
     assert SCHEDULE_ALIASES["dualpipe-v"] == "dualpipev"
-    assert re.fullmatch("dualpipev", SCHEDULE_ALIASES["dualpipe_v"])
+    assert SCHEDULE_ALIASES["dualpipe_v"] == "dualpipev"
 
 
 @pytest.mark.parametrize("schedule", ["dualpipev", "dualpipe"])

@@ -26,10 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ndplan.errors import NdplanError
-from ndplan.vocab import BIDIRECTIONAL_SCHEDULES, ONE_CHUNK_SCHEDULES, OVERLAPPED_PAIR_SCHEDULES
-
-TWO_CHUNK_SCHEDULES = ("zbv",) + OVERLAPPED_PAIR_SCHEDULES
-"""Schedules that place exactly two chunks on each stage."""
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES, ONE_CHUNK_SCHEDULES, OVERLAPPED_PAIR_SCHEDULES, TWO_CHUNK_SCHEDULES
 
 
 @dataclass(frozen=True)

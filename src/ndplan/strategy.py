@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from ndplan import limits, rules
 from ndplan.catalog.model import ModelSpec
 from ndplan.errors import NdplanError
+from ndplan.layouts import slices
 
 from ndplan.vocab import ENGINES, GRAD_DTYPES, RECOMPUTE_MODES, SCHEDULES, WEIGHT_DTYPES, ZERO_LEVELS
 
@@ -138,7 +139,6 @@ class Strategy:
     def check(self, model: ModelSpec, gpus: int | None = None) -> None:
         """Divisibility rules against a model and device count."""
         rules.check(rules.WithModel(self, model, gpus), ("model", "engine_model"))
-        from ndplan.layouts import slices
         chunks = slices(self.schedule, self.pp, self.vpp)  # pp under dualpipe: each slice on two stages
         L = model.num_hidden_layers
         if self.layers_per_stage is not None:

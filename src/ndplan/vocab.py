@@ -43,6 +43,8 @@ pp-1, each direction through its own copy of the model, so every stage holds two
 OVERLAPPED_PAIR_SCHEDULES = ("dualpipe", "dualpipev")
 """Schedules whose steady state runs a forward of one chunk and a backward of the other as one
 "overlapped forward & backward" op (DualPipe's ``_forward_backward_chunk``)."""
+TWO_CHUNK_SCHEDULES = ("zbv",) + OVERLAPPED_PAIR_SCHEDULES
+"""Schedules that place exactly two chunks on each stage (vpp must be 2)."""
 SCHEDULE_ALIASES = {"dualpipe-v": "dualpipev", "dualpipe_v": "dualpipev"}
 """Other names users give a schedule (a space file, a launch script)."""
 ENGINES = ("megatron", "fsdp", "deepspeed", "mindspore", "hf")

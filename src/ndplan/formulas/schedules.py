@@ -56,6 +56,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ndplan.formulas import dualpipe
+from ndplan.vocab import OVERLAPPED_PAIR_SCHEDULES
 from ndplan.layouts import virtual_stage  # noqa: F401  (plain Python: layouts.py)
 
 # SymPy (minmax.py) is imported when an argument is symbolic: the op orders and held
@@ -133,14 +135,14 @@ def op_order(schedule: str, stage: int, pp: int, vpp: int, m: int) -> list[tuple
     * zbv (Qi et al. 2024 Sec. 6, the handcrafted ZB-V schedule; ``_zbv_order``): kinds F,
       B (input gradient only) and W; chunk 0 of stage i is virtual stage i, chunk 1 is
       2*pp-1-i.
-    * dualpipe, dualpipev (``_dualpipe_plan``): DeepSeek's eight steps; a full backward is a B
+    * dualpipe, dualpipev (formulas/dualpipe.py): DeepSeek's eight steps; a full backward is a B
       and its W back to back, an "overlapped forward & backward" a F and the other chunk's B
       (and W) back to back; ``comm_plan`` says what each op waits for and when it sends.
     """
     if schedule == "zbv":
         return _zbv_order(stage, pp, m)
-    if schedule in ("dualpipe", "dualpipev"):
-        return list(_dualpipe_plan(schedule, stage, pp, m)[0])
+    if schedule in OVERLAPPED_PAIR_SCHEDULES:
+        return list(dualpipe.plan(schedule, stage, pp, m)[0])
     if schedule == "zb-h1":
         # 1F1B's order with W apart: stage i runs W_k right after B_{k+i}, the rest at the
         # end (Qi et al. 2024 Sec. 2.1 / Fig. 3; the hand-written pp=3, m=6 order in
@@ -257,159 +259,11 @@ def comm_plan(schedule: str, stage: int, pp: int, vpp: int, m: int) -> tuple[tup
     """(waits, release) of ``stage``'s ``op_order``: waits[i] are the ops (kind, chunk, micro-batch)
     whose inputs op i waits for before it starts, release[i] the position of the op after whose end
     op i's output is sent. Every schedule: op i waits for its own input. DualPipe/V
-    (``_dualpipe_plan``): the F of an overlapped pair waits for its B's input too, and some outputs
+    (formulas/dualpipe.py): the F of an overlapped pair waits for its B's input too, and some outputs
     are sent after a later op (a full backward after its W, a pair after both halves, step 2's F0
     after the F1 that follows it); else an output is sent when its op ends."""
-    if schedule in ("dualpipe", "dualpipev"):
-        _, waits, release = _dualpipe_plan(schedule, stage, pp, m)
+    if schedule in OVERLAPPED_PAIR_SCHEDULES:
+        _, waits, release = dualpipe.plan(schedule, stage, pp, m)
         return waits, release
     ops = op_order(schedule, stage, pp, vpp, m)
     return tuple((op,) for op in ops), tuple(range(len(ops)))
-
-
-@lru_cache(maxsize=4096)
-def _dualpipe_plan(schedule: str, stage: int, pp: int, m: int) -> tuple[tuple, tuple, tuple[int, ...]]:
-    """(ops, waits, release) of DualPipe / DualPipeV on ``stage`` (``comm_plan``): the eight
-    steps of deepseek-ai/DualPipe@3da1bbe ``DualPipe.step`` (dualpipe.py:358-420) and
-    ``DualPipeV.step`` (dualpipev.py:330-396), which torch's ScheduleDualPipeV writes out in the
-    same order (``_calculate_single_rank_operations``, torch 2.13 schedules.py:3461-3620). With
-    n = pp/2 half ranks, r = min(stage, pp-1-stage) and M = m/2 micro-batches per direction
-    (DualPipe), or n = pp, r = stage, M = m (DualPipeV):
-
-    1. 2(n-r-1) F0;  2. r+1 x (F0, F1);  3. n-r-1 x (B1 input-gradient, W, F1);
-    4. M-2n+r+1 x ((F0 & B1), (F1 & B0)), each pair overlapped, except the first (F0, B1) of
-       the last rank (DualPipeV) or of the middle ranks (DualPipe), run apart;
-    5. n-r-1 x (B1, (F1 & B0));  6. r+1 x (B1, B0), input-gradient only from the middle
-       iteration on (from B1 when r is odd, from B0 when even);  7. n-r-1 x (W, B0
-       input-gradient);  8. r+1 x W.
-
-    A backward is full (B then its W, sent after the W) unless input-gradient; a W op runs the
-    oldest pending weight gradient (``WeightGradStore``, FIFO); a pair (F&B) runs its F, then its
-    B and W, and sends both outputs after them (``_forward_backward_chunk``). Receives and sends
-    follow the code's recv/send flags (step 2 sends F0 after F1; the last/middle rank keeps its
-    last F1 until step 4). Chunk c is DualPipe's phase: under DualPipe the slice this stage's
-    micro-batches reach first is chunk 0 (layouts.virtual_stage), whose micro-batches are 0..M-1
-    on stages < pp/2 and M..2M-1 (those entering at stage pp-1) on the others."""
-    if schedule == "dualpipe":
-        n, r, M = pp // 2, min(stage, pp - 1 - stage), m // 2
-        base = (0, M) if stage < pp // 2 else (M, 0)  # micro-batch ids of chunk 0 and chunk 1
-    else:
-        n, r, M, base = pp, stage, m, (0, 0)
-    special = r == n - 1  # DualPipeV's last rank, DualPipe's two middle ranks
-    count = {(k, c): 0 for k in ("F", "B", "rF", "rB") for c in (0, 1)}
-    ops: list[tuple[str, int, int]] = []
-    waits: list[tuple] = []
-    release: dict[int, int] = {}
-    posted: list[tuple[str, int, int]] = []
-    unsent = {("F", 0): [], ("F", 1): [], ("B", 0): [], ("B", 1): []}
-    pending: list[tuple[int, int]] = []  # weight gradients deferred by input-gradient B's
-
-    def emit(op, also=None):
-        # wait for the op's own input (and its pair partner's), then compute. DualPipe's code
-        # waits for every receive posted since its previous compute (``_commit_and_wait_comm``:
-        # step 3's W also waits for the next F1's input); torch's runtime and the published
-        # figures wait for an op's own inputs (tests/test_dualpipe.py: both give the figures'
-        # 66-unit step, the figures' op starts need this form)
-        mine = [k for k in posted if k == (op[0], op[1], op[2]) or k == also]
-        waits.append(tuple(mine))
-        for k in mine:
-            posted.remove(k)
-        ops.append(op)
-
-    if schedule == "dualpipe":  # the end stages: chunk 0 is the first slice, chunk 1 the last
-        no_recv = {("F", 0), ("B", 1)} if r == 0 else set()
-    else:  # stage 0 runs the first and last slice, the last rank hands chunk 0 to chunk 1 itself
-        no_recv = ({("F", 0), ("B", 1)} if stage == 0 else set()) | ({("F", 1), ("B", 0)} if stage == pp - 1 else set())
-
-    def recv(kind, c):  # _recv_forward / _recv_backward: nothing to receive at a slice's own end
-        if (kind, c) not in no_recv:
-            posted.append((kind, c, base[c] + count["r" + kind, c]))
-        count["r" + kind, c] += 1
-
-    def send(kind, c):
-        release[unsent[kind, c].pop(0)] = len(ops) - 1
-
-    def f(c, rcv=True, snd=True, also=None):
-        if rcv:
-            recv("F", c)
-        emit(("F", c, base[c] + count["F", c]), also)
-        count["F", c] += 1
-        unsent["F", c].append(len(ops) - 1)
-        if snd:
-            send("F", c)
-
-    def b(c, zb=False, rcv=True, snd=True, compute_only=False):
-        if rcv and not compute_only:
-            recv("B", c)
-        j = base[c] + count["B", c]
-        count["B", c] += 1
-        if compute_only:  # inside a pair: no commit of its own
-            ops.append(("B", c, j))
-            waits.append(())
-        else:
-            emit(("B", c, j))
-        unsent["B", c].append(len(ops) - 1)
-        if zb:
-            pending.append((c, j))
-        else:
-            ops.append(("W", c, j))
-            waits.append(())
-        if snd:
-            send("B", c)
-
-    def w():
-        if pending:
-            c, j = pending.pop(0)
-            emit(("W", c, j))
-
-    def pair(c_f, c_b, rcv_f=True):
-        if rcv_f:
-            recv("F", c_f)
-        recv("B", c_b)
-        f(c_f, rcv=False, snd=False, also=("B", c_b, base[c_b] + count["B", c_b]))
-        b(c_b, snd=False, compute_only=True)
-        send("F", c_f)
-        send("B", c_b)
-
-    for _ in range(2 * (n - r - 1)):
-        f(0)
-    recv("F", 0)
-    for i in range(r + 1):
-        send_f0 = special if schedule == "dualpipe" else False
-        f(0, rcv=False, snd=send_f0)
-        recv("F", 0)
-        f(1, snd=(not special) or i < r)
-        if not send_f0:
-            send("F", 0)
-    for _ in range(n - r - 1):
-        b(1, zb=True)
-        recv("F", 1)
-        w()
-        f(1, rcv=False)
-    for i in range(M - 2 * n + r + 1):
-        if i == 0 and special:  # "We don't overlap these two chunks to further reduce bubble size."
-            f(0, rcv=False, snd=False)
-            send("F", 1)
-            b(1, snd=False)
-            send("F", 0)
-            send("B", 1)
-        else:
-            pair(0, 1, rcv_f=i > 0)
-        pair(1, 0)
-    for _ in range(n - r - 1):
-        b(1)
-        pair(1, 0)
-    zb = False
-    for i in range(r + 1):
-        if i == (r + 1) // 2 and r % 2 == 1:
-            zb = True
-        b(1, zb)
-        if i == (r + 1) // 2 and r % 2 == 0:
-            zb = True
-        b(0, zb)
-    for _ in range(n - r - 1):
-        w()
-        b(0, zb=True)
-    for _ in range(r + 1):
-        w()
-    return tuple(ops), tuple(waits), tuple(release.get(i, i) for i in range(len(ops)))

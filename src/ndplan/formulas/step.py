@@ -100,7 +100,7 @@ from ndplan.formulas.placement import chunk_layers, has_kind, head_device_flag, 
 from ndplan.structure import Structure, structure
 from ndplan.symbols import ModelSymbols
 from ndplan.terms import Breakdown, Term
-from ndplan.vocab import BIDIRECTIONAL_SCHEDULES
+from ndplan.vocab import BIDIRECTIONAL_SCHEDULES, OVERLAPPED_PAIR_SCHEDULES, SPLIT_W_SCHEDULES
 
 ELEMENTWISE_BACKWARD_FACTOR = 2
 """Backward of an elementwise op reads the output gradient and the saved input and writes
@@ -327,7 +327,7 @@ def bubble_factor(schedule: str, vpp: int, t, W, F, pp=None) -> sp.Expr:
         return C.vmax(t - 2 * W, 0) / t
     if schedule == "zbv":
         return C.vmax(F, t - 3 * W) / (2 * t)
-    if schedule in ("dualpipe", "dualpipev"):
+    if schedule in OVERLAPPED_PAIR_SCHEDULES:
         B = t - F - W
         paths = C.vmax(F + 2 * B - W, 2 * F + B - W, F + B, 2 * F)
         if schedule == "dualpipev":
@@ -343,7 +343,7 @@ def _pipeline_bubble(view: Structure, ref: dict, t_ref, t_max, t_sum, w_sum) -> 
     W) plus (m-1) x the reference stage's F+B+R+C; tests/test_ppb_simulate.py holds it to
     the replay of the hand orders. Never negative (t_sum - t_max rounds to -1e-16 at pp 1)."""
     bubble = bubble_factor(view.schedule, view.vpp, t_ref, ref["W"], ref["F"], S.pp) * (t_sum - t_max)
-    if view.schedule in ("zb-h1", "zbv"):
+    if view.schedule in SPLIT_W_SCHEDULES and view.schedule not in OVERLAPPED_PAIR_SCHEDULES:
         path = t_sum - w_sum + ref["W"] / view.vpp
         bubble = C.vmax(bubble, path + (S.m - 1) * (t_ref - ref["W"]) - S.m * t_max)
     return C.vmax(bubble, 0)
