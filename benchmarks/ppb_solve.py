@@ -49,7 +49,7 @@ def main() -> None:
     budget = f"{a.time_limit:g} s wall clock" if a.time_limit else f"{a.deterministic_time:g} deterministic units"
     print(f"budget {budget}, {a.workers} workers")
     print(f"{'layers':>6} {'pp':>3} {'vpp':>3} {'m':>3} {'schedule':<12} {'budget':>7} {'status':<10} "
-          f"{'wall s':>7} {'gap':>7} {'objective s':>11} {'bound s':>9} {'bound by':<10} {'replay s':>9} {'same':>5}")
+          f"{'wall s':>7} {'gap':>7} {'objective s':>11} {'bound s':>9} {'bound by':<16} {'replay s':>9} {'same':>5}")
     for n, pp, vpp, m, sched in CASES:
         for budget_gib in (40, 60, 200):
             inst = instance(n, pp, vpp, m, sched, budget_gib)
@@ -57,11 +57,11 @@ def main() -> None:
             same = "-" if a.time_limit else ("yes" if solve(inst, cfg).plan == sol.plan else "NO")
             if sol.plan is None:
                 print(f"{n:>6} {pp:>3} {vpp:>3} {m:>3} {sched:<12} {budget_gib:>5}Gi {sol.status:<10} "
-                      f"{sol.wall_s:>7.2f} {'':>7} {'':>11} {'':>9} {'':>9} {same:>5}")
+                      f"{sol.wall_s:>7.2f} {'':>7} {'':>11} {'':>9} {'':<16} {'':>9} {same:>5}")
                 continue
             rep = simulate(inst, sol.plan).step_s
             print(f"{n:>6} {pp:>3} {vpp:>3} {m:>3} {sched:<12} {budget_gib:>5}Gi {sol.status:<10} {sol.wall_s:>7.2f} "
-                  f"{sol.gap:>7.2%} {sol.objective_s:>11.4f} {sol.bound_s:>9.4f} {sol.bound_source:<10} {rep:>9.4f} {same:>5}",
+                  f"{sol.gap:>7.2%} {sol.objective_s:>11.4f} {sol.bound_s:>9.4f} {sol.bound_source:<16} {rep:>9.4f} {same:>5}",
                   flush=True)
 
 

@@ -49,22 +49,25 @@ def brute_force(inst: Instance):
     return best
 
 
+def draw_layer(draw, name: str):
+    """A layer of whole ms and MiB offering ``none`` and a drawn subset of the other modes."""
+    modes = ["none"] + [mo for mo in MODES[1:] if draw(st.booleans())]
+    acts = {"none": draw(st.integers(0, 60))}
+    recs = {}
+    for mo in modes[1:]:
+        acts[mo] = draw(st.integers(0, acts["none"]))
+        recs[mo] = draw(st.integers(0, 5))
+    return layer(draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.integers(0, 6)),
+                 draw(st.integers(0, 40)), acts, recs, name=name)
+
+
 @st.composite
 def instances(draw, schedule):
     vpp = 2 if schedule in ("interleaved", "zbv") else 1
     pp = 2
     m = draw(st.sampled_from([2, 4])) if schedule == "interleaved" else draw(st.integers(1, 4))
     n = draw(st.integers(pp * vpp, pp * vpp + (1 if vpp == 2 else 3)))
-    layers = []
-    for i in range(n):
-        modes = ["none"] + [mo for mo in MODES[1:] if draw(st.booleans())]
-        acts = {"none": draw(st.integers(0, 60))}
-        recs = {}
-        for mo in modes[1:]:
-            acts[mo] = draw(st.integers(0, acts["none"]))
-            recs[mo] = draw(st.integers(0, 5))
-        layers.append(layer(draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.integers(0, 6)),
-                            draw(st.integers(0, 40)), acts, recs, name=f"l{i}"))
+    layers = [draw_layer(draw, f"l{i}") for i in range(n)]
     budget = draw(st.integers(60, 400)) * MB
     return Instance(layers=tuple(layers), pipeline=Pipeline(pp=pp, vpp=vpp, m=m, schedule=schedule, budget_bytes=budget))
 

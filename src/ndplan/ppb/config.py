@@ -13,8 +13,8 @@ opt-in: the default is DEFAULT_DETERMINISTIC_TIME)."""
 DEFAULT_DETERMINISTIC_TIME = 3.0
 """The default budget of one solve, CP-SAT deterministic time units: the same plan on every machine
 and under any load (Config.deterministic_time). Measured 2026-12-07 on the 2-core machine
-(benchmarks/ppb_solve.py): about 9 s of wall time for 96 layers on 16 stages x vpp 2 x 32
-micro-batches (interleaved), about 4 s for the same on 1f1b."""
+(benchmarks/ppb_solve.py, with the branch and bound): 9-13 s of wall time for 96 layers on 16 stages
+x vpp 2 x 32 micro-batches (interleaved), 5-7 s for the same on 1f1b."""
 DEFAULT_WORKERS = 2
 """CP-SAT search workers unless the caller gives a count. A fixed count, not the
 machine's cores: CP-SAT runs one search strategy per worker, so what a solve finds

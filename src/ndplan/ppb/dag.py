@@ -51,6 +51,10 @@ class Dag:
     """preds[i]: indices (into ``nodes``) of the ops node i waits for."""
     orders: tuple[tuple[int, ...], ...]
     """orders[s]: indices of stage s's ops in the order it runs them."""
+    succs: tuple[tuple[int, ...], ...]
+    """succs[i]: the nodes that wait for node i, ascending (``preds`` inverted)."""
+    of_slice: tuple[tuple[int, ...], ...]
+    """of_slice[v]: the nodes of slice v, ascending."""
 
 
 def data_need(op: Op, V: int) -> Op | None:
@@ -102,8 +106,15 @@ def build(schedule: str, pp: int, vpp: int, m: int) -> Dag:
     if len(topo) != len(preds):
         raise RuntimeError(f"{schedule} op order with pp={pp} vpp={vpp} m={m} deadlocks")
     index = {op: i for i, op in enumerate(topo)}
-    return Dag(nodes=tuple(topo), preds=tuple(tuple(index[q] for q in preds[op]) for op in topo),
-               orders=tuple(tuple(index[op] for op in order) for order in orders))
+    pred_ix = tuple(tuple(index[q] for q in preds[op]) for op in topo)
+    succs: list[list[int]] = [[] for _ in topo]
+    of_slice: list[list[int]] = [[] for _ in range(V)]
+    for i, ps in enumerate(pred_ix):
+        of_slice[topo[i][1]].append(i)
+        for q in ps:
+            succs[q].append(i)
+    return Dag(nodes=tuple(topo), preds=pred_ix, orders=tuple(tuple(index[op] for op in order) for order in orders),
+               succs=tuple(map(tuple, succs)), of_slice=tuple(map(tuple, of_slice)))
 
 
 def _forward(dag: Dag, dur) -> tuple[list[float], list[int]]:
@@ -166,20 +177,16 @@ def paths_through(dag: Dag, dur: dict[tuple[str, int], float], groups: dict) -> 
     through one of its ops: the critical path of the plan as seen from each stage."""
     end, via = _forward(dag, dur)
     n = len(dag.nodes)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for i, ps in enumerate(dag.preds):
-        for q in ps:
-            succ[q].append(i)
     tail, nxt = [0.0] * n, [-1] * n  # tail[i]: longest path starting after node i
     for i in reversed(range(n)):
-        for q in succ[i]:
+        for q in dag.succs[i]:
             kind, v, _ = dag.nodes[q]
             x = dur[kind, v] + tail[q]
             if x > tail[i]:
                 tail[i], nxt[i] = x, q
     out = []
     for vs in groups.values():
-        cands = [i for i in range(n) if dag.nodes[i][1] in vs]
+        cands = sorted(i for v in vs for i in dag.of_slice[v])
         i = max(cands, key=lambda k: end[k] + tail[k])
         path, j = [], i
         while j >= 0:
@@ -204,13 +211,9 @@ def chain_counts(dag: Dag, stage: int) -> Counter:
     while dag.preds[i]:
         i = dag.preds[i][0]
         path.append(i)
-    succ: dict[int, int] = {}
-    for k, ps in enumerate(dag.preds):
-        for q in ps:
-            succ.setdefault(q, k)
     i = order[-1]
-    while i in succ:
-        i = succ[i]
+    while dag.succs[i]:
+        i = dag.succs[i][0]
         path.append(i)
     return _counts(dag, path)
 

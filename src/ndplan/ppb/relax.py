@@ -14,18 +14,21 @@ the solution's durations, add it while it is longer than Z. Every LP value on th
 bound (a relaxation of fewer rows); when no path exceeds Z it is the relaxation's optimum.
 
 Time and memory are model.py's units (scale.py), so the bound is a bound on CP-SAT's objective.
-Deterministic: a simplex (CLP through OR-Tools) and a fixed round cap, no clock.
+Deterministic: a simplex (CLP through OR-Tools) and a fixed round cap, no clock. Then, given work,
+branch.py branches on the integer layer counts every plan has, on this LP and its rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 from ortools.linear_solver import pywraplp
 
 from ndplan.formulas.schedules import held_profiles
-from ndplan.ppb import dag
+from ndplan.ppb import branch, dag
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import stage_slices
 from ndplan.ppb.scale import Scaled
@@ -55,11 +58,19 @@ class Relaxation:
     bound: float
     """Lower bound on the step time, time units (scale.py); 0 when infeasible is False and no LP solved."""
     infeasible: bool = False
-    """The memory rows alone admit no fractional plan: no plan fits."""
+    """The memory rows alone admit no fractional plan, or (branch.py) no whole layer counts: no plan fits."""
     cuts: list[Counter] = field(default_factory=list)
     """The paths met (counts[kind, v]), for CP-SAT (PPBModel.add_path_cut)."""
     rounds: int = 0
     converged: bool = False
+    nodes: int = 0
+    """Branch-and-bound nodes solved (branch.py); 0 when the root bound stands alone."""
+    branched: bool = False
+    """The bound is branch.py's (integer layer counts), above the root LP's."""
+    points: list = field(default_factory=list)
+    """(LP value, layer counts) of the root and of every branch-and-bound node (branch.Result.points)."""
+    branch_work: float = 0.0
+    """Work the branch and bound spent (branch.Result.work)."""
 
 
 class _LP:
@@ -100,12 +111,15 @@ class _LP:
 
     def _durations(self) -> None:
         split_w = self.p.schedule in SPLIT_W_SCHEDULES
-        self.dur = {}
+        per = {"F": lambda t, j: t.F, "B": lambda t, j: t.B + t.rec[j] + (0 if split_w else t.W), "W": lambda t, j: t.W}
+        self.flat = [x for xv in self.x for row in xv for x in row]
+        self.dur, rows = {}, []
         for v in range(self.V):
-            F = self._sum(v, lambda t, j: t.F / self.t0)
-            B = self._sum(v, lambda t, j: (t.B + t.rec[j]) / self.t0)
-            W = self._sum(v, lambda t, j: t.W / self.t0)
-            self.dur["F", v], self.dur["B", v], self.dur["W", v] = F, B + (0 if split_w else W), W
+            for kind, f in per.items():
+                self.dur[kind, v] = self._sum(v, lambda t, j: f(t, j) / self.t0)
+                rows.append([f(t, j) if w == v else 0 for w in range(self.V) for t in self.sc.types for j in range(len(t.modes))])
+        self.dur_matrix = np.array(rows, dtype=float)
+        """dur_matrix @ (x values, ``flat`` order): op durations in time units, ``dur``'s order."""
 
     def cut(self, counts: Counter) -> None:
         self.lp.Add(self.Z >= sum(n * self.dur[kv] for kv, n in counts.items()))
@@ -114,18 +128,24 @@ class _LP:
         self.status = self.lp.Solve()
         return self.status == pywraplp.Solver.OPTIMAL
 
-    def values(self) -> dict:
-        """Op durations at the LP's solution, time units."""
-        return {kv: e.solution_value() * self.t0 for kv, e in self.dur.items()}
+    def values(self, xs: np.ndarray | None = None) -> dict:
+        """Op durations at the LP's solution (or at layer counts ``xs``, ``flat`` order), time units."""
+        return dict(zip(self.dur, (self.dur_matrix @ (self.x_values() if xs is None else xs)).tolist()))
+
+    def x_values(self) -> np.ndarray:
+        """The layer counts at the LP's solution, ``flat`` order."""
+        return np.array([x.solution_value() for x in self.flat])
 
     def z(self) -> float:
         return self.Z.solution_value() * self.t0
 
 
 def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int = MAX_ROUNDS,
-          work: float | None = None) -> Relaxation:
+          work: float | None = None, branch_work: float = 0.0, branch_deadline: float = math.inf) -> Relaxation:
     """Kelley's cutting planes on the relaxation (module docstring), at most ``rounds`` LP solves and
-    ``work`` round x node steps (WORK_PER_UNIT)."""
+    ``work`` round x node steps (WORK_PER_UNIT); then branch.py's branch and bound on the integer
+    layer counts for at most ``branch_work`` steps (branch.WORK_PER_UNIT) and until
+    ``branch_deadline`` (time.perf_counter(); opt-in, not deterministic)."""
     p = inst.pipeline
     graph = graph or dag.build(p.schedule, p.pp, p.vpp, p.m)
     if work is not None:
@@ -146,6 +166,7 @@ def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int 
     for s in range(p.pp):
         add(dag.chain_counts(graph, s))
     out = Relaxation(bound=0.0, cuts=cuts)
+    raw = 0.0  # the largest LP value, before SAFETY
     for r in range(rounds):
         out.rounds = r + 1
         if not lp.solve():
@@ -154,8 +175,11 @@ def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int 
             out.infeasible = r == 0 and lp.status == pywraplp.Solver.INFEASIBLE
             return out
         z = lp.z()
-        out.bound = max(out.bound, z * (1 - SAFETY))
-        dur = lp.values()
+        raw = max(raw, z)
+        out.bound = raw * (1 - SAFETY)
+        xs = lp.x_values()
+        out.points[:] = [(z, xs)]
+        dur = lp.values(xs)
         length, counts = dag.longest_path(graph, dur)
         if length <= z * (1 + CONVERGED) + CONVERGED:
             out.converged = True
@@ -165,4 +189,13 @@ def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int 
             new |= add(c)
         if not new:
             break
+    if branch_work > 0 and out.bound > 0:
+        tree = branch.branch_and_bound(lp, graph, stages, add, branch.quantities(lp, stages), branch_work,
+                                       root=raw, deadline=branch_deadline)
+        out.nodes, out.branch_work = tree.nodes, tree.work
+        out.points += tree.points
+        if tree.infeasible:
+            out.infeasible = True
+        elif tree.bound * (1 - SAFETY) > out.bound:
+            out.bound, out.branched = tree.bound * (1 - SAFETY), True
     return out

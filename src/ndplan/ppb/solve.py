@@ -1,9 +1,11 @@
 """Solve a PPB instance: Config / Solution, the greedy hint, explicit status handling,
 plan evaluation under the same model, baselines and infeasibility diagnosis.
 
-A solve first runs the continuous relaxation (relax.py): its bound is kept beside CP-SAT's (the
-tighter one is reported, with its source), its paths are CP-SAT's first cuts, and an instance it
-finds infeasible has no plan. Then CP-SAT passes over path cuts and local search (``_solve_paths``)."""
+A solve first runs the continuous relaxation (relax.py) and its branch and bound on integer layer
+counts (branch.py, BRANCH_SHARE of the budget): its bound is kept beside CP-SAT's (the tighter one is
+reported, with its source), its paths are CP-SAT's first cuts, its LP points rounded to plans
+(rounding.py) give the first plan (``_start``), and an instance it finds infeasible has no plan.
+Then CP-SAT passes over path cuts and local search (``_solve_paths``)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from ndplan.ppb import dag
 from ndplan.ppb.instance import MODES, Instance
 from ndplan.ppb.local import WorkCap, polish, unit_durations, unit_memory_fits
+from ndplan.ppb.rounding import round_point
 from ndplan.ppb.model import PPBModel
+from ndplan.ppb.branch import WORK_PER_UNIT as BRANCH_WORK_PER_UNIT
 from ndplan.ppb.relax import WORK_PER_UNIT, relax
 from ndplan.ppb.plan import Plan, offers_both_selects, one_select_list, stage_memory_bytes, stage_slices, uniform_plan
 from ndplan.ppb.config import DEFAULT_DETERMINISTIC_TIME, DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, Config  # noqa: F401 (re-exported)
@@ -32,8 +37,9 @@ class Solution:
     bound_s: float | None
     """Proven lower bound on the optimal step time, seconds."""
     bound_source: str = "CP-SAT"
-    """Which proof gives ``bound_s``: "CP-SAT" (its best objective bound) or "relaxation"
-    (relax.py's continuous relaxation, when tighter)."""
+    """Which proof gives ``bound_s``: "CP-SAT" (its best objective bound), "relaxation" (relax.py's
+    continuous relaxation, when tighter) or "branch-and-bound" (branch.py's integer layer counts
+    over that relaxation, when they raised it)."""
     wall_s: float
     """Solver wall time, seconds."""
 
@@ -94,6 +100,19 @@ class _Budget:
             return math.inf
         return min(time.perf_counter() + share * self.total, self.t0 + (1 - keep) * self.total)
 
+    def part(self, total: float) -> _Budget:
+        """A budget of ``total`` for one phase, its local search within what this one has left
+        (``settle`` charges it back)."""
+        sub = _Budget(self.cfg, total)
+        sub.cap = WorkCap(min(sub.cap.left, self.cap.left))
+        sub.given = sub.cap.left
+        return sub
+
+    def settle(self, sub: _Budget) -> None:
+        """Charge a phase's CP-SAT passes and local search (``part``) to this budget."""
+        self.passes += sub.passes
+        self.cap.spend(sub.given - sub.cap.left)
+
     def run(self, pm: PPBModel, limit: float) -> tuple[str, cp_model.CpSolver]:
         """One CP-SAT pass of at most ``limit`` budget units."""
         status, solver = _run(pm, self.cfg, max(limit, MIN_PASS))
@@ -137,6 +156,60 @@ def expressible(inst: Instance, plan: Plan) -> bool:
     return not offers_both_selects(inst) or one_select_list(plan)
 
 
+def rounded_plans(inst: Instance, sc: Scaled, points, deadline: float = math.inf) -> list[Plan]:
+    """The distinct plans rounding.py makes of the relaxation's distinct LP points
+    (relax.Relaxation.points), the ones MindFormers can express; until ``deadline``
+    (time.perf_counter(), the wall-clock budget's)."""
+    seen, plans = set(), {}
+    for _, xs in points:
+        key = np.round(xs, 6).tobytes()
+        if key in seen:
+            continue
+        if time.perf_counter() >= deadline:
+            break
+        seen.add(key)
+        plan = round_point(inst, sc, xs)
+        if plan is not None and expressible(inst, plan):
+            plans.setdefault(plan, None)
+    return list(plans)
+
+
+def _start(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, rounded: list[Plan]) -> Plan:
+    """The search's first plan, after local search: the fastest rounded plan's, unless local search
+    within GREEDY_POLISH_SHARE of the budget takes the greedy even split (``greedy_hint``) as fast
+    or faster; then the greedy plan stays, and with it CP-SAT's search as it ran before rounding
+    (CP-SAT's hint is this plan)."""
+    greedy = greedy_hint(inst)
+    if not rounded:
+        return greedy
+    p = inst.pipeline
+    graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
+
+    def polished(plan: Plan, share: float, cap: WorkCap) -> tuple[int, Plan]:
+        length = dag.longest_path(graph, unit_durations(inst, sc, plan))[0]
+        return polish(inst, sc, graph, plan, length, budget.deadline(share, keep=FINAL_POLISH_SHARE), pm.add_path_cut,
+                      cap=cap)
+
+    timed = sorted((dag.longest_path(graph, unit_durations(inst, sc, plan))[0], i) for i, plan in enumerate(rounded))
+    best = polished(rounded[timed[0][1]], LOCAL_SEARCH_SHARE, budget.cap)
+    if unit_memory_fits(inst, sc, greedy) and expressible(inst, greedy):
+        cap = WorkCap(min(budget.cap.left, GREEDY_POLISH_SHARE * LOCAL_WORK_PER_UNIT * budget.total)
+                      if budget.deterministic else math.inf)  # on the wall clock the deadline limits it
+        given = cap.left
+        best = min(polished(greedy, GREEDY_POLISH_SHARE, cap), best, key=lambda lp: lp[0])  # the first on a tie
+        budget.cap.spend(given - cap.left)
+    return best[1]
+
+
+GREEDY_POLISH_SHARE = 0.05
+"""Share of the budget (local search's work, or the wall clock) in which local search from the greedy
+even split may match the fastest rounded plan (``_start``). Measured 2026-12-07 (2 cores, default
+budget: 3.6e7 steps): 96 layers x 16 stages 1f1b at 60 GiB took 2.2e7 to reach the rounded plan's
+3.6885 s, the optimum, which CP-SAT then proved from the greedy plan and not from the rounded one;
+96 x 16 x vpp 2 interleaved at 40 GiB took 1.2e8 (2.4 s) to reach 3.6685 s against the rounded plan's
+3.5135 s."""
+
+
 def greedy_hint(inst: Instance) -> Plan:
     """Even split at the least recompute mode under which every stage fits (else full)."""
     for mode in MODES:
@@ -146,6 +219,14 @@ def greedy_hint(inst: Instance) -> Plan:
     return uniform_plan(inst, "full")
 
 
+BRANCH_SHARE = 0.2
+"""Share of the budget for relax.py's branch and bound (branch.py), in its work count
+(branch.WORK_PER_UNIT per deterministic unit) or on the wall clock. At 0.3, 96 layers x 16 stages
+1f1b at 60 GiB ended unproven (0.76 %): CP-SAT's one pass needs about 2.8 units there."""
+ROUNDING_SHARE = 0.3
+"""On the wall clock, rounding LP points (``rounded_plans``) takes at most this share of the budget (the
+tree BRANCH_SHARE); in the deterministic mode it rounds every distinct point the tree's work produced
+(about 10 ms each: 1.4 s for 94 nodes on 96 layers x 16 stages x vpp 2 x 32 micro-batches)."""
 BALANCED_PHASE_SHARE = 0.4
 """vpp > 1: share of the time limit for a first search among plans whose chunks on a
 stage differ by at most CHUNK_SLACK layers (uneven chunks stall the steady state, so good
@@ -156,29 +237,40 @@ CHUNK_SLACK = 1
 
 def solve(inst: Instance, cfg: Config = Config(), hint: Plan | None = None) -> Solution:
     """Minimise the step time (the longest path of the schedule's op DAG) under the
-    memory budget, from ``hint`` or the greedy even split (``_solve_paths``)."""
+    memory budget, from ``hint`` or the fastest of the greedy even split and the relaxation's
+    rounded LP points (``rounded_plans``), by ``_solve_paths``."""
     t0 = time.perf_counter()
     whole = _Budget(cfg)
     sc = scale_instance(inst, cfg.scale)
-    rel = relax(inst, sc, work=WORK_PER_UNIT * cfg.deterministic_time)
-    if rel.infeasible:  # not even a fractional plan fits the memory rows
+    share = BRANCH_SHARE * whole.total
+    if cfg.deterministic:  # the tree's work counts against the budget; on the wall clock its time does
+        rel = relax(inst, sc, work=WORK_PER_UNIT * cfg.deterministic_time, branch_work=BRANCH_WORK_PER_UNIT * share)
+        whole.passes += rel.branch_work / BRANCH_WORK_PER_UNIT
+    else:
+        rel = relax(inst, sc, work=WORK_PER_UNIT * cfg.deterministic_time, branch_work=math.inf,
+                    branch_deadline=whole.t0 + share)
+    if rel.infeasible:  # not even integer layer counts fit the memory rows
         return Solution(status="INFEASIBLE", plan=None, objective_s=None, bound_s=None, wall_s=time.perf_counter() - t0)
     floor = integer_bound(rel.bound)
-    start = hint or greedy_hint(inst)
     pm = PPBModel(inst, sc)
     for c in rel.cuts:  # the relaxation's paths guide CP-SAT from its first pass
         pm.add_path_cut(c)
+    if hint is None:
+        rounded = rounded_plans(inst, sc, rel.points, whole.deadline(ROUNDING_SHARE))
+        start = _start(inst, sc, pm, whole, rounded)
+    else:
+        start = hint
     if inst.pipeline.vpp > 1:
         first = PPBModel(inst, sc, chunk_slack=CHUNK_SLACK)
         first.add_path_cuts(pm.cuts)
-        phase = _Budget(cfg, whole.total * BALANCED_PHASE_SHARE)
+        phase = whole.part(whole.total * BALANCED_PHASE_SHARE)
         sol = _solve_paths(inst, sc, first, phase, start)  # a restriction: its bound is not the problem's
-        whole.passes += phase.passes
+        whole.settle(phase)
         pm.add_path_cuts(first.cuts)
         if sol.plan is not None and (not unit_memory_fits(inst, sc, start) or sol.objective_s <= evaluate(inst, start, cfg)):
             start = sol.plan
-    rest = _Budget(cfg, whole.left())
-    sol = _solve_paths(inst, sc, pm, rest, start, floor)
+    rest = whole.part(whole.left())
+    sol = _solve_paths(inst, sc, pm, rest, start, floor, "branch-and-bound" if rel.branched else "relaxation")
     return replace(sol, wall_s=time.perf_counter() - t0)
 
 
@@ -215,13 +307,13 @@ def _seed_cuts(inst: Instance, sc: Scaled, pm: PPBModel, graph, stages, start_pl
 
 
 def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, start_plan: Plan,
-                 floor: int = 0) -> Solution:
+                 floor: int = 0, floor_source: str = "relaxation") -> Solution:
     """Fixed-order schedules: minimise Z over path cuts (model.py), adding the critical
     paths of each solved plan until a solve's optimum is its own longest path. Every
     relaxation bound is a valid bound (it has a subset of the paths); the incumbent is
     the best plan by its longest path, the replayed step time; each solved plan is
     polished by local search (local.py) before the next solve. ``floor``: a bound proven
-    otherwise (relax.py), in time units."""
+    otherwise (relax.py), in time units, by ``floor_source`` (Solution.bound_source)."""
     t0 = time.perf_counter()
     p = inst.pipeline
     graph = dag.build(p.schedule, p.pp, p.vpp, p.m)
@@ -264,7 +356,7 @@ def _solve_paths(inst: Instance, sc: Scaled, pm: PPBModel, budget: _Budget, star
     wall = time.perf_counter() - t0
     if best is None:
         return Solution(status=status, plan=None, objective_s=None, bound_s=None, wall_s=wall)
-    source = "relaxation" if floor > bound else "CP-SAT"
+    source = floor_source if floor > bound else "CP-SAT"
     bound = max(bound, floor)
     proven = bound >= best[0]
     return Solution(status="OPTIMAL" if proven else "FEASIBLE", plan=best[1], objective_s=best[0] * unit,
