@@ -226,7 +226,7 @@ BRANCH_SHARE = 0.2
 ROUNDING_SHARE = 0.3
 """On the wall clock, rounding LP points (``rounded_plans``) takes at most this share of the budget (the
 tree BRANCH_SHARE); in the deterministic mode it rounds every distinct point the tree's work produced
-(about 10 ms each: 1.4 s for 94 nodes on 96 layers x 16 stages x vpp 2 x 32 micro-batches)."""
+(about 5 ms each: 1.0 s for 188 points on 96 layers x 16 stages x vpp 2 x 32 micro-batches)."""
 BALANCED_PHASE_SHARE = 0.4
 """vpp > 1: share of the time limit for a first search among plans whose chunks on a
 stage differ by at most CHUNK_SLACK layers (uneven chunks stall the steady state, so good
