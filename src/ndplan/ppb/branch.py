@@ -51,9 +51,13 @@ WORK_PER_UNIT = 3_750_000
 default budget solve.py gives the tree 0.6 units, 2.25e6 steps: about 2.3 s and 95 nodes on 96 layers x
 16 stages x vpp 2 x 32 micro-batches (2 cores, 2026-12-07), bounds 3.2887 / 3.0396 / 2.8255 s at
 40 / 60 / 200 GiB against the root LP's 3.1263 / 2.9142 / 2.7398 s."""
-TOLERANCE = 1e-7
-"""A longest path within this share of the LP value closes an integral leaf; a quantity within
-this of an integer is integral."""
+CONVERGED = 1e-7
+"""A longest path within this share of the LP value adds no row: the LP is the optimum over the
+node's counts (an integral leaf closes). relax.py's root uses the same."""
+INTEGRAL = 1e-7
+"""A quantity within this of an integer is integral: CLP's default primal feasibility tolerance
+(1e-7). Validity does not rest on it: a sum off an integer by a few tolerances only branches once
+more (children <= floor and >= ceil still cover every integer)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ class _Tree:
             vals = np.add.reduceat(xs[self.gather], self.starts)
             dur = self.lp.values(xs)
             length, counts = dag.longest_path(self.graph, dur)
-            if length <= z * (1 + TOLERANCE) + TOLERANCE:
+            if length <= z * (1 + CONVERGED) + CONVERGED:
                 return z, vals, True
             new = self.add(counts)
             for c in dag.paths_through(self.graph, dur, self.stages):
@@ -161,7 +165,7 @@ class _Tree:
         """The most fractional quantity of the first kind (KIND_ORDER) that has one, its value taken
         within the node's bounds; None if all are integral."""
         for kind in KIND_ORDER:
-            best, arg = TOLERANCE, None
+            best, arg = INTEGRAL, None
             for i, qt in enumerate(self.q):
                 if qt.kind != kind:
                     continue

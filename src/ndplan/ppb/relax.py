@@ -49,8 +49,6 @@ WORK_PER_UNIT = 500_000
 steps: 1.5 million at the default 3 units is about 8 s on 2 cores for 128 layers x 32 stages x
 zbv x 64 micro-batches (12,288 nodes, 122 rounds), and leaves 96 x 16 x vpp 2 x 32 (3,072
 nodes) its full MAX_ROUNDS. A count, not a clock: the bound is the same on every machine."""
-CONVERGED = 1e-7
-"""A longest path within this share of Z adds no cut: the LP is the relaxation's optimum."""
 
 
 @dataclass
@@ -181,7 +179,7 @@ def relax(inst: Instance, sc: Scaled, graph: dag.Dag | None = None, rounds: int 
         out.points[:] = [(z, xs)]
         dur = lp.values(xs)
         length, counts = dag.longest_path(graph, dur)
-        if length <= z * (1 + CONVERGED) + CONVERGED:
+        if length <= z * (1 + branch.CONVERGED) + branch.CONVERGED:
             out.converged = True
             break
         new = add(counts)

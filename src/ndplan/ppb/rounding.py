@@ -29,7 +29,9 @@ from ndplan.ppb.plan import Plan, stage_memory_bytes, stage_slices
 from ndplan.ppb.scale import Scaled
 
 REPAIR_STEPS = 4
-"""Repair moves allowed per layer of the model before a rounded point is given up."""
+"""Repair rounds allowed per layer before a rounded point is given up: each round moves at least
+one layer one mode deeper, and a layer has at most 4 deeper modes (the five of instance.MODES),
+so a repair that can succeed does within this many."""
 
 
 def _sizes(inst: Instance, totals: list[float]) -> list[int] | None:

@@ -8,8 +8,8 @@ into B except under zbv). Dependencies: F(v, j) after F(v-1, j); B(v, j) after
 B(v+1, j), the last virtual stage's B after its F; W(v, j) after B(v, j).
 
 Device orders: every schedule runs ``schedules.op_order`` (the schedule's definition,
-shared with the CP-SAT model as the in-flight table is); the replay's timing and memory
-accounting are its own. DualPipe/V: an op waits for the ops that send its inputs
+shared with the CP-SAT model as the in-flight table is), and the data dependencies are
+``dag.data_need`` (one rule for both); the replay's timing and memory accounting are its own. DualPipe/V: an op waits for the ops that send its inputs
 (``schedules.comm_plan``: an overlapped pair's F for its B's input too; a whole backward's
 output leaves after its W, a pair's after both halves); a DualPipe slice runs on two stages.
 
@@ -36,6 +36,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from ndplan.formulas.schedules import comm_plan, op_order, virtual_stage
+from ndplan.ppb.dag import data_need
 from ndplan.ppb.instance import Instance
 from ndplan.ppb.plan import Plan, chunk_time_s, copies, stage_slices
 from ndplan.vocab import SPLIT_W_SCHEDULES
@@ -102,16 +103,6 @@ def _static_bytes(inst: Instance, plan: Plan) -> list[float]:
             for s in range(p.pp)]
 
 
-def _needs(op: tuple[str, int, int], V: int) -> tuple[str, int, int] | None:
-    """The op whose end op waits for (module docstring), None for the first F."""
-    kind, v, j = op
-    if kind == "F":
-        return ("F", v - 1, j) if v > 0 else None
-    if kind == "B":
-        return ("B", v + 1, j) if v < V - 1 else ("F", v, j)
-    return ("B", v, j)
-
-
 def _waits(p, orders) -> list[dict[int, list]]:
     """Per stage, position -> the ops whose end the op there waits for: the ops that send its
     inputs (schedules.comm_plan: DualPipe waits for every receive posted since its previous op
@@ -125,7 +116,7 @@ def _waits(p, orders) -> list[dict[int, list]]:
     for s, order in enumerate(orders):
         waits, _ = comm_plan(p.schedule, s, p.pp, p.vpp, p.m)
         out.append({i: [release[n] for k, c, j in waits[i]
-                        if (n := _needs((k, virtual_stage(p.schedule, s, c, p.pp), j), V)) is not None]
+                        if (n := data_need((k, virtual_stage(p.schedule, s, c, p.pp), j), V)) is not None]
                     for i in range(len(order))})
     return out
 
