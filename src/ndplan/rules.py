@@ -160,7 +160,8 @@ RULES: tuple[Rule, ...] = (
          lambda c: f"{c.schedule} needs micro-batches m={c.m} >= 2*pp = {2 * c.pp}"
                    + (", even (half enter at each end)" if c.schedule == "dualpipe" else "")
                    + " (deepseek-ai/DualPipe; torch ScheduleDualPipeV)",
-         lambda c: "raise gbs, or lower mbs or dp" if hasattr(c, "gbs") else f"give an even --m of {2 * c.pp} or more"),
+         lambda c: "raise gbs, or lower mbs or dp" if hasattr(c, "gbs")
+                   else f"give {'an even ' if c.schedule == 'dualpipe' else ''}--m of {2 * c.pp} or more"),
     # Megatron-core forward_backward_pipelining_with_interleaving: micro-batches run in
     # groups of microbatch_group_size_per_vp_stage (default pp), and a last group smaller
     # than pp is refused ("introduces dependency bubbles"), so m % pp == 0

@@ -36,7 +36,7 @@ from ndplan.layouts import virtual_stage
 from ndplan.interop.base import CheckInput, positive, resolve_model, world_dp
 from ndplan.interop.textedit import toml_edit, toml_locate
 from ndplan.strategy import Strategy
-from ndplan.vocab import RECOMPUTE_MODES
+from ndplan.vocab import ONE_CHUNK_SCHEDULES, RECOMPUTE_MODES
 
 KEY = X.KEY
 SCHEDULE_OF = {v: k for k, v in X.SCHEDULES.items()}
@@ -190,7 +190,7 @@ def _pipeline(get, flat: dict, path: Path, L: int, pp: int, notes: list[str]):
                               f"{last_less}) / {per}) = {stages} stages, not a multiple of pp={pp}",
                               "change it, or set the first/last_stage_less_layers to 0")
     else:
-        stages = pp * (2 if schedule in ("interleaved", "zbv", "dualpipev") else 1)
+        stages = pp * (1 if schedule in ONE_CHUNK_SCHEDULES else 2)
         if stages > pp:
             notes.append(f"{sched_name} without pipeline_parallel_layers_per_stage: 2 stages per rank "
                          "(torchtitan's default)")

@@ -157,8 +157,8 @@ class Instance:
 
     def __post_init__(self):
         if len(self.layers) < self.pipeline.chunks:
-            raise NdplanError("pp", self.pipeline.pp, f"pp*vpp={self.pipeline.chunks} chunks exceed the "
-                                                      f"{len(self.layers)} layers", "lower pp or vpp")
+            raise NdplanError("pp", self.pipeline.pp, f"{self.pipeline.chunks} model slices (pp*vpp; pp under "
+                                                      f"dualpipe) exceed the {len(self.layers)} layers", "lower pp or vpp")
 
 
 # ---------------------------------------------------------------- file formats
